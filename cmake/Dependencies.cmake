@@ -1,0 +1,48 @@
+# All third-party packages, found once. scripts/setup installs every one of
+# them from Debian 12's archive.
+find_package(Threads REQUIRED)
+find_package(Boost 1.81 EXACT REQUIRED COMPONENTS filesystem)
+find_package(Gloo REQUIRED CONFIG)
+find_package(yaml-cpp REQUIRED CONFIG)
+find_package(CLI11 REQUIRED CONFIG)
+find_package(nlohmann_json 3.10 REQUIRED CONFIG)
+find_package(spdlog REQUIRED CONFIG)
+find_package(ZLIB REQUIRED)
+set(BLA_VENDOR OpenBLAS)
+find_package(BLAS REQUIRED)
+find_path(DLAUNCH_CBLAS_INCLUDE_DIR cblas.h
+  PATH_SUFFIXES openblas-pthread openblas x86_64-linux-gnu/openblas-pthread
+  REQUIRED)
+if(DLAUNCH_BUILD_TESTS)
+  find_package(GTest REQUIRED CONFIG)
+endif()
+if(DLAUNCH_BUILD_BENCH)
+  find_package(benchmark REQUIRED CONFIG)
+endif()
+
+# Boost.Process v2 is compiled into dlaunch::agent (see agent/CMakeLists.txt).
+
+# NCCL: ON by default exactly when the CUDA toolkit and NCCL are both present.
+find_package(CUDAToolkit QUIET)
+find_path(DLAUNCH_NCCL_INCLUDE_DIR nccl.h
+  HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+find_library(DLAUNCH_NCCL_LIBRARY nccl
+  HINTS ${CUDAToolkit_LIBRARY_ROOT}/lib /usr/local/cuda/lib /usr/local/cuda/lib64)
+if(CUDAToolkit_FOUND AND DLAUNCH_NCCL_INCLUDE_DIR AND DLAUNCH_NCCL_LIBRARY)
+  set(_dlaunch_nccl_default ON)
+else()
+  set(_dlaunch_nccl_default OFF)
+endif()
+option(DLAUNCH_WITH_NCCL "Build the NCCL (GPU) backend of comm"
+  ${_dlaunch_nccl_default})
+if(DLAUNCH_WITH_NCCL)
+  if(NOT (CUDAToolkit_FOUND AND DLAUNCH_NCCL_INCLUDE_DIR AND DLAUNCH_NCCL_LIBRARY))
+    message(FATAL_ERROR
+      "DLAUNCH_WITH_NCCL=ON but the CUDA toolkit or NCCL was not found; "
+      "install them under /usr/local/cuda or configure with -DDLAUNCH_WITH_NCCL=OFF")
+  endif()
+  add_library(dlaunch_nccl INTERFACE)
+  target_include_directories(dlaunch_nccl SYSTEM INTERFACE ${DLAUNCH_NCCL_INCLUDE_DIR})
+  target_link_libraries(dlaunch_nccl INTERFACE ${DLAUNCH_NCCL_LIBRARY} CUDA::cudart)
+endif()
+message(STATUS "dlaunch: NCCL backend ${DLAUNCH_WITH_NCCL}")

@@ -1,0 +1,20 @@
+#pragma once
+
+#include <chrono>
+
+namespace dlaunch::comm {
+
+// The handle of an asynchronous operation (isend/irecv). Owned by the caller;
+// destroying an incomplete Work waits for it (bounded by the group timeout).
+// One thread at a time.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation completes. Throws CommError if it failed, or
+  // CommTimeoutError naming the operation and peer after `timeout`.
+  virtual void wait(std::chrono::milliseconds timeout) = 0;
+  // True once the operation finished (successfully or not); never blocks.
+  virtual bool is_completed() = 0;
+};
+
+}  // namespace dlaunch::comm
