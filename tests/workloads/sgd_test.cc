@@ -1,0 +1,168 @@
+#include "workloads/sgd.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <set>
+
+#include "workloads/checkpoint.h"
+
+namespace dlaunch::workloads {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+// A small learnable set: class c has its pixels around a class-specific
+// pattern plus noise.
+TrainData synthetic(size_t n, size_t dim, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> noise(0.0f, 0.5f);
+  TrainData t;
+  t.n = n;
+  t.dim = dim;
+  t.x.resize(n * dim);
+  t.y.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    t.y[i] = static_cast<uint8_t>(g() % 10);
+    for (size_t j = 0; j < dim; ++j) {
+      float center = (j % 10 == t.y[i]) ? 1.0f : 0.0f;
+      t.x[i * dim + j] = center + noise(g);
+    }
+  }
+  return t;
+}
+
+class SgdTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/dl_sgd_test_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST(EpochOrderTest, PartitionsAreDisjointEqualAndSeeded) {
+  const size_t n = 103;
+  std::set<uint32_t> seen;
+  for (int r = 0; r < 4; ++r) {
+    std::vector<uint32_t> o = epoch_order(n, 7, 0, r, 4);
+    EXPECT_EQ(o.size(), 25u);  // 103 / 4, remainder unused
+    seen.insert(o.begin(), o.end());
+    // The same part in another epoch is a reshuffle of the same samples.
+    std::vector<uint32_t> o2 = epoch_order(n, 7, 1, r, 4);
+    EXPECT_NE(o, o2);
+    EXPECT_EQ(std::set<uint32_t>(o.begin(), o.end()),
+              std::set<uint32_t>(o2.begin(), o2.end()));
+    EXPECT_EQ(o, epoch_order(n, 7, 0, r, 4));
+  }
+  EXPECT_EQ(seen.size(), 100u);
+  EXPECT_NE(epoch_order(n, 8, 0, 0, 4), epoch_order(n, 7, 0, 0, 4));
+}
+
+TEST(PrepareTest, NormalisesAndLimits) {
+  Dataset d;
+  d.n = 3;
+  d.rows = 1;
+  d.cols = 2;
+  d.images = {0, 255, 128, 0, 1, 2};
+  d.labels = {4, 5, 6};
+  TrainData t = prepare(d, 2);
+  EXPECT_EQ(t.n, 2u);
+  EXPECT_EQ(t.dim, 2u);
+  ASSERT_EQ(t.x.size(), 4u);
+  EXPECT_NEAR(t.x[0], -0.1307f / 0.3081f, 1e-6);
+  EXPECT_NEAR(t.x[1], (1.0f - 0.1307f) / 0.3081f, 1e-6);
+  EXPECT_EQ(t.y, (std::vector<uint8_t>{4, 5}));
+}
+
+TEST_F(SgdTest, LearnsSyntheticClasses) {
+  TrainData train = synthetic(4000, 50, 1);
+  TrainData test = synthetic(500, 50, 2);
+  SgdOptions o;
+  o.epochs = 3;
+  o.lr = 0.05f;
+  std::vector<EpochStats> seen;
+  o.on_epoch = [&](const EpochStats& s) { seen.push_back(s); };
+  SgdResult r = train_sgd(nullptr, train, test, o);
+  ASSERT_EQ(seen.size(), 3u);
+  EXPECT_EQ(seen[2].epoch, 3);
+  EXPECT_EQ(seen[2].epochs, 3);
+  EXPECT_LT(seen[2].loss, seen[0].loss);
+  EXPECT_GT(seen[2].test_acc, 0.9);
+  EXPECT_GT(seen[2].samples_per_s, 0);
+  EXPECT_EQ(r.history.size(), 3u);
+  EXPECT_EQ(r.resumed_epoch, 0);
+}
+
+// Stopped after epoch 2 and restarted with the same checkpoint folder, a run
+// ends with exactly the weights of an uninterrupted one.
+TEST_F(SgdTest, ResumeMatchesUninterrupted) {
+  TrainData train = synthetic(600, 40, 3);
+  TrainData test = synthetic(100, 40, 4);
+  SgdOptions o;
+  o.epochs = 4;
+  o.checkpoint_dir = dir_ / "full";
+  SgdResult full = train_sgd(nullptr, train, test, o);
+  ASSERT_EQ(load_checkpoint(dir_ / "full")->epoch, 4);
+
+  o.checkpoint_dir = dir_ / "split";
+  o.epochs = 2;
+  SgdResult first = train_sgd(nullptr, train, test, o);
+  EXPECT_EQ(first.history.size(), 2u);
+  EXPECT_NE(first.params, full.params);
+  o.epochs = 4;
+  SgdResult second = train_sgd(nullptr, train, test, o);
+  EXPECT_EQ(second.resumed_epoch, 2);
+  ASSERT_EQ(second.history.size(), 2u);
+  EXPECT_EQ(second.history[0].epoch, 3);
+  EXPECT_EQ(second.params, full.params);
+  std::optional<Checkpoint> c = load_checkpoint(dir_ / "split");
+  EXPECT_EQ(c->params, full.params);
+
+  // A finished run restarted again trains nothing and keeps its weights.
+  SgdResult third = train_sgd(nullptr, train, test, o);
+  EXPECT_EQ(third.resumed_epoch, 4);
+  EXPECT_TRUE(third.history.empty());
+  EXPECT_EQ(third.params, full.params);
+}
+
+TEST_F(SgdTest, ResumeWithOtherSeedIsAnError) {
+  TrainData train = synthetic(100, 20, 3);
+  SgdOptions o;
+  o.epochs = 1;
+  o.checkpoint_dir = dir_;
+  train_sgd(nullptr, train, train, o);
+  o.seed = 99;
+  o.epochs = 2;
+  try {
+    train_sgd(nullptr, train, train, o);
+    FAIL() << "no exception";
+  } catch (const CheckpointError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--seed 1234"));
+    EXPECT_THAT(e.what(), HasSubstr(checkpoint_path(dir_).string()));
+  }
+}
+
+TEST(SgdRealDataTest, FashionMnistSubsetLearns) {
+  if (!fs::exists(fs::path(kDefaultDataDir) / "train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  TrainData train = prepare(load_mnist_split(kDefaultDataDir, "train"), 5000);
+  TrainData test = prepare(load_mnist_split(kDefaultDataDir, "t10k"), 2000);
+  SgdOptions o;
+  o.epochs = 2;
+  SgdResult r = train_sgd(nullptr, train, test, o);
+  ASSERT_EQ(r.history.size(), 2u);
+  // Chance is 0.1; two epochs over 5000 samples reach well above 0.6.
+  EXPECT_GT(r.history[1].test_acc, 0.6);
+  EXPECT_LT(r.history[1].loss, r.history[0].loss);
+}
+
+}  // namespace
+}  // namespace dlaunch::workloads
