@@ -1,0 +1,656 @@
+#include "comm/store/server.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <charconv>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "comm/check.h"
+#include "comm/store/store.h"
+#include "comm/store/text.h"
+
+namespace dlaunch::comm::store {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using wire::MsgType;
+
+namespace {
+
+// Heterogeneous lookup: requests carry string_views into the read buffer, and
+// looking a key up must not allocate a std::string.
+struct KeyHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const {
+    return std::hash<std::string_view>{}(s);
+  }
+};
+template <typename V>
+using KeyMap = std::unordered_map<std::string, V, KeyHash, std::equal_to<>>;
+
+// Reads are issued into at least this much free buffer space.
+constexpr size_t kMinReadBytes = 16 * 1024;
+constexpr size_t kInitialBufferBytes = 64 * 1024;
+// A server-side wait longer than this is clamped (steady_timer overflows
+// near the top of its range; nobody waits a year for a key).
+constexpr uint64_t kMaxWaitMs = uint64_t{365} * 24 * 3600 * 1000;
+
+void raise_fd_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+      spdlog::warn("store: cannot raise the open-file limit to {}: {}",
+                   lim.rlim_max, errno_text(errno));
+    }
+  }
+}
+
+}  // namespace
+
+class Connection;
+
+class StoreServer::Impl {
+ public:
+  explicit Impl(const StoreServerOptions& options)
+      : options_(options), io_(1), acceptor_(io_), accept_retry_(io_) {}
+
+  void bind();
+  void run() {
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  void stop();
+  uint16_t port() const { return port_; }
+
+  // Called on the event-loop thread by connections.
+  void handle(Connection& c, const wire::Request& r);
+  void on_closed(Connection& c);
+  void on_wait_timeout(Connection& c);
+  size_t max_frame_bytes() const { return options_.max_frame_bytes; }
+
+ private:
+  void accept();
+  // A key that was absent now exists: wake the connections waiting on it.
+  void key_created(std::string_view key);
+  // Parks `c` until every key of its request exists or the timeout passes.
+  void block(Connection& c, const wire::Request& r);
+  // Rechecks a parked request whose keys all arrived; answers it, or parks it
+  // again on keys deleted in the meantime.
+  void try_complete(Connection& c);
+  void unpark(Connection& c);
+  // Counts keys of `keys` not present; registers `c` as a waiter on them.
+  size_t register_missing(Connection& c, const std::vector<std::string>& keys);
+  void respond(Connection& c);
+  void respond_error(Connection& c, std::string message);
+  std::string* find(std::string_view key) {
+    auto it = data_.find(key);
+    return it == data_.end() ? nullptr : &it->second;
+  }
+
+  StoreServerOptions options_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer accept_retry_;
+  uint16_t port_ = 0;
+  std::thread thread_;
+  std::mutex stop_mu_;
+  bool stopped_ = false;
+
+  // Event-loop thread only from here on.
+  KeyMap<std::string> data_;
+  KeyMap<std::vector<Connection*>> waiters_;
+  std::unordered_map<Connection*, std::shared_ptr<Connection>> connections_;
+  wire::Response response_;  // scratch, reused for every response
+  uint64_t next_wait_id_ = 0;
+  bool shutting_down_ = false;
+};
+
+// One client connection. Reads frames into a growing buffer, handles every
+// complete frame in order and batches the responses into one write. While a
+// blocking request (get/wait/multi_get) is parked, later frames stay
+// buffered, so responses keep the order of requests; reading continues so a
+// client that hangs up is noticed. Lives on the event-loop thread; owned by
+// the server's connection table and by pending handlers.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  // A parked blocking request.
+  struct Parked {
+    MsgType type;
+    std::vector<std::string> keys;
+    size_t missing = 0;  // registrations in the server's waiter lists
+    uint64_t id = 0;     // tells a stale timer expiry from the live one
+  };
+
+  Connection(StoreServer::Impl& server, tcp::socket socket)
+      : server_(server),
+        socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        in_(kInitialBufferBytes) {
+    boost::system::error_code ec;
+    auto ep = socket_.remote_endpoint(ec);
+    peer_ = ec ? "unknown peer"
+               : ep.address().to_string() + ":" + std::to_string(ep.port());
+    socket_.set_option(tcp::no_delay(true), ec);
+  }
+
+  void start() { read(); }
+
+  // Closes the socket and drops any parked request; pending handlers finish
+  // with operation_aborted. Idempotent.
+  void close() {
+    if (closed_) return;
+    auto self = shared_from_this();
+    closed_ = true;
+    boost::system::error_code ec;
+    timer_.cancel();
+    socket_.close(ec);
+    server_.on_closed(*this);
+  }
+
+  // Bad input: one log line, then close.
+  void reject(const std::string& why) {
+    spdlog::warn("store: closing connection from {}: {}", peer_, why);
+    close();
+  }
+
+  void park(Parked p, std::chrono::milliseconds timeout) {
+    parked_ = std::move(p);
+    timer_.expires_after(timeout);
+    timer_.async_wait([self = shared_from_this(),
+                       id = parked_->id](const boost::system::error_code& ec) {
+      if (ec || self->closed_ || !self->parked_ || self->parked_->id != id)
+        return;
+      self->server_.on_wait_timeout(*self);
+    });
+  }
+
+  // The parked request was answered: resume handling buffered frames.
+  void unparked() {
+    parked_.reset();
+    timer_.cancel();
+    if (closed_) return;
+    // Frames that arrived while parked are handled from a fresh handler, not
+    // from inside another connection's request.
+    if (in_end_ > in_begin_) {
+      asio::post(socket_.get_executor(), [self = shared_from_this()] {
+        self->process();
+        self->read();
+      });
+    } else {
+      read();
+    }
+  }
+
+  std::optional<Parked>& parked() { return parked_; }
+  std::string& out() { return out_; }
+  bool closed() const { return closed_; }
+
+  // Starts writing what handlers appended to out(); one write in flight.
+  void flush() {
+    if (writing_ || closed_ || out_.empty()) return;
+    writing_ = true;
+    std::swap(out_, writing_buf_);
+    asio::async_write(socket_, asio::buffer(writing_buf_),
+                      [self = shared_from_this()](
+                          const boost::system::error_code& ec, size_t) {
+                        self->writing_ = false;
+                        self->writing_buf_.clear();
+                        if (ec) return self->close();
+                        if (self->close_after_write_ && self->out_.empty())
+                          return self->close();
+                        self->flush();
+                      });
+  }
+
+ private:
+  void read() {
+    if (reading_ || closed_ || close_after_write_) return;
+    // Parked with a full frame's worth buffered: stop reading (back-pressure)
+    // until the parked request is answered.
+    if (parked_ && in_end_ - in_begin_ > server_.max_frame_bytes()) return;
+    if (in_.size() - in_end_ < kMinReadBytes) make_room(kMinReadBytes);
+    reading_ = true;
+    socket_.async_read_some(
+        asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
+        [self = shared_from_this()](const boost::system::error_code& ec,
+                                    size_t n) {
+          self->reading_ = false;
+          if (self->closed_) return;
+          if (ec) {
+            if (ec != asio::error::eof && ec != asio::error::connection_reset) {
+              spdlog::warn("store: closing connection from {}: {}", self->peer_,
+                           lower_first(ec.message()));
+              return self->close();
+            }
+            if (self->in_end_ > self->in_begin_ && !self->parked_) {
+              return self->reject(
+                  "truncated frame: peer closed the connection with " +
+                  std::to_string(self->in_end_ - self->in_begin_) +
+                  " bytes of an incomplete " +
+                  (self->handshaken_ ? "frame" : "handshake") + " buffered");
+            }
+            return self->close();
+          }
+          self->in_end_ += n;
+          self->process();
+          self->read();
+        });
+  }
+
+  // Ensures `bytes` of free space after in_end_, compacting first.
+  void make_room(size_t bytes) {
+    if (in_begin_ > 0) {
+      std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+      in_end_ -= in_begin_;
+      in_begin_ = 0;
+    }
+    if (in_.size() - in_end_ < bytes) {
+      in_.resize(std::max(in_.size() * 2, in_end_ + bytes));
+    }
+  }
+
+  // Handles every complete frame in the buffer unless a request is parked.
+  void process() {
+    while (!closed_ && !close_after_write_ && !parked_ && handle_next()) {
+    }
+    if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+    flush();
+  }
+
+  // Handles the frame (or handshake) at the front of the buffer. False when
+  // it is incomplete or the connection was rejected.
+  bool handle_next() {
+    std::string_view avail(in_.data() + in_begin_, in_end_ - in_begin_);
+    if (!handshaken_) {
+      wire::Hello hello;
+      if (wire::decode_hello(avail, hello) == wire::DecodeStatus::kNeedMore) {
+        return false;
+      }
+      in_begin_ += wire::kHelloBytes;
+      return handshake(hello);
+    }
+    wire::Frame frame;
+    switch (wire::next_frame(avail, server_.max_frame_bytes(), frame, error_)) {
+      case wire::DecodeStatus::kNeedMore:
+        if (avail.size() >= wire::kFrameHeaderBytes) {
+          // Room for the whole frame, so the reads that complete it fit.
+          size_t need = frame_size(avail);
+          if (in_.size() - in_begin_ < need) make_room(need - avail.size());
+        }
+        return false;
+      case wire::DecodeStatus::kBad:
+        reject(error_);
+        return false;
+      case wire::DecodeStatus::kOk:
+        break;
+    }
+    if (wire::decode_request(frame, request_, error_) !=
+        wire::DecodeStatus::kOk) {
+      reject(error_);
+      return false;
+    }
+    in_begin_ += frame.size;
+    server_.handle(*this, request_);
+    return true;
+  }
+
+  static size_t frame_size(std::string_view avail) {
+    uint32_t body = 0;
+    for (int i = 3; i >= 0; --i) {
+      body = (body << 8) | static_cast<unsigned char>(avail[i]);
+    }
+    return wire::kFrameHeaderBytes + body;
+  }
+
+  bool handshake(const wire::Hello& hello) {
+    if (hello.magic != wire::kMagic) {
+      reject("bad handshake: not a dlaunch store client (magic 0x" +
+             hex(hello.magic) + ", expected 0x" + hex(wire::kMagic) + ")");
+      return false;
+    }
+    // Either way the client learns our version from the reply.
+    wire::encode_hello(wire::Hello{}, out_);
+    if (hello.version != wire::kVersion) {
+      spdlog::warn(
+          "store: closing connection from {}: protocol version {}, this "
+          "server speaks {}",
+          peer_, hello.version, wire::kVersion);
+      close_after_write_ = true;
+      flush();
+      return false;
+    }
+    handshaken_ = true;
+    return true;
+  }
+
+  static std::string hex(uint32_t v) {
+    char buf[9];
+    std::snprintf(buf, sizeof(buf), "%08x", v);
+    return buf;
+  }
+
+  StoreServer::Impl& server_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  std::string peer_;
+  std::vector<char> in_;
+  size_t in_begin_ = 0;
+  size_t in_end_ = 0;
+  std::string out_;
+  std::string writing_buf_;
+  wire::Request request_;
+  std::string error_;
+  std::optional<Parked> parked_;
+  bool handshaken_ = false;
+  bool reading_ = false;
+  bool writing_ = false;
+  bool closed_ = false;
+  bool close_after_write_ = false;
+};
+
+void StoreServer::Impl::bind() {
+  std::string where = options_.host + ":" + std::to_string(options_.port);
+  auto fail = [&](const std::string& why) {
+    throw StoreError("cannot bind store to " + where + ": " + why);
+  };
+  boost::system::error_code ec;
+  tcp::resolver resolver(io_);
+  auto results = resolver.resolve(options_.host, std::to_string(options_.port),
+                                  tcp::resolver::passive, ec);
+  if (ec) fail("cannot resolve host: " + lower_first(ec.message()));
+  std::string last_error = "no address";
+  for (const auto& entry : results) {
+    acceptor_.open(entry.endpoint().protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(entry.endpoint(), ec);
+    if (!ec) acceptor_.listen(options_.backlog, ec);
+    if (!ec) break;
+    last_error = lower_first(ec.message());
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+  }
+  if (!acceptor_.is_open()) fail(last_error);
+  port_ = acceptor_.local_endpoint().port();
+  accept();
+}
+
+void StoreServer::Impl::accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& ec,
+                                tcp::socket socket) {
+    if (ec == asio::error::operation_aborted || shutting_down_) return;
+    if (ec) {
+      // Out of file descriptors (or similar): say so once per episode and
+      // retry shortly instead of spinning on a full accept queue.
+      spdlog::warn("store: cannot accept connections: {}; retrying in 100 ms",
+                   lower_first(ec.message()));
+      accept_retry_.expires_after(std::chrono::milliseconds(100));
+      accept_retry_.async_wait([this](const boost::system::error_code& e) {
+        if (!e && !shutting_down_) accept();
+      });
+      return;
+    }
+    auto c = std::make_shared<Connection>(*this, std::move(socket));
+    connections_.emplace(c.get(), c);
+    c->start();
+    accept();
+  });
+}
+
+void StoreServer::Impl::stop() {
+  std::lock_guard<std::mutex> lock(stop_mu_);
+  if (stopped_) return;
+  stopped_ = true;
+  if (!thread_.joinable()) return;
+  DLAUNCH_CHECK(std::this_thread::get_id() != thread_.get_id(),
+                "StoreServer::stop called from its own event loop");
+  asio::post(io_, [this] {
+    shutting_down_ = true;
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    accept_retry_.cancel();
+    auto all = std::move(connections_);
+    connections_.clear();
+    for (auto& [ptr, c] : all) c->close();
+    // Runs after the aborted handlers the closes queued.
+    asio::post(io_, [this] { io_.stop(); });
+  });
+  thread_.join();
+}
+
+void StoreServer::Impl::on_closed(Connection& c) {
+  if (c.parked()) unpark(c);
+  connections_.erase(&c);
+}
+
+void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
+  wire::Response& out = response_;
+  out.values.clear();
+  out.missing.clear();
+  switch (r.type) {
+    case MsgType::kSet: {
+      if (std::string* v = find(r.keys[0])) {
+        v->assign(r.values[0]);
+      } else {
+        data_.emplace(r.keys[0], r.values[0]);
+        key_created(r.keys[0]);
+      }
+      out.type = MsgType::kOk;
+      break;
+    }
+    case MsgType::kGet: {
+      std::string* v = find(r.keys[0]);
+      if (!v) return block(c, r);
+      out.type = MsgType::kValue;
+      out.values.push_back(*v);
+      break;
+    }
+    case MsgType::kAdd: {
+      std::string* v = find(r.keys[0]);
+      int64_t now = 0;
+      if (v) {
+        auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), now);
+        if (ec != std::errc() || end != v->data() + v->size()) {
+          return respond_error(c, "add: the value at key '" +
+                                      std::string(r.keys[0]) +
+                                      "' is not an integer");
+        }
+      }
+      if (__builtin_add_overflow(now, r.delta, &now)) {
+        return respond_error(c, "add: key '" + std::string(r.keys[0]) +
+                                    "' would overflow int64");
+      }
+      if (v) {
+        *v = std::to_string(now);
+      } else {
+        data_.emplace(r.keys[0], std::to_string(now));
+        key_created(r.keys[0]);
+      }
+      out.type = MsgType::kInteger;
+      out.integer = now;
+      break;
+    }
+    case MsgType::kCompareSet: {
+      // torch's semantics, including its answer for a missing key with a
+      // non-empty `expected`: that `expected` is echoed back.
+      std::string* v = find(r.keys[0]);
+      out.type = MsgType::kValue;
+      if (!v) {
+        if (r.values[0].empty()) {
+          data_.emplace(r.keys[0], r.values[1]);
+          key_created(r.keys[0]);
+        }
+        out.values.push_back(r.values[0].empty() ? r.values[1] : r.values[0]);
+      } else {
+        if (*v == r.values[0]) v->assign(r.values[1]);
+        out.values.push_back(*v);
+      }
+      break;
+    }
+    case MsgType::kWait:
+    case MsgType::kMultiGet:
+    case MsgType::kCheck: {
+      bool all = std::all_of(r.keys.begin(), r.keys.end(),
+                             [&](std::string_view k) { return find(k); });
+      if (r.type == MsgType::kCheck) {
+        out.type = MsgType::kBool;
+        out.integer = all;
+      } else if (!all) {
+        return block(c, r);
+      } else if (r.type == MsgType::kWait) {
+        out.type = MsgType::kOk;
+      } else {
+        out.type = MsgType::kValues;
+        for (std::string_view k : r.keys) out.values.push_back(*find(k));
+      }
+      break;
+    }
+    case MsgType::kDeleteKey: {
+      auto it = data_.find(r.keys[0]);
+      out.type = MsgType::kBool;
+      out.integer = it != data_.end();
+      if (it != data_.end()) data_.erase(it);
+      break;
+    }
+    case MsgType::kNumKeys:
+      out.type = MsgType::kInteger;
+      out.integer = static_cast<int64_t>(data_.size());
+      break;
+    case MsgType::kMultiSet:
+      for (size_t i = 0; i < r.keys.size(); ++i) {
+        if (std::string* v = find(r.keys[i])) {
+          v->assign(r.values[i]);
+        } else {
+          data_.emplace(r.keys[i], r.values[i]);
+          key_created(r.keys[i]);
+        }
+      }
+      out.type = MsgType::kOk;
+      break;
+    case MsgType::kAppend: {
+      std::string* v = find(r.keys[0]);
+      if (v) {
+        v->append(r.values[0]);
+      } else {
+        v = &data_.emplace(r.keys[0], r.values[0]).first->second;
+        key_created(r.keys[0]);
+      }
+      out.type = MsgType::kInteger;
+      out.integer = static_cast<int64_t>(v->size());
+      break;
+    }
+    default:
+      DLAUNCH_CHECK(false, "decode_request let a non-request type through");
+  }
+  wire::encode_response(out, c.out());
+}
+
+void StoreServer::Impl::respond_error(Connection& c, std::string message) {
+  response_.type = MsgType::kError;
+  response_.message = message;
+  wire::encode_response(response_, c.out());
+}
+
+void StoreServer::Impl::block(Connection& c, const wire::Request& r) {
+  Connection::Parked p;
+  p.type = r.type;
+  p.keys.assign(r.keys.begin(), r.keys.end());
+  p.id = ++next_wait_id_;
+  p.missing = register_missing(c, p.keys);
+  uint64_t ms = std::min(r.timeout_ms, kMaxWaitMs);
+  c.park(std::move(p), std::chrono::milliseconds(ms));
+}
+
+size_t StoreServer::Impl::register_missing(
+    Connection& c, const std::vector<std::string>& keys) {
+  size_t missing = 0;
+  for (const std::string& k : keys) {
+    if (find(k)) continue;
+    auto it = waiters_.find(k);
+    if (it == waiters_.end()) it = waiters_.try_emplace(k).first;
+    it->second.push_back(&c);
+    ++missing;
+  }
+  return missing;
+}
+
+void StoreServer::Impl::key_created(std::string_view key) {
+  if (waiters_.empty()) return;
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  std::vector<Connection*> woken = std::move(it->second);
+  waiters_.erase(it);
+  for (Connection* c : woken) {
+    if (c->parked() && --c->parked()->missing == 0) try_complete(*c);
+  }
+}
+
+void StoreServer::Impl::try_complete(Connection& c) {
+  Connection::Parked& p = *c.parked();
+  p.missing = register_missing(c, p.keys);
+  if (p.missing > 0) return;  // a key was deleted again meanwhile
+  response_.values.clear();
+  if (p.type == MsgType::kWait) {
+    response_.type = MsgType::kOk;
+  } else {
+    response_.type =
+        p.type == MsgType::kGet ? MsgType::kValue : MsgType::kValues;
+    for (const std::string& k : p.keys) response_.values.push_back(*find(k));
+  }
+  wire::encode_response(response_, c.out());
+  c.flush();
+  c.unparked();
+}
+
+void StoreServer::Impl::on_wait_timeout(Connection& c) {
+  Connection::Parked& p = *c.parked();
+  response_.type = MsgType::kTimedOut;
+  response_.total_keys = static_cast<uint32_t>(p.keys.size());
+  response_.missing.clear();
+  for (uint32_t i = 0; i < p.keys.size(); ++i) {
+    if (!find(p.keys[i])) response_.missing.push_back(i);
+  }
+  unpark(c);
+  wire::encode_response(response_, c.out());
+  c.flush();
+  c.unparked();
+}
+
+void StoreServer::Impl::unpark(Connection& c) {
+  for (const std::string& k : c.parked()->keys) {
+    auto it = waiters_.find(k);
+    if (it == waiters_.end()) continue;
+    std::erase(it->second, &c);
+    if (it->second.empty()) waiters_.erase(it);
+  }
+  c.parked()->missing = 0;
+}
+
+std::unique_ptr<StoreServer> StoreServer::start(
+    const StoreServerOptions& options) {
+  raise_fd_limit();
+  auto impl = std::make_unique<Impl>(options);
+  impl->bind();
+  impl->run();
+  return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
+}
+
+StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+StoreServer::~StoreServer() { stop(); }
+
+uint16_t StoreServer::port() const { return impl_->port(); }
+
+void StoreServer::stop() { impl_->stop(); }
+
+}  // namespace dlaunch::comm::store

@@ -1,0 +1,143 @@
+#pragma once
+
+// Helpers for the store's socket tests: a server on 127.0.0.1 port 0,
+// clients connected to it, and a raw TCP socket for speaking (or breaking)
+// the protocol by hand.
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/store/client.h"
+#include "comm/store/server.h"
+
+namespace dlaunch::comm::store::testing {
+
+using namespace std::chrono_literals;
+
+inline std::unique_ptr<StoreServer> start_local_server() {
+  StoreServerOptions o;
+  o.host = "127.0.0.1";
+  return StoreServer::start(o);
+}
+
+inline std::unique_ptr<TcpStore> connect_to(
+    uint16_t port, std::chrono::milliseconds timeout = 10s) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.connect_timeout = 10s;
+  o.timeout = timeout;
+  return TcpStore::connect(o);
+}
+
+// Milliseconds since `start`.
+inline int64_t ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// A blocking TCP socket on 127.0.0.1; every operation fails the test rather
+// than hanging (receive waits at most 5 s).
+class RawSocket {
+ public:
+  // Connects to 127.0.0.1:port.
+  explicit RawSocket(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0)
+        << "connect to 127.0.0.1:" << port;
+  }
+  explicit RawSocket(int fd, bool /*adopt*/) : fd_(fd) {}
+  ~RawSocket() { close(); }
+  RawSocket(const RawSocket&) = delete;
+  RawSocket& operator=(const RawSocket&) = delete;
+
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+  void send(std::string_view bytes) {
+    ASSERT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bytes.size()));
+  }
+
+  // Reads exactly n bytes; fewer when the peer closes or 5 s pass.
+  std::string recv_n(size_t n) {
+    std::string out;
+    while (out.size() < n) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 5000) <= 0) break;
+      char buf[4096];
+      ssize_t got = ::recv(fd_, buf, std::min(sizeof(buf), n - out.size()), 0);
+      if (got <= 0) break;
+      out.append(buf, static_cast<size_t>(got));
+    }
+    return out;
+  }
+
+  // True when the peer closed the connection (EOF or reset) within 5 s,
+  // discarding anything it sent before.
+  bool closed_by_peer() {
+    while (true) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 5000) <= 0) return false;
+      char buf[4096];
+      ssize_t got = ::recv(fd_, buf, sizeof(buf), 0);
+      if (got <= 0) return true;
+    }
+  }
+
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// A listening socket on 127.0.0.1 port 0 that plays a misbehaving server.
+class RawListener {
+ public:
+  RawListener() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(fd_, 16), 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  ~RawListener() { ::close(fd_); }
+  uint16_t port() const { return port_; }
+  // Accepts one connection (waits at most 5 s).
+  std::unique_ptr<RawSocket> accept() {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 5000) <= 0) return nullptr;
+    return std::make_unique<RawSocket>(::accept(fd_, nullptr, nullptr), true);
+  }
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+};
+
+// A port on 127.0.0.1 that nothing listens on (bound, then released).
+inline uint16_t unused_port() {
+  RawListener l;
+  return l.port();
+}
+
+}  // namespace dlaunch::comm::store::testing
