@@ -13,7 +13,7 @@ namespace {
 constexpr BenchOp kAllOps[] = {
     BenchOp::kAllReduce, BenchOp::kAllGather,     BenchOp::kBroadcast,
     BenchOp::kReduce,    BenchOp::kReduceScatter, BenchOp::kAllToAll,
-    BenchOp::kSendRecv,
+    BenchOp::kSendRecv,  BenchOp::kScatter,       BenchOp::kGather,
 };
 
 struct DtypeName {
@@ -53,6 +53,10 @@ std::string_view bench_op_name(BenchOp op) {
       return "all_to_all";
     case BenchOp::kSendRecv:
       return "sendrecv";
+    case BenchOp::kScatter:
+      return "scatter";
+    case BenchOp::kGather:
+      return "gather";
   }
   return "?";
 }
@@ -91,6 +95,8 @@ double bus_factor(BenchOp op, int nranks) {
     case BenchOp::kAllGather:
     case BenchOp::kReduceScatter:
     case BenchOp::kAllToAll:
+    case BenchOp::kScatter:
+    case BenchOp::kGather:
       return (n - 1) / n;
     case BenchOp::kBroadcast:
     case BenchOp::kReduce:
@@ -105,11 +111,13 @@ bool op_reduces(BenchOp op) {
          op == BenchOp::kReduceScatter;
 }
 bool op_has_root(BenchOp op) {
-  return op == BenchOp::kBroadcast || op == BenchOp::kReduce;
+  return op == BenchOp::kBroadcast || op == BenchOp::kReduce ||
+         op == BenchOp::kScatter || op == BenchOp::kGather;
 }
 bool op_splits(BenchOp op) {
   return op == BenchOp::kAllGather || op == BenchOp::kReduceScatter ||
-         op == BenchOp::kAllToAll;
+         op == BenchOp::kAllToAll || op == BenchOp::kScatter ||
+         op == BenchOp::kGather;
 }
 
 size_t parse_size(std::string_view s, std::string_view flag) {

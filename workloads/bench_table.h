@@ -19,10 +19,13 @@ enum class BenchOp : uint8_t {
   kReduceScatter,
   kAllToAll,
   kSendRecv,
+  kScatter,
+  kGather,
 };
 
 // "all_reduce", "all_gather", "broadcast", "reduce", "reduce_scatter",
-// "all_to_all", "sendrecv" (nccl-tests' binary names without _perf).
+// "all_to_all", "sendrecv", "scatter", "gather" (nccl-tests' binary names
+// without _perf).
 std::string_view bench_op_name(BenchOp op);
 // "all" or a comma-separated list of names; throws std::invalid_argument
 // naming the bad entry and the valid names.
@@ -35,7 +38,8 @@ double bus_factor(BenchOp op, int nranks);
 bool op_reduces(BenchOp op);
 bool op_has_root(BenchOp op);
 // Whether `count` elements are split in nranks equal chunks (all-gather,
-// reduce-scatter, all-to-all), so the count is rounded down to a multiple.
+// reduce-scatter, all-to-all, scatter, gather), so the count is rounded down
+// to a multiple.
 bool op_splits(BenchOp op);
 
 // A byte count with an optional K, M or G suffix (powers of 1024, as

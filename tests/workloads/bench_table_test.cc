@@ -54,7 +54,7 @@ TEST(BenchTableTest, Redops) {
 }
 
 TEST(BenchTableTest, Ops) {
-  EXPECT_EQ(parse_bench_ops("all").size(), 7u);
+  EXPECT_EQ(parse_bench_ops("all").size(), 9u);
   EXPECT_EQ(parse_bench_ops("all")[0], BenchOp::kAllReduce);
   EXPECT_EQ(
       parse_bench_ops("reduce_scatter,sendrecv"),
@@ -78,6 +78,8 @@ TEST(BenchTableTest, BusFactors) {
   EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kBroadcast, 8), 1.0);
   EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kReduce, 8), 1.0);
   EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kSendRecv, 8), 1.0);
+  EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kScatter, 4), 0.75);
+  EXPECT_DOUBLE_EQ(bus_factor(BenchOp::kGather, 4), 0.75);
   BenchRow r;
   r.bytes = 1000000;
   r.time_us = 1000;  // 1 MB in 1 ms = 1 GB/s

@@ -1,0 +1,406 @@
+#include "workloads/op_runner.h"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+namespace dlaunch::workloads {
+namespace {
+
+using comm::DType;
+using comm::ReduceOp;
+using comm::Tensor;
+
+// Written sentinel for outputs: not a pattern value (those are 1..11).
+constexpr double kSentinel = 99;
+
+uint16_t float_to_half(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  uint32_t sign = (x >> 16) & 0x8000;
+  int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
+  uint32_t mant = x & 0x7fffff;
+  if (((x >> 23) & 0xff) == 0xff) {  // inf / nan
+    return static_cast<uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));
+  }
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00);
+  if (exp <= 0) {
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000;
+    uint32_t shift = static_cast<uint32_t>(14 - exp);
+    uint32_t h = mant >> shift;
+    uint32_t rem = mant & ((1u << shift) - 1);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (h & 1))) ++h;
+    return static_cast<uint16_t>(sign | h);
+  }
+  uint32_t h = (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
+  return static_cast<uint16_t>(sign | h);
+}
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  if (exp == 0) {
+    float v = std::ldexp(static_cast<float>(mant), -24);
+    return sign ? -v : v;
+  }
+  if (exp == 31) {
+    return std::bit_cast<float>(sign | 0x7f800000 | (mant << 13));
+  }
+  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+uint16_t float_to_bf16(float f) {
+  uint32_t x = std::bit_cast<uint32_t>(f);
+  if ((x & 0x7fffffff) > 0x7f800000)
+    return static_cast<uint16_t>((x >> 16) | 0x40);
+  x += 0x7fff + ((x >> 16) & 1);
+  return static_cast<uint16_t>(x >> 16);
+}
+
+float bf16_to_float(uint16_t b) {
+  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
+}
+
+bool is_float(DType t) {
+  return t == DType::kF32 || t == DType::kF64 || t == DType::kF16 ||
+         t == DType::kBF16;
+}
+
+}  // namespace
+
+double get_element(const Tensor& t, size_t i) {
+  const char* p = static_cast<const char*>(t.data);
+  switch (t.dtype) {
+    case DType::kF32:
+      return reinterpret_cast<const float*>(p)[i];
+    case DType::kF64:
+      return reinterpret_cast<const double*>(p)[i];
+    case DType::kF16:
+      return half_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16:
+      return bf16_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
+    case DType::kI8:
+      return reinterpret_cast<const int8_t*>(p)[i];
+    case DType::kU8:
+      return reinterpret_cast<const uint8_t*>(p)[i];
+    case DType::kI32:
+      return reinterpret_cast<const int32_t*>(p)[i];
+    case DType::kI64:
+      return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
+  }
+  return 0;
+}
+
+void set_element(const Tensor& t, size_t i, double v) {
+  char* p = static_cast<char*>(t.data);
+  int64_t iv = static_cast<int64_t>(v);
+  switch (t.dtype) {
+    case DType::kF32:
+      reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DType::kF64:
+      reinterpret_cast<double*>(p)[i] = v;
+      break;
+    case DType::kF16:
+      reinterpret_cast<uint16_t*>(p)[i] = float_to_half(static_cast<float>(v));
+      break;
+    case DType::kBF16:
+      reinterpret_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
+      break;
+    case DType::kI8:
+      reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(iv);
+      break;
+    case DType::kU8:
+      reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(iv);
+      break;
+    case DType::kI32:
+      reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(iv);
+      break;
+    case DType::kI64:
+      reinterpret_cast<int64_t*>(p)[i] = iv;
+      break;
+  }
+}
+
+double quantize(DType dtype, double v) {
+  uint64_t slot = 0;
+  Tensor t{&slot, 1, dtype, {}};
+  set_element(t, 0, v);
+  return get_element(t, 0);
+}
+
+OpRunner::OpRunner(comm::ProcessGroup& pg, BenchOp op, size_t count,
+                   DType dtype, ReduceOp redop, int root)
+    : pg_(pg),
+      op_(op),
+      dtype_(dtype),
+      redop_(redop),
+      root_(root),
+      rank_(pg.rank()),
+      size_(pg.size()) {
+  size_t n = static_cast<size_t>(size_);
+  count_ = op_splits(op) ? count / n * n : count;
+  chunk_ = count_ / n;
+  size_t es = comm::dtype_size(dtype);
+  auto words = [&](size_t elems) { return (elems * es + 7) / 8; };
+  switch (op) {
+    case BenchOp::kAllReduce:
+    case BenchOp::kBroadcast:
+    case BenchOp::kReduce:
+      in_.resize(words(count_));
+      out_of_place_ = false;
+      break;
+    case BenchOp::kAllGather:
+    case BenchOp::kGather:
+      in_.resize(words(chunk_));
+      out_.resize(words(count_));
+      out_of_place_ = true;
+      break;
+    case BenchOp::kReduceScatter:
+    case BenchOp::kScatter:
+      in_.resize(words(count_));
+      out_.resize(words(chunk_));
+      out_of_place_ = true;
+      break;
+    case BenchOp::kAllToAll:
+    case BenchOp::kSendRecv:
+      in_.resize(words(count_));
+      out_.resize(words(count_));
+      out_of_place_ = true;
+      break;
+  }
+}
+
+double OpRunner::value(int r, size_t i) const {
+  if (redop_ == ReduceOp::kProduct && op_reduces(op_)) {
+    return (static_cast<size_t>(r) + i) % 4 == 0 ? 2 : 1;
+  }
+  return static_cast<double>((static_cast<size_t>(r) * 7 + i) % 11 + 1);
+}
+
+double OpRunner::reduced(size_t i) const {
+  if (is_float(dtype_)) {
+    double acc = value(0, i);
+    for (int r = 1; r < size_; ++r) {
+      double v = value(r, i);
+      switch (redop_) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg:
+          acc += v;
+          break;
+        case ReduceOp::kProduct:
+          acc *= v;
+          break;
+        case ReduceOp::kMin:
+          acc = std::min(acc, v);
+          break;
+        case ReduceOp::kMax:
+          acc = std::max(acc, v);
+          break;
+        default:
+          break;  // bitwise ops take integer dtypes only
+      }
+    }
+    return redop_ == ReduceOp::kAvg ? acc / size_ : acc;
+  }
+  // Integers: in int64, then wrapped to the dtype (as the backend wraps).
+  int64_t acc = static_cast<int64_t>(value(0, i));
+  for (int r = 1; r < size_; ++r) {
+    int64_t v = static_cast<int64_t>(value(r, i));
+    switch (redop_) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        acc += v;
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kBand:
+        acc &= v;
+        break;
+      case ReduceOp::kBor:
+        acc |= v;
+        break;
+      case ReduceOp::kBxor:
+        acc ^= v;
+        break;
+    }
+  }
+  if (redop_ == ReduceOp::kAvg) acc /= size_;
+  return static_cast<double>(acc);
+}
+
+Tensor OpRunner::view(std::vector<uint64_t>& buf, size_t offset,
+                      size_t n) const {
+  char* base = reinterpret_cast<char*>(buf.data());
+  return Tensor{base + offset * comm::dtype_size(dtype_), n, dtype_, {}};
+}
+
+std::vector<Tensor> OpRunner::chunks(std::vector<uint64_t>& buf) const {
+  std::vector<Tensor> out;
+  for (int j = 0; j < size_; ++j) out.push_back(view(buf, j * chunk_, chunk_));
+  return out;
+}
+
+Tensor OpRunner::result() const {
+  auto& self = const_cast<OpRunner&>(*this);
+  if (!out_of_place_) return self.view(self.in_, 0, count_);
+  size_t n = (op_ == BenchOp::kReduceScatter || op_ == BenchOp::kScatter)
+                 ? chunk_
+                 : count_;
+  return self.view(self.out_, 0, n);
+}
+
+void OpRunner::fill() {
+  size_t in_n =
+      (op_ == BenchOp::kAllGather || op_ == BenchOp::kGather) ? chunk_ : count_;
+  Tensor in = view(in_, 0, in_n);
+  for (size_t i = 0; i < in_n; ++i) {
+    double v = value(rank_, i);
+    if (op_ == BenchOp::kBroadcast && rank_ != root_) v = kSentinel;
+    set_element(in, i, v);
+  }
+  if (out_of_place_) {
+    Tensor out = result();
+    for (size_t i = 0; i < out.numel; ++i) set_element(out, i, kSentinel);
+  }
+}
+
+void OpRunner::run() {
+  int n = size_;
+  switch (op_) {
+    case BenchOp::kAllReduce:
+      pg_.all_reduce(view(in_, 0, count_), redop_);
+      break;
+    case BenchOp::kBroadcast:
+      pg_.broadcast(view(in_, 0, count_), root_);
+      break;
+    case BenchOp::kReduce:
+      pg_.reduce(view(in_, 0, count_), root_, redop_);
+      break;
+    case BenchOp::kAllGather: {
+      std::vector<Tensor> outs = chunks(out_);
+      pg_.all_gather(outs, view(in_, 0, chunk_));
+      break;
+    }
+    case BenchOp::kGather: {
+      std::vector<Tensor> outs = chunks(out_);
+      pg_.gather(view(in_, 0, chunk_), outs, root_);
+      break;
+    }
+    case BenchOp::kReduceScatter: {
+      std::vector<Tensor> ins = chunks(in_);
+      pg_.reduce_scatter(view(out_, 0, chunk_), ins, redop_);
+      break;
+    }
+    case BenchOp::kScatter: {
+      std::vector<Tensor> ins = chunks(in_);
+      pg_.scatter(view(out_, 0, chunk_), ins, root_);
+      break;
+    }
+    case BenchOp::kAllToAll: {
+      std::vector<Tensor> ins = chunks(in_);
+      std::vector<Tensor> outs = chunks(out_);
+      pg_.all_to_all(outs, ins);
+      break;
+    }
+    case BenchOp::kSendRecv: {
+      // Each rank sends to the next and receives from the previous, as
+      // nccl-tests' sendrecv_perf.
+      int next = (rank_ + 1) % n, prev = (rank_ - 1 + n) % n;
+      auto send = pg_.isend(view(in_, 0, count_), next);
+      auto recv = pg_.irecv(view(out_, 0, count_), prev);
+      recv->wait(pg_.timeout());
+      send->wait(pg_.timeout());
+      break;
+    }
+  }
+}
+
+bool OpRunner::expected(size_t i, double* v) const {
+  int n = size_;
+  size_t j = chunk_ ? i / chunk_ : 0, k = chunk_ ? i % chunk_ : 0;
+  switch (op_) {
+    case BenchOp::kAllReduce:
+      *v = reduced(i);
+      return true;
+    case BenchOp::kReduce:
+      *v = reduced(i);
+      return rank_ == root_;
+    case BenchOp::kBroadcast:
+      *v = value(root_, i);
+      return true;
+    case BenchOp::kAllGather:
+      *v = value(static_cast<int>(j), k);
+      return true;
+    case BenchOp::kGather:
+      *v = value(static_cast<int>(j), k);
+      return rank_ == root_;
+    case BenchOp::kReduceScatter:
+      *v = reduced(rank_ * chunk_ + i);
+      return true;
+    case BenchOp::kScatter:
+      *v = value(root_, rank_ * chunk_ + i);
+      return true;
+    case BenchOp::kAllToAll:
+      *v = value(static_cast<int>(j), rank_ * chunk_ + k);
+      return true;
+    case BenchOp::kSendRecv:
+      *v = value((rank_ - 1 + n) % n, i);
+      return true;
+  }
+  return false;
+}
+
+int64_t OpRunner::wrong() const {
+  Tensor r = result();
+  double tol = 0;
+  switch (dtype_) {
+    case DType::kF32:
+    case DType::kF64:
+      tol = 1e-5;
+      break;
+    case DType::kF16:
+      tol = 2e-3;
+      break;
+    case DType::kBF16:
+      tol = 1e-2;
+      break;
+    default:
+      break;
+  }
+  int64_t bad = 0;
+  for (size_t i = 0; i < r.numel; ++i) {
+    double want = 0;
+    if (!expected(i, &want)) continue;
+    want = quantize(dtype_, want);
+    double got = get_element(r, i);
+    if (!(std::abs(got - want) <= tol * std::max(1.0, std::abs(want)))) ++bad;
+  }
+  return bad;
+}
+
+std::string OpRunner::describe(size_t max) const {
+  Tensor r = result();
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < r.numel && i < max; ++i) {
+    s << (i ? ", " : "") << get_element(r, i);
+  }
+  if (r.numel > max) s << ", ... (" << r.numel << " values)";
+  s << "]";
+  return s.str();
+}
+
+}  // namespace dlaunch::workloads
