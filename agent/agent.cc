@@ -1,0 +1,402 @@
+#include "agent/agent.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <system_error>
+
+#include "agent/program.h"
+#include "agent/report.h"
+
+namespace dlaunch::agent {
+namespace {
+
+std::string random_run_id() {
+  std::random_device rd;
+  std::uniform_int_distribution<uint64_t> dist;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%012llx",
+                static_cast<unsigned long long>(dist(rd) & 0xffffffffffffULL));
+  return buf;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+bool is_forward_only(int sig, const std::vector<int>& stop_signals) {
+  return (sig == SIGUSR1 || sig == SIGUSR2) &&
+         std::find(stop_signals.begin(), stop_signals.end(), sig) ==
+             stop_signals.end();
+}
+
+std::string seconds(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(d.count()) / 1e3);
+  return buf;
+}
+
+}  // namespace
+
+Agent::Agent(AgentOptions options, Env& env, rendezvous::Rendezvous& rdzv,
+             EnvMap base_env, MessageSink sink)
+    : options_(std::move(options)),
+      env_(env),
+      rdzv_(rdzv),
+      base_env_(std::move(base_env)),
+      sink_(std::move(sink)) {}
+
+Agent::~Agent() = default;
+
+RunResult Agent::run() {
+  result_.run_id = options_.run_id.empty() ? random_run_id() : options_.run_id;
+  result_.host = host_name();
+  if (options_.entrypoint.empty() || options_.nproc_per_node < 1) {
+    result_.error = "dlaunch: nothing to run (no program or no workers)";
+    result_.exit_code = 2;
+    sink_(result_.error + "\n");
+    return result_;
+  }
+  // Checked before anything starts: a typo must not cost restarts.
+  try {
+    auto path = base_env_.find("PATH");
+    executable_ = resolve_program(options_.entrypoint[0],
+                                  path != base_env_.end()
+                                      ? path->second
+                                      : "/usr/local/bin:/usr/bin:/bin");
+  } catch (const ProgramError& e) {
+    result_.error = e.what();
+    result_.exit_code = 127;
+    sink_(result_.error + "\n");
+    return result_;
+  }
+  try {
+    make_run_dir();
+  } catch (const std::exception& e) {
+    result_.error = std::string("dlaunch: cannot create the log folder: ") +
+                    e.what() + "; check --log-dir";
+    result_.exit_code = 1;
+    sink_(result_.error + "\n");
+    return result_;
+  }
+
+  std::vector<int> sigs = options_.signals_to_handle;
+  for (int s : {SIGUSR1, SIGUSR2}) {
+    if (std::find(sigs.begin(), sigs.end(), s) == sigs.end()) sigs.push_back(s);
+  }
+  env_.handle_signals(sigs, [this](int sig) { on_signal(sig); });
+
+  if (options_.nproc_per_node > 1 && !base_env_.contains("OMP_NUM_THREADS")) {
+    sink_("dlaunch: note: OMP_NUM_THREADS=1 for each of the " +
+          std::to_string(options_.nproc_per_node) +
+          " workers (set it yourself to tune)\n");
+  }
+
+  start_attempt();
+  if (state_ != State::kDone) env_.run();
+
+  // A temporary run folder that holds no logs is removed, summary and all.
+  const bool logs_kept = options_.redirects.all != Streams::kNone ||
+                         !options_.redirects.per_rank.empty() ||
+                         options_.tee.all != Streams::kNone ||
+                         !options_.tee.per_rank.empty();
+  const bool keep_dir = !temp_run_dir_ || logs_kept;
+  if (keep_dir) write_summary();
+  std::string report = failure_report(result_);
+  if (!report.empty()) sink_(report);
+  if (!keep_dir) {
+    std::error_code ec;
+    std::filesystem::remove_all(result_.run_dir, ec);
+  }
+  return result_;
+}
+
+void Agent::make_run_dir() {
+  if (!options_.log_dir.empty()) {
+    result_.run_dir = options_.log_dir / result_.run_id;
+    std::filesystem::create_directories(result_.run_dir);
+    return;
+  }
+  auto tmp = base_env_.find("TMPDIR");
+  std::string tmpl =
+      (tmp != base_env_.end() && !tmp->second.empty() ? tmp->second
+                                                      : std::string("/tmp")) +
+      "/dlaunch-" + result_.run_id + "-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    throw std::system_error(errno, std::generic_category(), tmpl);
+  }
+  result_.run_dir = tmpl;
+  temp_run_dir_ = true;
+}
+
+void Agent::start_attempt() {
+  rendezvous::RendezvousResult round;
+  try {
+    round = rdzv_.next_round(options_.nproc_per_node, std::chrono::minutes(15));
+  } catch (const std::exception& e) {
+    result_.error = std::string("dlaunch: rendezvous failed: ") + e.what();
+    sink_(result_.error + "\n");
+    finish(1);
+    return;
+  }
+  AttemptRecord a;
+  a.restart_count = restart_count_;
+  a.round = round.round;
+  a.master_addr = round.master_addr;
+  a.master_port = round.master_port;
+  a.start_time = env_.now();
+  a.workers.resize(static_cast<size_t>(options_.nproc_per_node));
+  result_.attempts.push_back(std::move(a));
+
+  procs_.clear();
+  procs_.resize(static_cast<size_t>(options_.nproc_per_node));
+  alive_ = 0;
+  state_ = State::kRunning;
+  for (size_t i = 0; i < procs_.size(); ++i) {
+    if (!spawn_worker(i, round)) {
+      // Stopping may restart the group (a new attempt), so nothing of this
+      // attempt's loop may run after it.
+      stop_group(SIGTERM);
+      return;
+    }
+  }
+}
+
+bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
+  const int local_rank = static_cast<int>(i);
+  const int n = options_.nproc_per_node;
+  WorkerRecord& w = attempt().workers[i];
+  w.local_rank = local_rank;
+  w.rank = round.group_rank * n + local_rank;
+
+  WorkerIdentity id;
+  id.local_rank = local_rank;
+  id.rank = w.rank;
+  id.world_size = round.world_size;
+  id.local_world_size = n;
+  id.group_rank = round.group_rank;
+  id.group_world_size = round.group_world_size;
+  id.role_rank = w.rank;
+  id.role_world_size = round.world_size;
+  JobInfo job{options_.role,  round.master_addr,     round.master_port,
+              restart_count_, options_.max_restarts, result_.run_id};
+
+  std::filesystem::path dir = result_.run_dir /
+                              ("attempt_" + std::to_string(restart_count_)) /
+                              std::to_string(local_rank);
+  w.error_file = dir / "error.json";
+
+  const Streams redir = options_.redirects.for_rank(local_rank);
+  const Streams tee = options_.tee.for_rank(local_rank);
+  const bool shown = !options_.local_ranks_filter ||
+                     options_.local_ranks_filter->contains(local_rank);
+  ProcessSpec spec;
+  spec.executable = executable_;
+  std::map<std::string, std::string> vars{
+      {"local_rank", std::to_string(local_rank)}};
+  spec.argv.push_back(options_.entrypoint[0]);
+  for (size_t k = 1; k < options_.entrypoint.size(); ++k) {
+    spec.argv.push_back(substitute(options_.entrypoint[k], vars));
+  }
+  if (covers_stdout(redir) || covers_stdout(tee)) {
+    w.stdout_log = dir / "stdout.log";
+    spec.out.file = w.stdout_log;
+  }
+  if (covers_stderr(redir) || covers_stderr(tee)) {
+    w.stderr_log = dir / "stderr.log";
+    spec.err.file = w.stderr_log;
+  }
+  if (shown && (!covers_stdout(redir) || covers_stdout(tee)))
+    spec.out.console_fd = 1;
+  if (shown && (!covers_stderr(redir) || covers_stderr(tee)))
+    spec.err.console_fd = 2;
+
+  std::string tmpl = options_.log_line_prefix_template;
+  if (tmpl.empty()) {
+    auto it = base_env_.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+    if (it != base_env_.end()) tmpl = it->second;
+  }
+  spec.prefix = line_prefix(tmpl, options_.role, local_rank, w.rank);
+  spec.env = worker_environment(base_env_, id, job, w.error_file.string());
+
+  const size_t attempt_index = result_.attempts.size() - 1;
+  try {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec)
+      throw SpawnError("cannot create " + dir.string() + ": " + ec.message());
+    std::filesystem::remove(w.error_file, ec);
+    w.start_time = env_.now();
+    procs_[i] = env_.spawn(spec, [this, attempt_index, i](ExitStatus s) {
+      if (attempt_index + 1 == result_.attempts.size()) on_exit(i, s);
+    });
+    w.pid = procs_[i]->pid();
+    ++alive_;
+    return true;
+  } catch (const SpawnError& e) {
+    w.spawn_error = e.what();
+    w.status = ExitStatus{127, 0};
+    w.end_time = env_.now();
+    if (attempt().root_cause < 0) attempt().root_cause = local_rank;
+    sink_("dlaunch: cannot start local rank " + std::to_string(local_rank) +
+          ": " + e.what() + "\n");
+    return false;
+  }
+}
+
+void Agent::on_exit(size_t i, ExitStatus status) {
+  WorkerRecord& w = attempt().workers[i];
+  w.status = status;
+  w.end_time = env_.now();
+  --alive_;
+  if (!status.ok()) w.error_message = read_error_file(w.error_file);
+  if (w.failed_on_its_own() && attempt().root_cause < 0) {
+    attempt().root_cause = static_cast<int>(i);
+  }
+  if (state_ == State::kRunning) {
+    if (!status.ok()) {
+      stop_group(SIGTERM);
+    } else if (alive_ == 0) {
+      attempt().end_time = env_.now();
+      attempt().outcome = "succeeded";
+      finish(0);
+    }
+    return;
+  }
+  if (state_ == State::kStopping && alive_ == 0) group_stopped();
+}
+
+void Agent::stop_group(int sig) {
+  state_ = State::kStopping;
+  for (size_t j = 0; j < procs_.size(); ++j) {
+    WorkerRecord& w = attempt().workers[j];
+    if (!procs_[j] || w.status) continue;
+    w.stopped_by_agent = true;
+    procs_[j]->signal_group(sig);
+  }
+  if (alive_ == 0) {
+    group_stopped();
+    return;
+  }
+  if (sig == SIGKILL) {
+    timer_ =
+        env_.start_timer(options_.kill_timeout, [this] { on_kill_timeout(); });
+  } else {
+    timer_ =
+        env_.start_timer(options_.term_timeout, [this] { on_term_timeout(); });
+  }
+}
+
+void Agent::on_term_timeout() {
+  std::string ranks;
+  for (size_t j = 0; j < procs_.size(); ++j) {
+    if (!procs_[j] || attempt().workers[j].status) continue;
+    ranks += (ranks.empty() ? "" : ",") + std::to_string(j);
+    procs_[j]->signal_group(SIGKILL);
+  }
+  sink_("dlaunch: " + std::to_string(alive_) + " worker(s) (local ranks " +
+        ranks + ") still running " + seconds(options_.term_timeout) +
+        " after being signalled; sending SIGKILL\n");
+  timer_ =
+      env_.start_timer(options_.kill_timeout, [this] { on_kill_timeout(); });
+}
+
+void Agent::on_kill_timeout() {
+  std::string who;
+  for (size_t j = 0; j < procs_.size(); ++j) {
+    if (!procs_[j] || attempt().workers[j].status) continue;
+    who += (who.empty() ? "" : ", ") + std::string("local rank ") +
+           std::to_string(j) + " (pid " + std::to_string(procs_[j]->pid()) +
+           ")";
+    // Destroying the handle cancels its exit callback; it never blocks.
+    procs_[j].reset();
+  }
+  sink_("dlaunch: " + who + " did not exit within " +
+        seconds(options_.kill_timeout) + " after SIGKILL; abandoning\n");
+  alive_ = 0;
+  group_stopped();
+}
+
+void Agent::on_signal(int sig) {
+  if (state_ == State::kDone) return;
+  if (is_forward_only(sig, options_.signals_to_handle)) {
+    for (size_t j = 0; j < procs_.size(); ++j) {
+      if (procs_[j] && !attempt().workers[j].status)
+        procs_[j]->signal_group(sig);
+    }
+    return;
+  }
+  if (stop_signal_ != 0) {
+    sink_("dlaunch: received " + signal_name(sig) +
+          " again; sending SIGKILL to the workers\n");
+    stop_group(SIGKILL);
+    return;
+  }
+  stop_signal_ = sig;
+  result_.stop_signal = sig;
+  sink_("dlaunch: received " + signal_name(sig) + "; forwarding it to " +
+        std::to_string(alive_) + " worker(s), SIGKILL after " +
+        seconds(options_.term_timeout) + "\n");
+  if (state_ == State::kStopping) {
+    for (size_t j = 0; j < procs_.size(); ++j) {
+      if (procs_[j] && !attempt().workers[j].status)
+        procs_[j]->signal_group(sig);
+    }
+    return;
+  }
+  stop_group(sig);
+}
+
+void Agent::group_stopped() {
+  timer_.reset();
+  attempt().end_time = env_.now();
+  if (stop_signal_ != 0) {
+    attempt().outcome = "stopped by " + signal_name(stop_signal_);
+    finish(128 + stop_signal_);
+    return;
+  }
+  attempt().outcome = "failed";
+  const WorkerRecord* root = result_.root_cause();
+  int code = root && root->status ? root->status->shell_code() : 1;
+  if (code == 0) code = 1;
+  if (restart_count_ < options_.max_restarts) {
+    ++restart_count_;
+    sink_("dlaunch: local rank " +
+          std::to_string(root ? root->local_rank : -1) + " (pid " +
+          std::to_string(root ? root->pid : -1) + ") failed with " +
+          (root && root->status ? root->status->describe() : "an error") +
+          "; restarting the worker group (restart " +
+          std::to_string(restart_count_) + " of " +
+          std::to_string(options_.max_restarts) + ")\n");
+    start_attempt();
+    return;
+  }
+  finish(code);
+}
+
+void Agent::finish(int exit_code) {
+  state_ = State::kDone;
+  result_.exit_code = exit_code;
+  timer_.reset();
+  env_.stop();
+}
+
+void Agent::write_summary() {
+  if (result_.run_dir.empty()) return;
+  std::filesystem::path path = result_.run_dir / "summary.json";
+  result_.summary_file = path;  // the report names it
+  std::ofstream out(path);
+  if (!out) {
+    sink_("dlaunch: cannot write " + path.string() + "\n");
+    result_.summary_file.clear();
+    return;
+  }
+  out << summary_json(result_).dump(2) << "\n";
+}
+
+}  // namespace dlaunch::agent

@@ -1,0 +1,71 @@
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/env.h"
+#include "agent/options.h"
+#include "agent/rendezvous/rendezvous.h"
+#include "agent/run_record.h"
+#include "agent/worker_env.h"
+
+namespace dlaunch::agent {
+
+// The node agent's state machine: runs a group of workers through
+// rendezvous rounds, watches their exits, stops the group on the first
+// failure (SIGTERM, SIGKILL after term_timeout) and restarts it while
+// restarts remain, forwards signals, and writes the failure report and
+// summary.json. All OS access goes through `env`, so tests drive it with a
+// fake; one thread calls run(), which returns when the job is over.
+class Agent {
+ public:
+  // Receives the agent's own messages (notes, restarts, the failure
+  // report); the real command writes them to stderr.
+  using MessageSink = std::function<void(const std::string&)>;
+
+  // `base_env` is what workers inherit (the agent's environment);
+  // `env` and `rdzv` must outlive the agent.
+  Agent(AgentOptions options, Env& env, rendezvous::Rendezvous& rdzv,
+        EnvMap base_env, MessageSink sink);
+  ~Agent();
+
+  // Runs the job to the end. Call once.
+  RunResult run();
+
+ private:
+  enum class State { kRunning, kStopping, kDone };
+
+  void start_attempt();
+  // False when the worker could not be started.
+  bool spawn_worker(size_t i, const rendezvous::RendezvousResult& round);
+  void on_exit(size_t i, ExitStatus status);
+  void stop_group(int sig);
+  void on_term_timeout();
+  void on_kill_timeout();
+  void on_signal(int sig);
+  void group_stopped();
+  void finish(int exit_code);
+  void make_run_dir();
+  void write_summary();
+  AttemptRecord& attempt() { return result_.attempts.back(); }
+
+  AgentOptions options_;
+  Env& env_;
+  rendezvous::Rendezvous& rdzv_;
+  EnvMap base_env_;
+  MessageSink sink_;
+
+  State state_ = State::kRunning;
+  std::string executable_;
+  bool temp_run_dir_ = false;
+  int restart_count_ = 0;
+  int stop_signal_ = 0;  // job-stopping signal received, 0 if none
+  size_t alive_ = 0;
+  std::vector<std::unique_ptr<Process>> procs_;
+  std::unique_ptr<Timer> timer_;
+  RunResult result_;
+};
+
+}  // namespace dlaunch::agent

@@ -1,0 +1,45 @@
+#pragma once
+
+#include <memory>
+
+#include "agent/env.h"
+
+namespace dlaunch::agent {
+
+// The real Env: one Boost.Asio event loop (epoll) over pidfds (exits),
+// worker output pipes and a signal_set; no polling, so the agent sleeps
+// while its workers run. Workers are started with Boost.Process v2, each in
+// its own process group with PR_SET_PDEATHSIG=SIGKILL; a watchdog process
+// (forked on the first spawn, in its own session) SIGKILLs every worker's
+// process group -- grandchildren too -- if the agent dies without stopping
+// them. Output is pumped as whole, prefixed lines to the console and teed to
+// log files as it arrives. Single-threaded: call everything from the thread
+// that calls run().
+class PosixEnv : public Env {
+ public:
+  PosixEnv();
+  ~PosixEnv() override;
+
+  std::unique_ptr<Process> spawn(const ProcessSpec& spec,
+                                 ExitCallback on_exit) override;
+  std::unique_ptr<Timer> start_timer(std::chrono::milliseconds delay,
+                                     std::function<void()> fn) override;
+  void handle_signals(const std::vector<int>& signals,
+                      std::function<void(int)> handler) override;
+  std::chrono::system_clock::time_point now() override;
+  std::chrono::steady_clock::time_point steady_now() override;
+  int free_port(const std::string& host) override;
+  void run() override;
+  void stop() override;
+
+  // How long a worker's output is still read after it exited, waiting for
+  // children that hold its pipes. Default 2 s.
+  void set_drain_timeout(std::chrono::milliseconds t);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dlaunch::agent

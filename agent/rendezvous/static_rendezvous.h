@@ -1,0 +1,31 @@
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "agent/rendezvous/rendezvous.h"
+
+namespace dlaunch::agent::rendezvous {
+
+// The trivial single-node rendezvous: this node is group rank 0 of 1 in
+// every round. MASTER_PORT is the fixed port when one was given, otherwise
+// a fresh free port from `pick_port` each round (torchrun picks a new one
+// on every restart too). Not thread-safe; owned by the agent.
+class StaticRendezvous : public Rendezvous {
+ public:
+  using PortPicker = std::function<int(const std::string& host)>;
+
+  StaticRendezvous(std::string master_addr, int master_port,
+                   PortPicker pick_port);
+
+  RendezvousResult next_round(int local_world_size,
+                              std::chrono::milliseconds timeout) override;
+
+ private:
+  std::string master_addr_;
+  int master_port_;
+  PortPicker pick_port_;
+  int round_ = 0;
+};
+
+}  // namespace dlaunch::agent::rendezvous

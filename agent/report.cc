@@ -1,0 +1,162 @@
+#include "agent/report.h"
+
+#include <ctime>
+#include <fstream>
+#include <sstream>
+
+namespace dlaunch::agent {
+
+const WorkerRecord* RunResult::root_cause() const {
+  if (attempts.empty()) return nullptr;
+  const AttemptRecord& last = attempts.back();
+  if (last.root_cause < 0) return nullptr;
+  return &last.workers[static_cast<size_t>(last.root_cause)];
+}
+
+std::string format_time(WallTime t) {
+  if (t == WallTime{}) return "";
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                t.time_since_epoch())
+                .count();
+  std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[64];
+  size_t n = std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(ms % 1000));
+  return buf;
+}
+
+std::string read_error_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string text = ss.str();
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("message")) {
+    return text;
+  }
+  const nlohmann::json& m = j["message"];
+  if (m.is_string()) return m.get<std::string>();
+  if (m.is_object() && m.contains("message") && m["message"].is_string()) {
+    return m["message"].get<std::string>();
+  }
+  return m.dump();
+}
+
+namespace {
+
+std::string log_files(const WorkerRecord& w) {
+  std::string s;
+  if (!w.stdout_log.empty()) s += w.stdout_log.string();
+  if (!w.stderr_log.empty()) {
+    if (!s.empty()) s += ", ";
+    s += w.stderr_log.string();
+  }
+  return s;
+}
+
+std::string how_it_ended(const WorkerRecord& w) {
+  if (!w.spawn_error.empty()) return "could not start: " + w.spawn_error;
+  if (!w.status) return "did not exit (abandoned after SIGKILL)";
+  return w.status->describe();
+}
+
+nlohmann::json worker_json(const WorkerRecord& w) {
+  nlohmann::json j;
+  j["local_rank"] = w.local_rank;
+  j["rank"] = w.rank;
+  j["pid"] = w.pid;
+  j["start_time"] = format_time(w.start_time);
+  j["end_time"] = format_time(w.end_time);
+  if (w.status) {
+    j["exit_code"] =
+        w.status->signal ? nlohmann::json() : nlohmann::json(w.status->code);
+    j["signal"] = w.status->signal
+                      ? nlohmann::json(signal_name(w.status->signal))
+                      : nlohmann::json();
+  } else {
+    j["exit_code"] = nullptr;
+    j["signal"] = nullptr;
+  }
+  j["ended"] = how_it_ended(w);
+  j["stopped_by_agent"] = w.stopped_by_agent;
+  j["spawn_error"] = w.spawn_error;
+  j["error_message"] = w.error_message;
+  j["error_file"] = w.error_file.string();
+  j["stdout_log"] = w.stdout_log.string();
+  j["stderr_log"] = w.stderr_log.string();
+  return j;
+}
+
+}  // namespace
+
+std::string failure_report(const RunResult& r) {
+  const WorkerRecord* root = r.root_cause();
+  if (root == nullptr) return "";
+  const AttemptRecord& a = r.attempts.back();
+  std::ostringstream o;
+  o << "dlaunch: worker group failed (run " << r.run_id << ", attempt "
+    << a.restart_count + 1 << " of " << r.attempts.size() << " so far, "
+    << a.workers.size() << " workers)\n";
+  o << "  root cause (first observed failure):\n";
+  o << "    time       : " << format_time(root->end_time) << "\n";
+  o << "    host       : " << r.host << "\n";
+  o << "    rank       : " << root->rank << " (local rank " << root->local_rank
+    << ")\n";
+  o << "    exit       : " << how_it_ended(*root) << "\n";
+  o << "    pid        : " << root->pid << "\n";
+  if (!root->error_message.empty()) {
+    o << "    error      : " << root->error_message << "\n";
+    o << "    error file : " << root->error_file.string() << "\n";
+  }
+  std::string logs = log_files(*root);
+  if (!logs.empty()) o << "    logs       : " << logs << "\n";
+  for (size_t i = 0; i < a.workers.size(); ++i) {
+    const WorkerRecord& w = a.workers[i];
+    if (static_cast<int>(i) == a.root_cause || !w.failed_on_its_own()) continue;
+    o << "  also failed: rank " << w.rank << " (local rank " << w.local_rank
+      << ", pid " << w.pid << "): " << how_it_ended(w) << "\n";
+  }
+  if (!r.summary_file.empty()) {
+    o << "  summary    : " << r.summary_file.string() << "\n";
+  }
+  return o.str();
+}
+
+nlohmann::json summary_json(const RunResult& r) {
+  nlohmann::json j;
+  j["run_id"] = r.run_id;
+  j["host"] = r.host;
+  j["exit_code"] = r.exit_code;
+  j["stop_signal"] = r.stop_signal ? nlohmann::json(signal_name(r.stop_signal))
+                                   : nlohmann::json();
+  j["error"] = r.error;
+  const WorkerRecord* root = r.root_cause();
+  j["root_cause"] = root ? worker_json(*root) : nlohmann::json();
+  nlohmann::json attempts = nlohmann::json::array();
+  for (const AttemptRecord& a : r.attempts) {
+    nlohmann::json aj;
+    aj["restart_count"] = a.restart_count;
+    aj["round"] = a.round;
+    aj["master_addr"] = a.master_addr;
+    aj["master_port"] = a.master_port;
+    aj["start_time"] = format_time(a.start_time);
+    aj["end_time"] = format_time(a.end_time);
+    aj["outcome"] = a.outcome;
+    aj["root_cause_local_rank"] =
+        a.root_cause >= 0
+            ? nlohmann::json(
+                  a.workers[static_cast<size_t>(a.root_cause)].local_rank)
+            : nlohmann::json();
+    nlohmann::json ws = nlohmann::json::array();
+    for (const WorkerRecord& w : a.workers) ws.push_back(worker_json(w));
+    aj["workers"] = std::move(ws);
+    attempts.push_back(std::move(aj));
+  }
+  j["attempts"] = std::move(attempts);
+  return j;
+}
+
+}  // namespace dlaunch::agent

@@ -1,0 +1,71 @@
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/env.h"
+
+namespace dlaunch::agent {
+
+using WallTime = std::chrono::system_clock::time_point;
+
+// What happened to one worker in one attempt.
+struct WorkerRecord {
+  int local_rank = 0;
+  int rank = 0;
+  int pid = -1;  // -1: never started
+  WallTime start_time{};
+  WallTime end_time{};
+  // How it ended; unset while running or when abandoned after SIGKILL.
+  std::optional<ExitStatus> status;
+  // The agent signalled it (group stop or forwarded signal) before it ended.
+  bool stopped_by_agent = false;
+  std::string spawn_error;    // non-empty: it could not be started
+  std::string error_message;  // from its TORCHELASTIC_ERROR_FILE, if written
+  std::filesystem::path error_file;
+  std::filesystem::path stdout_log;  // empty: stdout not written to a file
+  std::filesystem::path stderr_log;  // empty: stderr not written to a file
+
+  // Failed on its own account: started and exited non-zero or by a
+  // signal the agent did not send, or could not be started.
+  bool failed_on_its_own() const {
+    if (!spawn_error.empty()) return true;
+    return status && !status->ok() && !stopped_by_agent;
+  }
+};
+
+// One start of the worker group (the first, or a restart).
+struct AttemptRecord {
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT of its workers
+  int round = 0;          // rendezvous round
+  std::string master_addr;
+  int master_port = 0;
+  WallTime start_time{};
+  WallTime end_time{};
+  std::string outcome;  // "succeeded", "failed", "stopped by SIGINT", ...
+  std::vector<WorkerRecord> workers;
+  int root_cause = -1;  // index in workers of the first observed failure
+};
+
+// The result of Agent::run().
+struct RunResult {
+  // 0 on success; the root-cause worker's code (or 128+signal); 128+signal
+  // when a signal stopped the job; 127 for a missing program; 1 for other
+  // agent errors.
+  int exit_code = 0;
+  std::string run_id;
+  std::string host;
+  int stop_signal = 0;  // the signal that stopped the job, 0 if none
+  std::string error;    // agent-level failure (program, rendezvous, I/O)
+  std::vector<AttemptRecord> attempts;
+  std::filesystem::path run_dir;       // LOG_DIR/RUN_ID (maybe removed)
+  std::filesystem::path summary_file;  // empty when not written
+
+  // The root cause worker of the last attempt, if any.
+  const WorkerRecord* root_cause() const;
+};
+
+}  // namespace dlaunch::agent

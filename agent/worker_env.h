@@ -1,0 +1,58 @@
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dlaunch::agent {
+
+// One worker's place in the job: the numbers of the env contract.
+struct WorkerIdentity {
+  int local_rank = 0;
+  int rank = 0;
+  int world_size = 1;
+  int local_world_size = 1;
+  int group_rank = 0;
+  int group_world_size = 1;
+  int role_rank = 0;
+  int role_world_size = 1;
+};
+
+// What the job says about every worker of one attempt.
+struct JobInfo {
+  std::string role = "default";
+  std::string master_addr;
+  int master_port = 0;
+  int restart_count = 0;
+  int max_restarts = 0;
+  std::string run_id;
+};
+
+// The environment as a map (from `environ`, or a test's own).
+using EnvMap = std::map<std::string, std::string>;
+
+// Reads the agent's own environment.
+EnvMap current_environment();
+
+// The worker's complete environment: `base` (the agent's) with the contract
+// of DESIGN.md set on top: RANK ... TORCHELASTIC_ERROR_FILE. OMP_NUM_THREADS
+// (1 when local_world_size > 1) and TORCH_NCCL_ASYNC_ERROR_HANDLING (1) are
+// only set when `base` lacks them. Returns "KEY=VALUE" strings.
+std::vector<std::string> worker_environment(const EnvMap& base,
+                                            const WorkerIdentity& id,
+                                            const JobInfo& job,
+                                            const std::string& error_file);
+
+// Replaces each "${name}" in `text` with vars[name]; unknown names are left
+// as they are (Python's Template.safe_substitute, which torchrun uses).
+std::string substitute(std::string_view text,
+                       const std::map<std::string, std::string>& vars);
+
+// The console prefix of a worker: `tmpl` with ${role_name}, ${local_rank}
+// and ${rank} replaced; an empty `tmpl` means torchrun's
+// "[${role_name}${local_rank}]:".
+std::string line_prefix(const std::string& tmpl, const std::string& role,
+                        int local_rank, int rank);
+
+}  // namespace dlaunch::agent

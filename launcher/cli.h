@@ -1,0 +1,38 @@
+#pragma once
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "agent/worker_env.h"
+#include "launcher/launch_options.h"
+
+namespace dlaunch::launcher {
+
+// The user asked for --help.
+struct HelpRequested {};
+
+// A bad flag or value: one line naming it and the valid forms. The command
+// exits with `exit_code` (2 for bad usage, 127 for a missing program).
+struct UsageError {
+  std::string message;
+  int exit_code = 2;
+};
+
+using ParseResult = std::variant<LaunchOptions, HelpRequested, UsageError>;
+
+// Parses `dlaunch [options] PROG [ARGS...]` (torchrun's flags, both
+// --dash-names and --under_score names; PET_<FLAG> variables in `env` fill
+// flags not given). Resolves --nproc-per-node cpu/gpu/auto and builds the
+// worker command (python -u for .py programs and -m modules).
+ParseResult parse_command_line(const std::vector<std::string>& args,
+                               const agent::EnvMap& env);
+
+// The man-page style text of `dlaunch --help`.
+const std::string& help_text();
+
+// Visible CUDA devices, found by loading libcuda at run time (dlaunch does
+// not link CUDA); 0 when there is no driver or no device.
+int cuda_device_count();
+
+}  // namespace dlaunch::launcher

@@ -1,0 +1,57 @@
+#include "launcher/launcher.h"
+
+#include <unistd.h>
+
+#include <string>
+#include <variant>
+
+#include "agent/agent.h"
+#include "agent/posix_env.h"
+#include "agent/rendezvous/static_rendezvous.h"
+#include "launcher/cli.h"
+
+namespace dlaunch::launcher {
+namespace {
+
+void write_stderr(const std::string& s) {
+  std::string_view data = s;
+  while (!data.empty()) {
+    ssize_t n = ::write(STDERR_FILENO, data.data(), data.size());
+    if (n <= 0) return;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+}  // namespace
+
+int launch(const LaunchOptions& options) {
+  agent::PosixEnv env;
+  agent::rendezvous::StaticRendezvous rdzv(
+      options.agent.master_addr, options.agent.master_port,
+      [&env](const std::string& host) { return env.free_port(host); });
+  agent::Agent agent(options.agent, env, rdzv, agent::current_environment(),
+                     write_stderr);
+  return agent.run().exit_code;
+}
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  ParseResult parsed = parse_command_line(args, agent::current_environment());
+  if (std::holds_alternative<HelpRequested>(parsed)) {
+    std::string_view h = help_text();
+    if (::write(STDOUT_FILENO, h.data(), h.size()) < 0) return 1;
+    return 0;
+  }
+  if (auto* e = std::get_if<UsageError>(&parsed)) {
+    write_stderr(e->message + "\n");
+    return e->exit_code;
+  }
+  try {
+    return launch(std::get<LaunchOptions>(parsed));
+  } catch (const std::exception& e) {
+    write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+    return 1;
+  }
+}
+
+}  // namespace dlaunch::launcher
