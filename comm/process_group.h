@@ -77,9 +77,14 @@ class ProcessGroup {
   // Collective over this group: every member calls it with the same sorted,
   // distinct `ranks` (ranks of this group). Members get the new group (its
   // rank i is ranks[i]); non-members get nullptr, as torch's
-  // NON_GROUP_MEMBER.
+  // NON_GROUP_MEMBER. The new group's blocking calls are bounded by
+  // `timeout` (torch's new_group(ranks, timeout)); without it, by this
+  // group's timeout().
   virtual std::unique_ptr<ProcessGroup> new_group(
-      const std::vector<int>& ranks) = 0;
+      const std::vector<int>& ranks, std::chrono::milliseconds timeout) = 0;
+  std::unique_ptr<ProcessGroup> new_group(const std::vector<int>& ranks) {
+    return new_group(ranks, timeout());
+  }
 };
 
 }  // namespace dlaunch::comm

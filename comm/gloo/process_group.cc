@@ -1,0 +1,988 @@
+#include "comm/gloo/process_group.h"
+
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "comm/gloo/store_adapter.h"
+#include "comm/reduce.h"
+
+namespace dlaunch::comm::gloo {
+namespace {
+
+namespace tcp = ::gloo::transport::tcp;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Slot prefixes (top byte of Gloo's 64-bit slot). Gloo's own collectives use
+// 0x01..0x08; ours stay clear of them. P2P slots carry the user tag in bits
+// 32..55; collective slots carry the group's tag counter in bits 24..55 and a
+// sub-index in the low bits.
+constexpr uint64_t kP2pHeaderToReceiver = 0xA0;
+constexpr uint64_t kP2pHeaderToSender = 0xA1;
+constexpr uint64_t kP2pPayload = 0xA2;
+constexpr uint64_t kCheckSlot = 0xB0;
+constexpr uint64_t kGatherSlot = 0xB1;
+constexpr uint64_t kExchangeSlot = 0xB2;
+constexpr uint64_t kReduceScatterSlot = 0xB3;
+constexpr int kMaxTag = (1 << 24) - 1;
+
+uint64_t p2p_slot(uint64_t prefix, int tag) {
+  return (prefix << 56) | (static_cast<uint64_t>(tag) << 32);
+}
+uint64_t coll_slot(uint64_t prefix, uint32_t tag, uint32_t sub = 0) {
+  return (prefix << 56) | (static_cast<uint64_t>(tag) << 24) | (sub & 0xffffff);
+}
+
+std::string ms_text(milliseconds t) {
+  if (t.count() % 1000 == 0) return std::to_string(t.count() / 1000) + " s";
+  return std::to_string(t.count()) + " ms";
+}
+
+std::string describe(DType dtype, uint64_t numel) {
+  return std::to_string(numel) + " elements of " +
+         std::string(dtype_name(dtype));
+}
+
+// A zero-length tensor still needs a valid pointer for Gloo.
+char kEmpty[1];
+void* data_or_dummy(const Tensor& t) {
+  return t.data != nullptr ? t.data : static_cast<void*>(kEmpty);
+}
+
+// The state a group shares with its outstanding Works; the last owner
+// closes the TCP pairs.
+struct GroupState {
+  std::string name;
+  int rank = 0;
+  int size = 0;
+  milliseconds timeout{0};
+  std::shared_ptr<SharedStore> store;
+  std::string hostname;
+  std::string iface;
+  std::shared_ptr<::gloo::transport::Device> device;
+  std::shared_ptr<::gloo::rendezvous::Context> ctx;
+  // "[ip]:port" of the remote end of each pair, as Gloo's errors print it.
+  std::vector<std::pair<std::string, int>> peer_addresses;
+
+  std::mutex mu;  // guards the members below
+  // (direction 0 send / 1 recv, peer, tag) of p2p operations in flight.
+  std::set<std::tuple<int, int, int>> inflight;
+  // First fatal error; non-empty: collectives refuse to run.
+  std::string broken;
+
+  std::string where() const {
+    return "group '" + name + "' (rank " + std::to_string(rank) + " of " +
+           std::to_string(size) + ")";
+  }
+  // The rank whose address appears in a Gloo error message, or -1.
+  int peer_in(const std::string& what) const {
+    for (const auto& [addr, r] : peer_addresses) {
+      if (what.find(addr) != std::string::npos) return r;
+    }
+    return -1;
+  }
+};
+
+// The handle of one isend/irecv. Protocol (all on the pair with the peer):
+// each side posts its 16-byte header (byte count, dtype) to the other at
+// once, and the receiver posts the payload recv at once; the sender posts
+// the payload send when the receiver's header arrived and matches, or a
+// zero-byte send when it does not, so that a mismatch never overruns the
+// receiver's buffer and both sides fail with a clear error. A thread owned
+// by the Work drives the protocol (Gloo has no completion callbacks), so
+// progress never depends on the order in which the caller waits.
+class P2pWork : public Work {
+ public:
+  struct Header {
+    uint64_t nbytes = 0;
+    uint32_t dtype = 0;
+    uint32_t magic = kMagic;
+  };
+  static constexpr uint32_t kMagic = 0x444c5032;  // "DLP2"
+
+  P2pWork(std::shared_ptr<GroupState> g, bool is_send, Tensor t, int peer,
+          int tag)
+      : g_(std::move(g)), is_send_(is_send), t_(t), peer_(peer), tag_(tag) {
+    mine_.nbytes = t.nbytes();
+    mine_.dtype = static_cast<uint32_t>(t.dtype);
+    auto& ctx = g_->ctx;
+    mine_buf_ = ctx->createUnboundBuffer(&mine_, sizeof(mine_));
+    theirs_buf_ = ctx->createUnboundBuffer(&theirs_, sizeof(theirs_));
+    payload_buf_ = ctx->createUnboundBuffer(data_or_dummy(t), t.nbytes());
+    uint64_t out_slot = is_send ? p2p_slot(kP2pHeaderToReceiver, tag)
+                                : p2p_slot(kP2pHeaderToSender, tag);
+    uint64_t in_slot = is_send ? p2p_slot(kP2pHeaderToSender, tag)
+                               : p2p_slot(kP2pHeaderToReceiver, tag);
+    // Posted from the caller's thread so that operations with equal tags
+    // match in the order the caller issued them.
+    try {
+      theirs_buf_->recv(peer, in_slot);
+      mine_buf_->send(peer, out_slot);
+      if (!is_send) payload_buf_->recv(peer, p2p_slot(kP2pPayload, tag));
+    } catch (const std::exception& e) {
+      release();
+      throw CommError(op() + ": connection to rank " + std::to_string(peer) +
+                      " is unusable: " + e.what());
+    }
+    thread_ = std::thread([this] { drive(); });
+  }
+
+  ~P2pWork() override { thread_.join(); }
+
+  void wait(milliseconds timeout) override {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+      throw CommTimeoutError(
+          op() + ": timed out after " + ms_text(timeout) +
+          " waiting for rank " + std::to_string(peer_) + " (" + stage_ +
+          "); the Work stays valid and can be waited on again");
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  bool is_completed() override {
+    std::lock_guard lock(mu_);
+    return done_;
+  }
+
+ private:
+  std::string op() const {
+    return std::string(is_send_ ? "send to rank " : "recv from rank ") +
+           std::to_string(peer_) + " (tag " + std::to_string(tag_) + ") on " +
+           g_->where();
+  }
+
+  void set_stage(std::string s) {
+    std::lock_guard lock(mu_);
+    stage_ = std::move(s);
+  }
+
+  // Runs on thread_: every wait is bounded by the group timeout.
+  void drive() {
+    std::exception_ptr error;
+    try {
+      theirs_buf_->waitRecv(g_->timeout);
+      set_stage("payload of " + std::to_string(t_.nbytes()) +
+                " bytes in transfer");
+      std::string mismatch;
+      if (theirs_.magic != kMagic) {
+        mismatch = "rank " + std::to_string(peer_) +
+                   " sent a corrupt p2p header (is it a dlaunch build with "
+                   "the same protocol?)";
+      } else if (theirs_.nbytes != mine_.nbytes ||
+                 theirs_.dtype != mine_.dtype) {
+        auto their_dtype = static_cast<DType>(theirs_.dtype);
+        uint64_t their_numel = theirs_.nbytes / dtype_size(their_dtype);
+        mismatch = std::string(is_send_ ? "the matching recv on rank "
+                                        : "the matching send on rank ") +
+                   std::to_string(peer_) + " has " +
+                   describe(their_dtype, their_numel) + ", this rank has " +
+                   describe(t_.dtype, t_.numel) +
+                   "; a send and its recv must have the same size and dtype";
+      }
+      if (is_send_) {
+        // On a mismatch, zero bytes: the receiver's recv completes without
+        // touching its buffer, and both sides report the mismatch.
+        payload_buf_->send(peer_, p2p_slot(kP2pPayload, tag_), 0,
+                           mismatch.empty() ? t_.nbytes() : 0);
+        payload_buf_->waitSend(g_->timeout);
+      } else {
+        payload_buf_->waitRecv(g_->timeout);
+      }
+      mine_buf_->waitSend(g_->timeout);
+      if (!mismatch.empty()) {
+        error = std::make_exception_ptr(CommError(op() + ": " + mismatch));
+      }
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      bool timed_out = what.find("Timed out") != std::string::npos;
+      error = std::make_exception_ptr(CommError(
+          op() +
+          (timed_out
+               ? ": timed out after " + ms_text(g_->timeout) +
+                     " (the group timeout) waiting for rank " +
+                     std::to_string(peer_)
+               : ": connection to rank " + std::to_string(peer_) + " lost") +
+          " [gloo: " + what + "]"));
+    }
+    release();
+    {
+      std::lock_guard lock(mu_);
+      error_ = error;
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Frees the (peer, tag) slot for another operation.
+  void release() {
+    std::lock_guard lock(g_->mu);
+    g_->inflight.erase({is_send_ ? 0 : 1, peer_, tag_});
+  }
+
+  std::shared_ptr<GroupState> g_;
+  const bool is_send_;
+  const Tensor t_;
+  const int peer_;
+  const int tag_;
+  Header mine_;
+  Header theirs_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> mine_buf_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> theirs_buf_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> payload_buf_;
+  std::thread thread_;
+
+  std::mutex mu_;  // guards the members below
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::string stage_ = "no matching operation posted there yet";
+};
+
+enum class Kind : uint64_t {
+  kBroadcast = 1,
+  kReduce,
+  kAllReduce,
+  kScatter,
+  kGather,
+  kAllGather,
+  kReduceScatter,
+  kAllToAll,
+  kBarrier,
+  kNewGroup,
+};
+
+const char* kind_name(uint64_t k) {
+  switch (static_cast<Kind>(k)) {
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kReduce:
+      return "reduce";
+    case Kind::kAllReduce:
+      return "all_reduce";
+    case Kind::kScatter:
+      return "scatter";
+    case Kind::kGather:
+      return "gather";
+    case Kind::kAllGather:
+      return "all_gather";
+    case Kind::kReduceScatter:
+      return "reduce_scatter";
+    case Kind::kAllToAll:
+      return "all_to_all";
+    case Kind::kBarrier:
+      return "barrier";
+    case Kind::kNewGroup:
+      return "new_group";
+  }
+  return "an unknown operation";
+}
+
+// What one rank passed to a collective; exchanged before the data moves so
+// that every rank detects a mismatch identically (and Gloo never sees
+// buffers of different sizes, which it cannot survive).
+struct Call {
+  Kind kind = Kind::kBarrier;
+  DType dtype = DType::kF32;
+  uint64_t numel = 0;
+  int64_t root = -1;
+  ReduceOp op = ReduceOp::kSum;
+  uint64_t extra = 0;                 // new_group: hash of the ranks
+  std::vector<uint64_t> send_counts;  // all_to_all: elements to each rank
+  std::vector<uint64_t> recv_counts;  // all_to_all: elements from each rank
+  std::string local_error;            // bad arguments on this rank
+};
+
+Call make_call(Kind kind, DType dtype, uint64_t numel, int64_t root,
+               ReduceOp op) {
+  Call c;
+  c.kind = kind;
+  c.dtype = dtype;
+  c.numel = numel;
+  c.root = root;
+  c.op = op;
+  return c;
+}
+
+constexpr size_t kFixedWords = 7;
+
+// Dispatches on element size: Gloo's typed setters only use sizeof(T).
+template <class F>
+void by_element_size(DType d, F&& f) {
+  switch (dtype_size(d)) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+  }
+  DLAUNCH_CHECK(false, "unexpected element size");
+}
+
+class GlooProcessGroup : public ProcessGroup {
+ public:
+  explicit GlooProcessGroup(std::shared_ptr<GroupState> g) : g_(std::move(g)) {}
+
+  int rank() const override { return g_->rank; }
+  int size() const override { return g_->size; }
+  std::string_view backend() const override { return "gloo"; }
+  const std::string& name() const override { return g_->name; }
+  milliseconds timeout() const override { return g_->timeout; }
+
+  std::unique_ptr<Work> isend(Tensor t, int dst, int tag) override {
+    return post(true, t, dst, tag);
+  }
+  std::unique_ptr<Work> irecv(Tensor t, int src, int tag) override {
+    return post(false, t, src, tag);
+  }
+
+  void broadcast(Tensor t, int root) override {
+    const char* op = "broadcast";
+    Call c =
+        make_call(Kind::kBroadcast, t.dtype, t.numel, root, ReduceOp::kSum);
+    c.local_error = check_tensor(t, "t") + check_root(root);
+    agree(op, c);
+    if (size() == 1 || t.numel == 0) return;
+    run(op, [&] {
+      ::gloo::BroadcastOptions opts(g_->ctx);
+      by_element_size(t.dtype, [&](auto x) {
+        using T = decltype(x);
+        opts.setOutput(static_cast<T*>(t.data), t.numel);
+        if (rank() == root) opts.setInput(static_cast<T*>(t.data), t.numel);
+      });
+      opts.setRoot(root);
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout());
+      ::gloo::broadcast(opts);
+    });
+  }
+
+  void reduce(Tensor t, int root, ReduceOp rop) override {
+    const char* op = "reduce";
+    Call c = make_call(Kind::kReduce, t.dtype, t.numel, root, rop);
+    c.local_error =
+        check_tensor(t, "t") + check_root(root) + reduce_op_error(t.dtype, rop);
+    agree(op, c);
+    if (size() == 1 || t.numel == 0) return;
+    // Gloo's ring reduce uses the output as scratch on every rank; non-roots
+    // reduce into a copy so that their `t` is left as sent.
+    std::vector<char> scratch;
+    void* out = t.data;
+    if (rank() != root) {
+      scratch.resize(t.nbytes());
+      out = scratch.data();
+    }
+    run(op, [&] {
+      ::gloo::ReduceOptions opts(g_->ctx);
+      by_element_size(t.dtype, [&](auto x) {
+        using T = decltype(x);
+        opts.setInput(static_cast<T*>(t.data), t.numel);
+        opts.setOutput(static_cast<T*>(out), t.numel);
+      });
+      opts.setRoot(root);
+      opts.setReduceFunction(reduce_fn(t.dtype, rop));
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout());
+      ::gloo::reduce(opts);
+    });
+    if (rop == ReduceOp::kAvg && rank() == root) divide_in_place(t, size());
+  }
+
+  void all_reduce(Tensor t, ReduceOp rop) override {
+    const char* op = "all_reduce";
+    Call c = make_call(Kind::kAllReduce, t.dtype, t.numel, -1, rop);
+    c.local_error = check_tensor(t, "t") + reduce_op_error(t.dtype, rop);
+    agree(op, c);
+    if (size() == 1 || t.numel == 0) return;
+    run(op, [&] {
+      ::gloo::AllreduceOptions opts(g_->ctx);
+      by_element_size(t.dtype, [&](auto x) {
+        using T = decltype(x);
+        opts.setOutput(static_cast<T*>(t.data), t.numel);
+      });
+      opts.setReduceFunction(reduce_fn(t.dtype, rop));
+      opts.setTag(next_tag());
+      opts.setTimeout(timeout());
+      ::gloo::allreduce(opts);
+    });
+    if (rop == ReduceOp::kAvg) divide_in_place(t, size());
+  }
+
+  void scatter(Tensor out, std::span<const Tensor> in, int root) override {
+    const char* op = "scatter";
+    Call c =
+        make_call(Kind::kScatter, out.dtype, out.numel, root, ReduceOp::kSum);
+    c.local_error = check_tensor(out, "out") + check_root(root);
+    if (rank() == root) c.local_error += check_list(in, "in", out);
+    agree(op, c);
+    if (rank() == root) {
+      copy(out, in[root]);
+    }
+    if (size() == 1 || out.numel == 0) return;
+    exchange(op, kGatherSlot, [&](auto& post_send, auto& post_recv) {
+      if (rank() == root) {
+        for (int j = 0; j < size(); ++j) {
+          if (j != root) post_send(j, in[j]);
+        }
+      } else {
+        post_recv(root, out);
+      }
+    });
+  }
+
+  void gather(Tensor in, std::span<const Tensor> out, int root) override {
+    const char* op = "gather";
+    Call c = make_call(Kind::kGather, in.dtype, in.numel, root, ReduceOp::kSum);
+    c.local_error = check_tensor(in, "in") + check_root(root);
+    if (rank() == root) c.local_error += check_list(out, "out", in);
+    agree(op, c);
+    if (rank() == root) copy(out[root], in);
+    if (size() == 1 || in.numel == 0) return;
+    exchange(op, kGatherSlot, [&](auto& post_send, auto& post_recv) {
+      if (rank() == root) {
+        for (int j = 0; j < size(); ++j) {
+          if (j != root) post_recv(j, out[j]);
+        }
+      } else {
+        post_send(root, in);
+      }
+    });
+  }
+
+  void all_gather(std::span<const Tensor> out, Tensor in) override {
+    const char* op = "all_gather";
+    Call c =
+        make_call(Kind::kAllGather, in.dtype, in.numel, -1, ReduceOp::kSum);
+    c.local_error = check_tensor(in, "in") + check_list(out, "out", in);
+    agree(op, c);
+    copy(out[rank()], in);
+    if (size() == 1 || in.numel == 0) return;
+    exchange(op, kExchangeSlot, [&](auto& post_send, auto& post_recv) {
+      for (int s = 1; s < size(); ++s) {
+        int to = (rank() + s) % size();
+        int from = (rank() - s + size()) % size();
+        post_recv(from, out[from]);
+        post_send(to, in);
+      }
+    });
+  }
+
+  void reduce_scatter(Tensor out, std::span<const Tensor> in,
+                      ReduceOp rop) override {
+    const char* op = "reduce_scatter";
+    Call c = make_call(Kind::kReduceScatter, out.dtype, out.numel, -1, rop);
+    c.local_error = check_tensor(out, "out") + check_list(in, "in", out) +
+                    reduce_op_error(out.dtype, rop);
+    agree(op, c);
+    if (size() == 1) {
+      copy(out, in[0]);
+      return;
+    }
+    if (out.numel == 0) return;
+    run(op, [&] { ring_reduce_scatter(out, in, rop); });
+    if (rop == ReduceOp::kAvg) divide_in_place(out, size());
+  }
+
+  void all_to_all(std::span<const Tensor> out,
+                  std::span<const Tensor> in) override {
+    const char* op = "all_to_all";
+    Call c = make_call(Kind::kAllToAll, DType::kF32, 0, -1, ReduceOp::kSum);
+    DType dtype = in.empty() ? DType::kF32 : in[0].dtype;
+    c.dtype = dtype;
+    if (in.size() != static_cast<size_t>(size()) ||
+        out.size() != static_cast<size_t>(size())) {
+      c.local_error =
+          "all_to_all takes one `in` and one `out` tensor per "
+          "rank; got " +
+          std::to_string(in.size()) + " and " + std::to_string(out.size()) +
+          " for a group of " + std::to_string(size());
+    } else {
+      for (int j = 0; j < size(); ++j) {
+        c.local_error += check_tensor(in[j], "in[" + std::to_string(j) + "]");
+        c.local_error += check_tensor(out[j], "out[" + std::to_string(j) + "]");
+        if (in[j].dtype != dtype || out[j].dtype != dtype) {
+          c.local_error +=
+              "all_to_all tensors must share one dtype; in[0] "
+              "is " +
+              std::string(dtype_name(dtype)) + ". ";
+        }
+        c.send_counts.push_back(in[j].numel);
+        c.recv_counts.push_back(out[j].numel);
+      }
+      if (c.local_error.empty() && in[rank()].numel != out[rank()].numel) {
+        c.local_error = "in[" + std::to_string(rank()) + "] has " +
+                        std::to_string(in[rank()].numel) +
+                        " elements but out[" + std::to_string(rank()) +
+                        "] has " + std::to_string(out[rank()].numel) +
+                        "; this rank's own block must fit";
+      }
+    }
+    c.send_counts.resize(size());
+    c.recv_counts.resize(size());
+    agree(op, c);
+    copy(out[rank()], in[rank()]);
+    if (size() == 1) return;
+    exchange(op, kExchangeSlot, [&](auto& post_send, auto& post_recv) {
+      for (int s = 1; s < size(); ++s) {
+        int to = (rank() + s) % size();
+        int from = (rank() - s + size()) % size();
+        if (out[from].numel > 0) post_recv(from, out[from]);
+        if (in[to].numel > 0) post_send(to, in[to]);
+      }
+    });
+  }
+
+  void barrier() override {
+    // The argument check is an all-gather: no rank leaves before all came.
+    agree("barrier",
+          make_call(Kind::kBarrier, DType::kF32, 0, -1, ReduceOp::kSum));
+  }
+
+  using ProcessGroup::new_group;
+  std::unique_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                          milliseconds timeout) override {
+    const char* op = "new_group";
+    Call c = make_call(Kind::kNewGroup, DType::kF32, ranks.size(), -1,
+                       ReduceOp::kSum);
+    uint64_t h = 1469598103934665603ull;
+    for (int r : ranks) h = (h ^ static_cast<uint64_t>(r)) * 1099511628211ull;
+    c.extra = h;
+    if (ranks.empty()) c.local_error = "new_group needs at least one rank. ";
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i] < 0 || ranks[i] >= size()) {
+        c.local_error += "new_group rank " + std::to_string(ranks[i]) +
+                         " is out of range for " + g_->where() +
+                         " (valid: 0.." + std::to_string(size() - 1) + "). ";
+      } else if (i > 0 && ranks[i] <= ranks[i - 1]) {
+        c.local_error += "new_group ranks must be sorted and distinct; " +
+                         std::to_string(ranks[i]) + " follows " +
+                         std::to_string(ranks[i - 1]) + ". ";
+      }
+    }
+    if (timeout.count() <= 0) {
+      c.local_error += "new_group timeout must be positive, got " +
+                       std::to_string(timeout.count()) + " ms. ";
+    }
+    agree(op, c);
+    std::string child = g_->name + "/" + std::to_string(++children_);
+    auto it = std::find(ranks.begin(), ranks.end(), rank());
+    if (it == ranks.end()) return nullptr;
+    GroupOptions o;
+    o.rank = static_cast<int>(it - ranks.begin());
+    o.size = static_cast<int>(ranks.size());
+    o.timeout = timeout;
+    o.name = child;
+    o.hostname = g_->hostname;
+    o.iface = g_->iface;
+    return std::make_unique<GlooProcessGroup>(connect(o, g_->store));
+  }
+
+  static std::shared_ptr<GroupState> connect(const GroupOptions& o,
+                                             std::shared_ptr<SharedStore> s);
+
+ private:
+  uint32_t next_tag() { return tag_++; }
+
+  std::unique_ptr<Work> post(bool is_send, Tensor t, int peer, int tag) {
+    std::string op =
+        std::string(is_send ? "isend to rank " : "irecv from rank ") +
+        std::to_string(peer) + " (tag " + std::to_string(tag) + ") on " +
+        g_->where();
+    if (peer < 0 || peer >= size()) {
+      throw CommError(op + ": rank " + std::to_string(peer) +
+                      " is out of range; valid ranks are 0.." +
+                      std::to_string(size() - 1));
+    }
+    if (peer == rank()) {
+      throw CommError(op +
+                      ": a rank cannot send to or receive from itself; "
+                      "copy the tensor instead");
+    }
+    if (tag < 0 || tag > kMaxTag) {
+      throw CommError(op + ": tag must be in 0.." + std::to_string(kMaxTag));
+    }
+    std::string bad = check_tensor(t, "tensor");
+    if (!bad.empty()) throw CommError(op + ": " + bad);
+    {
+      std::lock_guard lock(g_->mu);
+      if (!g_->inflight.insert({is_send ? 0 : 1, peer, tag}).second) {
+        throw CommError(
+            op + ": an earlier " + (is_send ? "isend to" : "irecv from") +
+            " rank " + std::to_string(peer) + " with tag " +
+            std::to_string(tag) +
+            " is still in flight; wait() on its Work first or use another "
+            "tag");
+      }
+    }
+    return std::make_unique<P2pWork>(g_, is_send, t, peer, tag);
+  }
+
+  static std::string check_tensor(const Tensor& t, const std::string& what) {
+    if (t.device.type != DeviceType::kCpu) {
+      return "the gloo backend takes CPU tensors; " + what +
+             " is on cuda:" + std::to_string(t.device.index) +
+             " (use the nccl backend for GPU tensors). ";
+    }
+    if (t.data == nullptr && t.numel > 0) {
+      return what + " has " + std::to_string(t.numel) +
+             " elements but a null data pointer. ";
+    }
+    return {};
+  }
+
+  std::string check_root(int root) const {
+    if (root < 0 || root >= size()) {
+      return "root " + std::to_string(root) + " is out of range for " +
+             g_->where() + " (valid: 0.." + std::to_string(size() - 1) + "). ";
+    }
+    return {};
+  }
+
+  std::string check_list(std::span<const Tensor> list, const char* what,
+                         const Tensor& like) const {
+    if (list.size() != static_cast<size_t>(size())) {
+      return std::string(what) + " must hold one tensor per rank (" +
+             std::to_string(size()) + "), got " + std::to_string(list.size()) +
+             ". ";
+    }
+    std::string err;
+    for (size_t i = 0; i < list.size(); ++i) {
+      std::string name = std::string(what) + "[" + std::to_string(i) + "]";
+      err += check_tensor(list[i], name);
+      if (list[i].numel != like.numel || list[i].dtype != like.dtype) {
+        err += name + " has " + describe(list[i].dtype, list[i].numel) +
+               ", expected " + describe(like.dtype, like.numel) +
+               " like this rank's tensor. ";
+      }
+    }
+    return err;
+  }
+
+  static void copy(const Tensor& dst, const Tensor& src) {
+    if (dst.data != src.data && src.nbytes() > 0) {
+      std::memcpy(dst.data, src.data, src.nbytes());
+    }
+  }
+
+  // Throws if an earlier failure left the group unusable.
+  void check_usable(const char* op) {
+    std::lock_guard lock(g_->mu);
+    if (!g_->broken.empty()) {
+      throw CommError(std::string(op) + " on " + g_->where() +
+                      ": the group is unusable after an earlier failure (" +
+                      g_->broken + "); destroy it and create a new one");
+    }
+  }
+
+  // Exchanges every rank's Call and throws the same CommError on every rank
+  // when any rank's arguments are bad or differ from rank 0's.
+  void agree(const char* op, const Call& c) {
+    check_usable(op);
+    const size_t n = size();
+    const size_t words = kFixedWords + 2 * n;
+    std::vector<uint64_t> mine(words, 0);
+    mine[0] = static_cast<uint64_t>(c.kind);
+    mine[1] = static_cast<uint64_t>(c.dtype);
+    mine[2] = c.numel;
+    mine[3] = static_cast<uint64_t>(c.root);
+    mine[4] = static_cast<uint64_t>(c.op);
+    mine[5] = c.extra;
+    mine[6] = c.local_error.empty() ? 0 : 1;
+    for (size_t j = 0; j < c.send_counts.size() && j < n; ++j) {
+      mine[kFixedWords + j] = c.send_counts[j];
+      mine[kFixedWords + n + j] = c.recv_counts[j];
+    }
+    std::vector<uint64_t> all(words * n, 0);
+    std::copy(mine.begin(), mine.end(), all.begin() + rank() * words);
+    if (n > 1) {
+      run(op, [&] { all_gather_words(mine, all); });
+    }
+    auto word = [&](size_t r, size_t i) { return all[r * words + i]; };
+    std::string prefix = std::string(op) + " on " + g_->where() + ": ";
+    if (!c.local_error.empty()) throw CommError(prefix + c.local_error);
+    for (size_t r = 0; r < n; ++r) {
+      if (word(r, 0) != mine[0]) {
+        throw CommError(prefix + "rank " + std::to_string(r) + " called " +
+                        kind_name(word(r, 0)) + " while rank " +
+                        std::to_string(rank()) + " called " + op +
+                        "; every member must call the same collectives in "
+                        "the same order");
+      }
+      if (word(r, 6) != 0) {
+        throw CommError(prefix + "rank " + std::to_string(r) +
+                        " rejected its arguments (its error names the "
+                        "problem); every rank fails this call");
+      }
+    }
+    for (size_t r = 1; r < n; ++r) {
+      std::string vs = "rank " + std::to_string(r) + " passed ";
+      if (word(r, 1) != word(0, 1) || word(r, 2) != word(0, 2)) {
+        throw CommError(prefix + vs +
+                        describe(static_cast<DType>(word(r, 1)), word(r, 2)) +
+                        ", rank 0 passed " +
+                        describe(static_cast<DType>(word(0, 1)), word(0, 2)) +
+                        "; every rank must pass the same size and dtype");
+      }
+      if (word(r, 3) != word(0, 3)) {
+        throw CommError(prefix + vs + "root " +
+                        std::to_string(static_cast<int64_t>(word(r, 3))) +
+                        ", rank 0 passed root " +
+                        std::to_string(static_cast<int64_t>(word(0, 3))) +
+                        "; every rank must name the same root");
+      }
+      if (word(r, 4) != word(0, 4)) {
+        throw CommError(
+            prefix + vs + "ReduceOp " +
+            std::string(reduce_op_name(static_cast<ReduceOp>(word(r, 4)))) +
+            ", rank 0 passed " +
+            std::string(reduce_op_name(static_cast<ReduceOp>(word(0, 4)))) +
+            "; every rank must use the same op");
+      }
+      if (word(r, 5) != word(0, 5)) {
+        throw CommError(prefix + "rank " + std::to_string(r) +
+                        " passed a different rank list than rank 0; every "
+                        "member must pass the same sorted ranks");
+      }
+    }
+    if (c.kind == Kind::kAllToAll) {
+      for (size_t s = 0; s < n; ++s) {
+        for (size_t d = 0; d < n; ++d) {
+          uint64_t sent = word(s, kFixedWords + d);
+          uint64_t expected = word(d, kFixedWords + n + s);
+          if (sent != expected) {
+            throw CommError(prefix + "rank " + std::to_string(s) + " sends " +
+                            std::to_string(sent) + " elements to rank " +
+                            std::to_string(d) + ", which expects " +
+                            std::to_string(expected) +
+                            "; out[i] on each rank must match in[rank] on "
+                            "rank i");
+          }
+        }
+      }
+    }
+  }
+
+  // All-gather of equal-sized word vectors: direct exchange, one message to
+  // and from every peer (the lowest latency for small payloads).
+  void all_gather_words(std::vector<uint64_t>& mine,
+                        std::vector<uint64_t>& all) {
+    const size_t bytes = mine.size() * sizeof(uint64_t);
+    const uint32_t tag = next_tag();
+    auto in = g_->ctx->createUnboundBuffer(mine.data(), bytes);
+    auto out = g_->ctx->createUnboundBuffer(all.data(), all.size() * 8);
+    for (int j = 0; j < size(); ++j) {
+      if (j == rank()) continue;
+      out->recv(j, coll_slot(kCheckSlot, tag), j * bytes, bytes);
+      in->send(j, coll_slot(kCheckSlot, tag));
+    }
+    for (int j = 1; j < size(); ++j) {
+      out->waitRecv(timeout());
+      in->waitSend(timeout());
+    }
+  }
+
+  // Posts point-to-point transfers chosen by `plan` on one fresh tag and
+  // waits for all of them (gather, scatter, all_gather, all_to_all).
+  template <class Plan>
+  void exchange(const char* op, uint64_t prefix, Plan&& plan) {
+    run(op, [&] {
+      const uint32_t tag = next_tag();
+      std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sends;
+      std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> recvs;
+      auto post_send = [&](int to, const Tensor& t) {
+        sends.push_back(g_->ctx->createUnboundBuffer(t.data, t.nbytes()));
+        sends.back()->send(to, coll_slot(prefix, tag));
+      };
+      auto post_recv = [&](int from, const Tensor& t) {
+        recvs.push_back(g_->ctx->createUnboundBuffer(t.data, t.nbytes()));
+        recvs.back()->recv(from, coll_slot(prefix, tag));
+      };
+      plan(post_send, post_recv);
+      for (auto& b : recvs) b->waitRecv(timeout());
+      for (auto& b : sends) b->waitSend(timeout());
+    });
+  }
+
+  // Ring reduce-scatter: at step s rank r forwards its partial sum of chunk
+  // (r - s - 1) to r + 1 and receives chunk (r - s - 2) from r - 1, adding
+  // its own contribution; after size() - 1 steps it holds chunk r reduced
+  // over all ranks. Each rank sends (n - 1) / n of the data once.
+  void ring_reduce_scatter(Tensor out, std::span<const Tensor> in,
+                           ReduceOp rop) {
+    const int n = size();
+    const int r = rank();
+    const size_t bytes = out.nbytes();
+    const uint32_t tag = next_tag();
+    ReduceFn fn = reduce_fn(out.dtype, rop);
+    std::vector<char> send_buf(bytes), recv_buf(bytes);
+    auto sbuf = g_->ctx->createUnboundBuffer(send_buf.data(), bytes);
+    auto rbuf = g_->ctx->createUnboundBuffer(recv_buf.data(), bytes);
+    const int right = (r + 1) % n;
+    const int left = (r - 1 + n) % n;
+    std::memcpy(send_buf.data(), in[(r - 1 + n) % n].data, bytes);
+    for (int s = 0; s < n - 1; ++s) {
+      const int chunk = (r - s - 2 + 2 * n) % n;
+      rbuf->recv(left, coll_slot(kReduceScatterSlot, tag, s));
+      sbuf->send(right, coll_slot(kReduceScatterSlot, tag, s));
+      rbuf->waitRecv(timeout());
+      sbuf->waitSend(timeout());
+      void* dst = (s == n - 2) ? out.data : send_buf.data();
+      fn(dst, in[chunk].data, recv_buf.data(), out.numel);
+    }
+  }
+
+  // Runs Gloo work; on failure marks the group unusable, tells the store
+  // and closes this rank's connections so that peers blocked on it fail now
+  // rather than at their timeout, then throws a CommError naming the
+  // operation, the group and the peer.
+  template <class F>
+  void run(const char* op, F&& f) {
+    try {
+      f();
+    } catch (const ::gloo::Exception& e) {
+      fail(op, e.what());
+    }
+  }
+
+  [[noreturn]] void fail(const char* op, const std::string& what) {
+    const bool timed_out = what.find("Timed out") != std::string::npos ||
+                           what.find("timeout") != std::string::npos;
+    const int peer = g_->peer_in(what);
+    std::string msg = std::string(op) + " on " + g_->where() + " failed: ";
+    if (peer >= 0) {
+      msg += "connection to rank " + std::to_string(peer) + " lost";
+    } else if (timed_out) {
+      msg += "timed out after " + ms_text(timeout()) +
+             " waiting for the other ranks (none reported a failure)";
+    } else {
+      msg += "transport error";
+    }
+    const std::string abort_key = g_->name + "/abort";
+    std::string cause;
+    try {
+      std::lock_guard lock(g_->store->mu);
+      auto& s = *g_->store->store;
+      if (s.check({abort_key})) cause = s.get(abort_key);
+      if (cause.empty()) {
+        s.compare_set(abort_key, "",
+                      "rank " + std::to_string(rank()) + ": " + msg);
+      }
+    } catch (const std::exception&) {
+      // The store may have died with the failed peer; the message stands.
+    }
+    if (!cause.empty()) msg += " (first failure, " + cause + ")";
+    msg += " [gloo: " + what + "]";
+    {
+      std::lock_guard lock(g_->mu);
+      if (g_->broken.empty()) g_->broken = msg;
+    }
+    g_->ctx->closeConnections();
+    if (timed_out && peer < 0) throw CommTimeoutError(msg);
+    throw CommError(msg);
+  }
+
+  std::shared_ptr<GroupState> g_;
+  uint32_t tag_ = 1;
+  int children_ = 0;
+};
+
+std::shared_ptr<GroupState> GlooProcessGroup::connect(
+    const GroupOptions& o, std::shared_ptr<SharedStore> s) {
+  auto g = std::make_shared<GroupState>();
+  g->name = o.name;
+  g->rank = o.rank;
+  g->size = o.size;
+  g->timeout = o.timeout;
+  g->store = std::move(s);
+  g->hostname = o.hostname;
+  g->iface = o.iface;
+  const std::string where = "creating " + g->where();
+  try {
+    tcp::attr attr;
+    if (o.iface.empty()) {
+      attr.hostname = o.hostname;
+    } else {
+      attr.iface = o.iface;
+    }
+    g->device = tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw CommError(where + ": cannot listen on " +
+                    (o.iface.empty() ? "host '" + o.hostname + "'"
+                                     : "interface '" + o.iface + "'") +
+                    " (set GLOO_SOCKET_IFNAME or MASTER_ADDR to an address "
+                    "of this machine): " +
+                    e.what());
+  }
+  g->ctx = std::make_shared<::gloo::rendezvous::Context>(o.rank, o.size);
+  g->ctx->setTimeout(o.timeout);
+  StoreAdapter adapter(g->store, o.name, o.timeout);
+  try {
+    g->ctx->connectFullMesh(adapter, g->device);
+  } catch (const store::StoreTimeoutError& e) {
+    throw CommTimeoutError(where + ": not every rank joined within " +
+                           ms_text(o.timeout) + ": " + e.what());
+  } catch (const std::exception& e) {
+    throw CommError(where +
+                    ": connecting to the other ranks failed: " + e.what());
+  }
+  // Map each peer's advertised address to its rank: Gloo's errors name the
+  // address only. Rank j's record lists its pairs' addresses for every other
+  // rank in order; ours is entry (rank < j ? rank : rank - 1).
+  for (int j = 0; j < o.size; ++j) {
+    if (j == o.rank) continue;
+    try {
+      auto blob = adapter.get(std::to_string(j));
+      size_t each = blob.size() / (o.size - 1);
+      size_t idx = o.rank < j ? o.rank : o.rank - 1;
+      std::vector<char> bytes(blob.begin() + idx * each,
+                              blob.begin() + (idx + 1) * each);
+      g->peer_addresses.emplace_back(tcp::Address(bytes).str(), j);
+    } catch (const std::exception&) {
+      // Only the wording of later errors depends on this map.
+    }
+  }
+  return g;
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& o) {
+  if (!o.store) throw CommError("gloo::create_process_group: no store given");
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    throw CommError(
+        "gloo::create_process_group: rank " + std::to_string(o.rank) +
+        " is out of range for world size " + std::to_string(o.size) +
+        " (need world size >= 1 and 0 <= rank < world size)");
+  }
+  if (o.timeout.count() <= 0) {
+    throw CommError(
+        "gloo::create_process_group: timeout must be positive, "
+        "got " +
+        std::to_string(o.timeout.count()) + " ms");
+  }
+  auto shared = std::make_shared<SharedStore>();
+  shared->store = o.store;
+  return std::make_unique<GlooProcessGroup>(
+      GlooProcessGroup::connect(o, std::move(shared)));
+}
+
+}  // namespace dlaunch::comm::gloo

@@ -1,0 +1,40 @@
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "comm/process_group.h"
+#include "comm/store/store.h"
+
+namespace dlaunch::comm::gloo {
+
+struct GroupOptions {
+  // Rendezvous store; every group derived from this one shares it (calls are
+  // serialised internally). Required.
+  std::shared_ptr<store::Store> store;
+  // This process's rank in [0, size). Required.
+  int rank = -1;
+  // Number of ranks. Required.
+  int size = -1;
+  // Bound on every blocking call of the group and its sub-groups (unless
+  // new_group is given another). Default 30 minutes.
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Group name, also the store key prefix. Default "world".
+  std::string name = "world";
+  // Address Gloo's TCP pairs listen on: a hostname or IP peers can reach.
+  // Default "127.0.0.1" (single host); init_process_group picks one from
+  // MASTER_ADDR / GLOO_SOCKET_IFNAME.
+  std::string hostname = "127.0.0.1";
+  // Network interface to listen on instead of `hostname` (GLOO_SOCKET_IFNAME).
+  // Default empty: use `hostname`.
+  std::string iface;
+};
+
+// Creates a Gloo (CPU, TCP) group: connects a full mesh of TCP pairs through
+// the store. Blocks until every rank joined, at most options.timeout; throws
+// CommError (CommTimeoutError on timeout) naming the group and what was
+// missing.
+std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& options);
+
+}  // namespace dlaunch::comm::gloo

@@ -1,0 +1,165 @@
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/reduce.h"
+#include "comm/tensor.h"
+
+namespace dlaunch::comm::testing {
+
+inline constexpr DType kAllDtypes[] = {DType::kF32,  DType::kF64, DType::kF16,
+                                       DType::kBF16, DType::kI8,  DType::kU8,
+                                       DType::kI32,  DType::kI64};
+inline constexpr ReduceOp kAllOps[] = {
+    ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
+    ReduceOp::kAvg, ReduceOp::kBand,    ReduceOp::kBor, ReduceOp::kBxor};
+
+inline bool op_applies(DType d, ReduceOp op) {
+  return reduce_op_error(d, op).empty();
+}
+
+// Element i of a tensor of dtype d as a double.
+inline double get(DType d, const void* p, size_t i) {
+  switch (d) {
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kF64:
+      return static_cast<const double*>(p)[i];
+    case DType::kF16:
+      return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16:
+      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::kI8:
+      return static_cast<const int8_t*>(p)[i];
+    case DType::kU8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DType::kI32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+  }
+  return 0;
+}
+
+inline void put(DType d, void* p, size_t i, double v) {
+  switch (d) {
+    case DType::kF32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      return;
+    case DType::kF64:
+      static_cast<double*>(p)[i] = v;
+      return;
+    case DType::kF16:
+      static_cast<uint16_t*>(p)[i] = float_to_half(static_cast<float>(v));
+      return;
+    case DType::kBF16:
+      static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
+      return;
+    case DType::kI8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      return;
+    case DType::kU8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kI64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      return;
+  }
+}
+
+// An owning buffer with a Tensor view on it.
+struct Buffer {
+  Buffer(DType d, size_t n) : raw(n * dtype_size(d) + 1) {
+    t = Tensor{raw.data(), n, d, {}};
+  }
+  Buffer(DType d, const std::vector<double>& v) : Buffer(d, v.size()) {
+    for (size_t i = 0; i < v.size(); ++i) put(d, raw.data(), i, v[i]);
+  }
+  std::vector<double> values() const {
+    std::vector<double> v(t.numel);
+    for (size_t i = 0; i < t.numel; ++i) v[i] = get(t.dtype, raw.data(), i);
+    return v;
+  }
+  std::vector<uint8_t> raw;
+  Tensor t;
+};
+
+// A value every dtype holds exactly and whose reductions over up to 8 ranks
+// stay exact (products of at most four 2s, sums up to 32).
+inline double value(ReduceOp op, int rank, size_t i) {
+  switch (op) {
+    case ReduceOp::kProduct:
+      return static_cast<double>((rank + i) % 2 + 1);
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      return static_cast<double>(((rank + 1) * 37 + i * 11) % 128);
+    default:
+      return static_cast<double>((rank * 3 + i) % 5);
+  }
+}
+
+// The reduction of value(op, r, i) over ranks 0..n-1, rounded to dtype d.
+inline double expected(DType d, ReduceOp op, int n, size_t i) {
+  double acc = value(op, 0, i);
+  int64_t bits = static_cast<int64_t>(acc);
+  for (int r = 1; r < n; ++r) {
+    double v = value(op, r, i);
+    int64_t b = static_cast<int64_t>(v);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        acc += v;
+        break;
+      case ReduceOp::kProduct:
+        acc *= v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kBand:
+        bits &= b;
+        break;
+      case ReduceOp::kBor:
+        bits |= b;
+        break;
+      case ReduceOp::kBxor:
+        bits ^= b;
+        break;
+    }
+  }
+  if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) {
+    acc = static_cast<double>(bits);
+  }
+  if (op == ReduceOp::kAvg) {
+    acc = dtype_is_integer(d) ? std::trunc(acc / n) : acc / n;
+  }
+  uint64_t slot = 0;
+  put(d, &slot, 0, acc);
+  return get(d, &slot, 0);
+}
+
+// Floats compare within their precision (AVG rounds once more than the
+// reference); integers compare exactly.
+inline void expect_close(DType d, double got, double want,
+                         const std::string& what) {
+  double tol = 0;
+  if (d == DType::kF16 || d == DType::kBF16) tol = 1e-2 * std::max(1.0, want);
+  if (d == DType::kF32) tol = 1e-5 * std::max(1.0, want);
+  if (d == DType::kF64) tol = 1e-12 * std::max(1.0, want);
+  EXPECT_NEAR(got, want, tol) << what;
+}
+
+}  // namespace dlaunch::comm::testing
