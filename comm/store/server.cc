@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio.hpp>
@@ -81,6 +83,7 @@ class StoreServer::Impl {
 
  private:
   void accept();
+  void accept_ready();
   // A key that was absent now exists: wake the connections waiting on it.
   void key_created(std::string_view key);
   // Parks `c` until every key of its request exists or the timeout passes.
@@ -102,6 +105,7 @@ class StoreServer::Impl {
   asio::io_context io_;
   tcp::acceptor acceptor_;
   asio::steady_timer accept_retry_;
+  tcp protocol_ = tcp::v4();  // of the bound address, for accepted sockets
   uint16_t port_ = 0;
   std::thread thread_;
   std::mutex stop_mu_;
@@ -371,7 +375,15 @@ void StoreServer::Impl::bind() {
   if (ec) fail("cannot resolve host: " + lower_first(ec.message()));
   std::string last_error = "no address";
   for (const auto& entry : results) {
-    acceptor_.open(entry.endpoint().protocol(), ec);
+    // Close-on-exec from the start: an agent hosting the server spawns
+    // workers, which must not inherit (and keep alive) the listening port.
+    int fd = ::socket(entry.endpoint().protocol().family(),
+                      SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last_error = errno_text(errno);
+      continue;
+    }
+    acceptor_.assign(entry.endpoint().protocol(), fd, ec);
     if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec) acceptor_.bind(entry.endpoint(), ec);
     if (!ec) acceptor_.listen(options_.backlog, ec);
@@ -381,30 +393,51 @@ void StoreServer::Impl::bind() {
     acceptor_.close(ignored);
   }
   if (!acceptor_.is_open()) fail(last_error);
+  protocol_ = acceptor_.local_endpoint().protocol();
   port_ = acceptor_.local_endpoint().port();
   accept();
 }
 
 void StoreServer::Impl::accept() {
-  acceptor_.async_accept([this](const boost::system::error_code& ec,
-                                tcp::socket socket) {
-    if (ec == asio::error::operation_aborted || shutting_down_) return;
-    if (ec) {
-      // Out of file descriptors (or similar): say so once per episode and
-      // retry shortly instead of spinning on a full accept queue.
-      spdlog::warn("store: cannot accept connections: {}; retrying in 100 ms",
-                   lower_first(ec.message()));
-      accept_retry_.expires_after(std::chrono::milliseconds(100));
-      accept_retry_.async_wait([this](const boost::system::error_code& e) {
-        if (!e && !shutting_down_) accept();
-      });
-      return;
+  acceptor_.async_wait(tcp::acceptor::wait_read,
+                       [this](const boost::system::error_code& ec) {
+                         if (ec || shutting_down_) return;
+                         accept_ready();
+                       });
+}
+
+void StoreServer::Impl::accept_ready() {
+  // Drains the accept queue (a connect storm arrives in bursts), with
+  // accept4 so every connection is close-on-exec from birth.
+  while (true) {
+    int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr,
+                       SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd >= 0) {
+      boost::system::error_code ec;
+      tcp::socket socket(io_);
+      socket.assign(protocol_, fd, ec);
+      if (ec) {
+        ::close(fd);
+        continue;
+      }
+      auto c = std::make_shared<Connection>(*this, std::move(socket));
+      connections_.emplace(c.get(), c);
+      c->start();
+      continue;
     }
-    auto c = std::make_shared<Connection>(*this, std::move(socket));
-    connections_.emplace(c.get(), c);
-    c->start();
-    accept();
-  });
+    int err = errno;
+    if (err == EINTR || err == ECONNABORTED) continue;
+    if (err == EAGAIN || err == EWOULDBLOCK) return accept();
+    // Out of file descriptors (or similar): say so and retry shortly rather
+    // than spin on a queue that stays readable.
+    spdlog::warn("store: cannot accept connections: {}; retrying in 100 ms",
+                 errno_text(err));
+    accept_retry_.expires_after(std::chrono::milliseconds(100));
+    accept_retry_.async_wait([this](const boost::system::error_code& e) {
+      if (!e && !shutting_down_) accept();
+    });
+    return;
+  }
 }
 
 void StoreServer::Impl::stop() {

@@ -1,0 +1,61 @@
+// dl-store: a standalone store server. Prints "dl-store listening on H:P"
+// once bound (P is the real port when --port 0), then serves until SIGINT or
+// SIGTERM.
+
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+
+#include "comm/store/server.h"
+#include "comm/store/store.h"
+
+int main(int argc, char** argv) {
+  using dlaunch::comm::store::StoreServer;
+  using dlaunch::comm::store::StoreServerOptions;
+
+  StoreServerOptions options;
+  options.port = 29400;
+  CLI::App app{"Serves a dlaunch TCP key-value store until SIGINT or SIGTERM.",
+               "dl-store"};
+  app.add_option("--host", options.host, "address to bind")
+      ->capture_default_str();
+  app.add_option("--port", options.port, "port to bind; 0 picks a free one")
+      ->capture_default_str();
+  app.add_option("--max-frame-bytes", options.max_frame_bytes,
+                 "largest request a client may send")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  }
+
+  // Block the stop signals before the server thread starts, so only the
+  // sigwait below receives them.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  std::unique_ptr<StoreServer> server;
+  try {
+    server = StoreServer::start(options);
+  } catch (const dlaunch::comm::store::StoreError& e) {
+    std::cerr << "dl-store: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "dl-store listening on " << options.host << ":" << server->port()
+            << std::endl;
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  server->stop();
+  return 0;
+}
