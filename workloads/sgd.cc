@@ -137,6 +137,7 @@ SgdResult train_sgd(comm::ProcessGroup* pg, const TrainData& train,
         pg->broadcast(Tensor::of(opt.buffer()), 0);
       }
       start_epoch = static_cast<int>(header[1]);
+      if (rank == 0 && options.on_resume) options.on_resume(start_epoch);
     }
   }
   result.resumed_epoch = start_epoch;

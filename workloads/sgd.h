@@ -55,6 +55,9 @@ struct SgdOptions {
   // Overrides epoch_order() (tests: one rank replaying the order of N).
   // Default empty: epoch_order(train.n, seed, epoch, rank, world).
   std::function<std::vector<uint32_t>(int epoch)> order;
+  // Called on rank 0 with the epochs done when a checkpoint is resumed.
+  // Default: none.
+  std::function<void(int epochs_done)> on_resume;
   // Called on rank 0 after each epoch. Default: none.
   std::function<void(const EpochStats&)> on_epoch;
 };

@@ -1,0 +1,73 @@
+// dl-bench: nccl-tests-style bandwidth of every collective and send/recv.
+#include <iostream>
+#include <string>
+
+#include "workloads/bench.h"
+#include "workloads/worker.h"
+
+int main(int argc, char** argv) {
+  using namespace dlaunch::workloads;
+  CLI::App app(
+      "nccl-tests-style bandwidth of every collective and send/recv over "
+      "comm; run it under dlaunch, e.g. "
+      "build/bin/dlaunch --nproc-per-node 2 build/bin/dl-bench -b 8 -e 1M",
+      "dl-bench");
+  BenchOptions opt;
+  std::string minb = "32", maxb = "32M", step = "0", ops = "all",
+              dtype = "float", redop = "sum", backend = "gloo";
+  int check = 1;
+  app.add_option("-b,--minbytes", minb,
+                 "first size in bytes, K/M/G suffixes (default 32)");
+  app.add_option("-e,--maxbytes", maxb, "last size (default 32M)");
+  app.add_option("-f,--stepfactor", opt.factor,
+                 "multiply the size by this (default 2)");
+  app.add_option("-i,--stepbytes", step,
+                 "add this many bytes instead when -f is 1 (default 0)");
+  app.add_option("-o,--op", ops,
+                 "operation: all, or a comma list of all_reduce, all_gather, "
+                 "broadcast, reduce, reduce_scatter, all_to_all, sendrecv, "
+                 "scatter, gather (default all; nccl-tests picks the "
+                 "collective by binary and uses -o for the reduction, which "
+                 "is --redop here)");
+  app.add_option("-d,--datatype", dtype,
+                 "float, double, half, bfloat16, int8, uint8, int32, int64 "
+                 "(default float)");
+  app.add_option("--redop", redop, "sum, prod, min, max, avg (default sum)");
+  app.add_option("-r,--root", opt.root, "root of rooted ops (default 0)");
+  app.add_option("-n,--iters", opt.iters, "timed iterations (default 20)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("-w,--warmup_iters", opt.warmup,
+                 "untimed iterations first (default 5)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--check", check, "check results, 0 or 1 (default 1)")
+      ->check(CLI::Range(0, 1));
+  app.add_option("--backend", backend, "gloo or nccl (default gloo)");
+  return run_main(app, argc, argv, [&]() -> int {
+    opt.min_bytes = parse_size(minb, "-b");
+    opt.max_bytes = parse_size(maxb, "-e");
+    opt.increment = parse_size(step, "-i");
+    opt.ops = parse_bench_ops(ops);
+    opt.dtype = parse_nccl_dtype(dtype);
+    opt.redop = parse_redop(redop);
+    opt.check = check != 0;
+    size_sweep(opt.min_bytes, opt.max_bytes, opt.factor, opt.increment);
+    auto pg = init_world(backend, "dl-bench");
+    if (opt.root < 0 || opt.root >= pg->size()) {
+      throw std::invalid_argument("-r " + std::to_string(opt.root) +
+                                  ": root must be a rank, 0.." +
+                                  std::to_string(pg->size() - 1));
+    }
+    if (pg->rank() == 0) {
+      std::cout << "# dl-bench: " << pg->size() << " ranks, backend "
+                << pg->backend() << ", type " << nccl_dtype_name(opt.dtype)
+                << "\n";
+    }
+    int64_t wrong = run_bench(*pg, opt, std::cout);
+    if (pg->rank() == 0) {
+      std::cout << "# Out of bounds values : " << wrong
+                << (wrong == 0 ? " OK" : " FAILED") << "\n"
+                << std::flush;
+    }
+    return wrong == 0 ? 0 : 1;
+  });
+}
