@@ -1,0 +1,181 @@
+// `dlaunch`'s command line: torchrun's flags in both spellings, PET_
+// fallbacks, the worker command, and one clear line for each bad input.
+#include "launcher/cli.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/testing/temp_dir.h"
+
+namespace dlaunch::launcher {
+namespace {
+
+using ::testing::HasSubstr;
+
+LaunchOptions ok(std::vector<std::string> args, agent::EnvMap env = {}) {
+  ParseResult r = parse_command_line(args, env);
+  if (auto* e = std::get_if<UsageError>(&r)) {
+    ADD_FAILURE() << "rejected: " << e->message;
+    return {};
+  }
+  EXPECT_TRUE(std::holds_alternative<LaunchOptions>(r));
+  return std::get<LaunchOptions>(r);
+}
+
+UsageError bad(std::vector<std::string> args, agent::EnvMap env = {}) {
+  ParseResult r = parse_command_line(args, env);
+  if (!std::holds_alternative<UsageError>(r)) {
+    ADD_FAILURE() << "accepted a bad command line";
+    return {};
+  }
+  UsageError e = std::get<UsageError>(r);
+  EXPECT_EQ(e.message.find('\n'), std::string::npos)
+      << "one line: " << e.message;
+  return e;
+}
+
+TEST(Cli, BothSpellingsOfEveryFlag) {
+  for (const char* flag : {"--nproc-per-node", "--nproc_per_node"}) {
+    EXPECT_EQ(ok({flag, "3", "true"}).agent.nproc_per_node, 3);
+  }
+  LaunchOptions o = ok({"--max_restarts",
+                        "2",
+                        "--log_dir",
+                        "/tmp/x",
+                        "--run_id",
+                        "r1",
+                        "--master_port",
+                        "1234",
+                        "--master-addr",
+                        "127.0.0.2",
+                        "--role",
+                        "trainer",
+                        "--term-timeout",
+                        "0.5",
+                        "--tee",
+                        "3",
+                        "-r",
+                        "0:1",
+                        "--local_ranks_filter",
+                        "0,2",
+                        "--monitor_interval",
+                        "0.1",
+                        "--standalone",
+                        "true"});
+  EXPECT_EQ(o.agent.max_restarts, 2);
+  EXPECT_EQ(o.agent.log_dir, "/tmp/x");
+  EXPECT_EQ(o.agent.run_id, "r1");
+  EXPECT_EQ(o.agent.master_port, 1234);
+  EXPECT_EQ(o.agent.master_addr, "127.0.0.2");
+  EXPECT_EQ(o.agent.role, "trainer");
+  EXPECT_EQ(o.agent.term_timeout, std::chrono::milliseconds(500));
+  EXPECT_EQ(o.agent.tee.all, agent::Streams::kBoth);
+  EXPECT_EQ(o.agent.redirects.for_rank(0), agent::Streams::kOut);
+  EXPECT_EQ(*o.agent.local_ranks_filter, (std::set<int>{0, 2}));
+  EXPECT_TRUE(o.standalone);
+  EXPECT_EQ(o.agent.entrypoint, std::vector<std::string>{"true"});
+}
+
+TEST(Cli, EverythingAfterTheProgramBelongsToIt) {
+  LaunchOptions o = ok({"--nproc-per-node", "2", "prog", "--nproc-per-node",
+                        "9", "-x", "${local_rank}"});
+  EXPECT_EQ(o.agent.nproc_per_node, 2);
+  EXPECT_EQ(o.agent.entrypoint,
+            (std::vector<std::string>{"prog", "--nproc-per-node", "9", "-x",
+                                      "${local_rank}"}));
+  EXPECT_EQ(ok({"--", "prog", "-v"}).agent.entrypoint,
+            (std::vector<std::string>{"prog", "-v"}));
+}
+
+TEST(Cli, PetVariablesFillFlagsAndTheCommandLineWins) {
+  agent::EnvMap env{{"PET_NPROC_PER_NODE", "5"}, {"PET_MAX_RESTARTS", "4"}};
+  LaunchOptions o = ok({"true"}, env);
+  EXPECT_EQ(o.agent.nproc_per_node, 5);
+  EXPECT_EQ(o.agent.max_restarts, 4);
+  EXPECT_EQ(ok({"--nproc_per_node", "2", "true"}, env).agent.nproc_per_node, 2);
+  EXPECT_THAT(bad({"true"}, {{"PET_NPROC_PER_NODE", "lots"}}).message,
+              HasSubstr("--nproc-per-node: 'lots' is not valid"));
+}
+
+TEST(Cli, PythonProgramsRunUnderPythonUnbuffered) {
+  dlaunch::testing::TempDir dir;
+  dlaunch::testing::write_file(dir / "train.py", "print(1)\n");
+  std::string script = (dir / "train.py").string();
+  EXPECT_EQ(ok({script, "--lr", "1"}).agent.entrypoint,
+            (std::vector<std::string>{"python3", "-u", script, "--lr", "1"}));
+  EXPECT_EQ(ok({script}, {{"PYTHON", "/usr/bin/python3"}}).agent.entrypoint[0],
+            "/usr/bin/python3");
+  EXPECT_EQ(ok({"--python", "/opt/py", script}, {{"PYTHON", "x"}})
+                .agent.entrypoint[0],
+            "/opt/py");
+  EXPECT_EQ(ok({"-m", "pkg.mod", "a"}).agent.entrypoint,
+            (std::vector<std::string>{"python3", "-u", "-m", "pkg.mod", "a"}));
+  EXPECT_EQ(ok({"--no-python", script}).agent.entrypoint,
+            (std::vector<std::string>{script}));
+  UsageError missing = bad({"/nonexistent/train.py"});
+  EXPECT_EQ(missing.exit_code, 127);
+  EXPECT_THAT(missing.message,
+              HasSubstr("'/nonexistent/train.py': No such file"));
+}
+
+TEST(Cli, NprocPerNodeKeywords) {
+  int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  EXPECT_EQ(ok({"--nproc-per-node", "cpu", "true"}).agent.nproc_per_node, cpus);
+  int gpus = cuda_device_count();
+  EXPECT_EQ(ok({"--nproc-per-node", "auto", "true"}).agent.nproc_per_node,
+            gpus > 0 ? gpus : cpus);
+  if (gpus == 0) {
+    EXPECT_THAT(bad({"--nproc-per-node", "gpu", "true"}).message,
+                HasSubstr("no CUDA device is visible"));
+  } else {
+    EXPECT_EQ(ok({"--nproc-per-node", "gpu", "true"}).agent.nproc_per_node,
+              gpus);
+  }
+}
+
+TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expect;
+  };
+  std::vector<Case> cases = {
+      {{"--bogus", "true"}, "unknown option '--bogus'"},
+      {{}, "no program given"},
+      {{"--nproc-per-node", "0", "true"}, "positive number, cpu, gpu or auto"},
+      {{"--nproc-per-node"}, "--nproc-per-node"},
+      {{"--max-restarts", "x", "true"}, "--max-restarts: 'x' is not valid"},
+      {{"--master-port", "70000", "true"}, "a port 0..65535"},
+      {{"-r", "7", "true"}, "--redirects: '7': 7 is out of range"},
+      {{"--tee", "0:x", "true"}, "--tee:"},
+      {{"--local-ranks-filter", "0,a", "true"}, "--local-ranks-filter: 'a'"},
+      {{"--term-timeout", "0", "true"}, "--term-timeout: '0' is not valid"},
+      {{"--monitor-interval", "-1", "true"}, "--monitor-interval"},
+      {{"--signals-to-handle", "SIGFOO", "true"}, "'SIGFOO' is not valid"},
+      {{"--nnodes", "2", "true"}, "--nnodes: '2' is not supported yet"},
+      {{"--rdzv-backend", "etcd-v9", "true"}, "use static or c10d"},
+      {{"--start-method", "thread", "true"}, "spawn, fork or forkserver"},
+      {{"-m", "--no-python", "x"}, "cannot be used together"},
+  };
+  for (const Case& c : cases) {
+    UsageError e = bad(c.args);
+    EXPECT_EQ(e.exit_code, 2);
+    EXPECT_THAT(e.message, HasSubstr(c.expect));
+  }
+}
+
+TEST(Cli, HelpReadsLikeAManPage) {
+  EXPECT_TRUE(std::holds_alternative<HelpRequested>(
+      parse_command_line({"--help"}, {})));
+  EXPECT_TRUE(
+      std::holds_alternative<HelpRequested>(parse_command_line({"-h"}, {})));
+  for (const char* section :
+       {"NAME", "SYNOPSIS", "DESCRIPTION", "EXIT STATUS", "--nproc-per-node",
+        "--max-restarts", "--tee", "--signals-to-handle", "EXAMPLES"}) {
+    EXPECT_THAT(help_text(), HasSubstr(section));
+  }
+}
+
+}  // namespace
+}  // namespace dlaunch::launcher

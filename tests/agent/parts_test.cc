@@ -1,0 +1,160 @@
+// The agent's pure pieces: -r/-t values, line splitting, the env contract,
+// ${...} substitution, program lookup, reports.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "agent/line_buffer.h"
+#include "agent/options.h"
+#include "agent/program.h"
+#include "agent/report.h"
+#include "agent/worker_env.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dlaunch::agent {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ParseStreams, AcceptsTorchrunsValues) {
+  EXPECT_EQ(parse_streams("0").for_rank(5), Streams::kNone);
+  EXPECT_EQ(parse_streams("3").for_rank(5), Streams::kBoth);
+  StreamsSpec m = parse_streams("0:3,1:0,4:2");
+  EXPECT_EQ(m.for_rank(0), Streams::kBoth);
+  EXPECT_EQ(m.for_rank(1), Streams::kNone);
+  EXPECT_EQ(m.for_rank(4), Streams::kErr);
+  EXPECT_EQ(m.for_rank(2), Streams::kNone);  // unnamed ranks: none
+  EXPECT_TRUE(covers_stdout(Streams::kOut) && !covers_stderr(Streams::kOut));
+}
+
+TEST(ParseStreams, RejectsBadValuesNamingTheValidForms) {
+  for (const char* bad :
+       {"", "4", "x", "-1", "0:", ":1", "0:3,1", "0:9", "a:1"}) {
+    try {
+      parse_streams(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("valid forms")) << bad;
+    }
+  }
+}
+
+TEST(LineBuffer, EmitsOnlyWholePrefixedLines) {
+  LineBuffer lb("[w0]:");
+  std::string out;
+  lb.feed("hel", out);
+  EXPECT_EQ(out, "");
+  lb.feed("lo\nwor", out);
+  EXPECT_EQ(out, "[w0]:hello\n");
+  out.clear();
+  lb.feed("ld\n\nx", out);
+  EXPECT_EQ(out, "[w0]:world\n[w0]:\n");
+  out.clear();
+  lb.flush(out);
+  EXPECT_EQ(out, "[w0]:x\n");
+  out.clear();
+  lb.flush(out);
+  EXPECT_EQ(out, "");
+}
+
+TEST(LineBuffer, PassesOnOverlongLines) {
+  LineBuffer lb("p:");
+  std::string out;
+  lb.feed(std::string(LineBuffer::kMaxLine, 'a'), out);
+  EXPECT_EQ(out.size(), LineBuffer::kMaxLine + 3);
+  EXPECT_EQ(out.back(), '\n');
+}
+
+TEST(WorkerEnv, OverridesContractKeysAndKeepsTheRest) {
+  EnvMap base{{"RANK", "99"}, {"FOO", "bar"}};
+  WorkerIdentity id{1, 5, 8, 4, 1, 2, 5, 8};
+  JobInfo job{"trainer", "10.0.0.1", 1234, 2, 3, "run"};
+  auto env = worker_environment(base, id, job, "/tmp/e.json");
+  auto has = [&](const std::string& kv) {
+    return std::find(env.begin(), env.end(), kv) != env.end();
+  };
+  EXPECT_TRUE(has("RANK=5"));
+  EXPECT_TRUE(has("FOO=bar"));
+  EXPECT_TRUE(has("GROUP_RANK=1"));
+  EXPECT_TRUE(has("GROUP_WORLD_SIZE=2"));
+  EXPECT_TRUE(has("MASTER_ADDR=10.0.0.1"));
+  EXPECT_TRUE(has("MASTER_PORT=1234"));
+  EXPECT_TRUE(has("TORCHELASTIC_RESTART_COUNT=2"));
+  EXPECT_TRUE(has("OMP_NUM_THREADS=1"));
+  id.local_world_size = 1;
+  env = worker_environment(base, id, job, "/tmp/e.json");
+  EXPECT_FALSE(has("OMP_NUM_THREADS=1"));  // one worker: left alone
+}
+
+TEST(Substitute, ReplacesKnownNamesOnly) {
+  EXPECT_EQ(substitute("a${x}b${y}c${", {{"x", "1"}}), "a1b${y}c${");
+  EXPECT_EQ(line_prefix("", "default", 3, 7), "[default3]:");
+  EXPECT_EQ(line_prefix("${rank}: ", "r", 3, 7), "7: ");
+}
+
+TEST(ResolveProgram, FindsProgramsInPathAndExplainsMisses) {
+  EXPECT_EQ(resolve_program("sh", "/nonexistent:/bin"), "/bin/sh");
+  EXPECT_EQ(resolve_program("/bin/sh", ""), "/bin/sh");
+  EXPECT_THROW(resolve_program("no-such-prog-xyz", "/bin"), ProgramError);
+  try {
+    resolve_program("/nonexistent/prog", "");
+    ADD_FAILURE();
+  } catch (const ProgramError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'/nonexistent/prog': No such file"));
+  }
+  try {
+    resolve_program("/tmp", "");
+    ADD_FAILURE();
+  } catch (const ProgramError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("is a directory"));
+  }
+}
+
+TEST(Report, ReadsTorchErrorFilesInBothShapes) {
+  dlaunch::testing::TempDir dir;
+  dlaunch::testing::write_file(
+      dir / "a.json",
+      R"({"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "..."}}})");
+  dlaunch::testing::write_file(dir / "b.json", R"({"message": "plain"})");
+  dlaunch::testing::write_file(dir / "c.json", "not json");
+  EXPECT_EQ(read_error_file(dir / "a.json"), "RuntimeError: boom");
+  EXPECT_EQ(read_error_file(dir / "b.json"), "plain");
+  EXPECT_EQ(read_error_file(dir / "c.json"), "not json");
+  EXPECT_EQ(read_error_file(dir / "missing.json"), "");
+}
+
+TEST(Report, SummaryHasEveryAttemptAndTheRootCause) {
+  RunResult r;
+  r.run_id = "abc";
+  r.host = "h";
+  r.exit_code = 7;
+  AttemptRecord a;
+  a.outcome = "failed";
+  WorkerRecord w;
+  w.local_rank = 1;
+  w.rank = 1;
+  w.pid = 42;
+  w.status = ExitStatus{7, 0};
+  a.workers = {WorkerRecord{}, w};
+  a.root_cause = 1;
+  r.attempts = {a, a};
+  auto j = summary_json(r);
+  EXPECT_EQ(j["attempts"].size(), 2u);
+  EXPECT_EQ(j["root_cause"]["pid"], 42);
+  EXPECT_EQ(j["root_cause"]["exit_code"], 7);
+  EXPECT_EQ(j["attempts"][1]["root_cause_local_rank"], 1);
+  std::string text = failure_report(r);
+  EXPECT_THAT(text, HasSubstr("pid        : 42"));
+  EXPECT_THAT(text, HasSubstr("exit code 7"));
+  EXPECT_EQ(format_time(WallTime(std::chrono::milliseconds(1500))),
+            "1970-01-01T00:00:01.500Z");
+}
+
+TEST(ExitStatusTest, DescribesAndMapsToShellCodes) {
+  EXPECT_EQ((ExitStatus{0, SIGKILL}).describe(), "signal SIGKILL (9)");
+  EXPECT_EQ((ExitStatus{0, SIGKILL}).shell_code(), 137);
+  EXPECT_EQ((ExitStatus{4, 0}).shell_code(), 4);
+  EXPECT_EQ(ExitStatus::from_wait_status(3 << 8).code, 3);
+}
+
+}  // namespace
+}  // namespace dlaunch::agent

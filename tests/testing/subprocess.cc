@@ -1,0 +1,218 @@
+#include "tests/testing/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <system_error>
+
+extern char** environ;
+
+namespace dlaunch::testing {
+
+Subprocess::Subprocess(const CommandOptions& options) {
+  if (options.argv.empty())
+    throw std::invalid_argument("Subprocess: empty argv");
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+    throw std::system_error(errno, std::generic_category(), "pipe2");
+  }
+  // Build everything before fork: only async-signal-safe calls after it.
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv(*e);
+    std::string key = kv.substr(0, kv.find('='));
+    bool drop = options.env.contains(key);
+    for (const auto& u : options.unset_env) drop = drop || u == key;
+    if (!drop) env_strings.push_back(kv);
+  }
+  for (const auto& [k, v] : options.env) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_strings = options.argv;
+  std::vector<char*> argv;
+  for (auto& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  start_ = std::chrono::steady_clock::now();
+  pid_ = ::fork();
+  if (pid_ < 0) throw std::system_error(errno, std::generic_category(), "fork");
+  if (pid_ == 0) {
+    int null_fd = ::open("/dev/null", O_RDONLY);
+    ::dup2(null_fd, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    if (!options.cwd.empty() && ::chdir(options.cwd.c_str()) != 0) ::_exit(126);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  out_fd_ = out[0];
+  err_fd_ = err[0];
+}
+
+Subprocess::~Subprocess() {
+  if (!result_ && pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);  // SIGKILLed: returns promptly
+  }
+  if (out_fd_ >= 0) ::close(out_fd_);
+  if (err_fd_ >= 0) ::close(err_fd_);
+}
+
+bool Subprocess::pump(std::chrono::milliseconds budget) {
+  pollfd fds[2];
+  int n = 0;
+  if (out_fd_ >= 0) fds[n++] = {out_fd_, POLLIN, 0};
+  if (err_fd_ >= 0) fds[n++] = {err_fd_, POLLIN, 0};
+  if (n == 0) return false;
+  int rc =
+      ::poll(fds, static_cast<nfds_t>(n), static_cast<int>(budget.count()));
+  if (rc <= 0) return true;
+  for (int i = 0; i < n; ++i) {
+    if (fds[i].revents == 0) continue;
+    char buf[65536];
+    ssize_t r = ::read(fds[i].fd, buf, sizeof buf);
+    bool is_out = fds[i].fd == out_fd_;
+    if (r > 0) {
+      (is_out ? out_ : err_).append(buf, static_cast<size_t>(r));
+    } else if (r == 0 || (errno != EINTR && errno != EAGAIN)) {
+      ::close(fds[i].fd);
+      (is_out ? out_fd_ : err_fd_) = -1;
+    }
+  }
+  return out_fd_ >= 0 || err_fd_ >= 0;
+}
+
+bool Subprocess::wait_for_output(const std::string& text,
+                                 std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (out_.find(text) != std::string::npos ||
+        err_.find(text) != std::string::npos) {
+      return true;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    if (!pump(left)) {
+      return out_.find(text) != std::string::npos ||
+             err_.find(text) != std::string::npos;
+    }
+  }
+}
+
+void Subprocess::signal(int sig) {
+  if (!result_ && pid_ > 0) ::kill(pid_, sig);
+}
+
+CommandResult Subprocess::wait(std::chrono::milliseconds timeout) {
+  if (result_) return *result_;
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  CommandResult r;
+  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  while (true) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      ::kill(pid_, SIGKILL);
+      r.timed_out = true;
+      break;
+    }
+    // Read output while waiting for the exit (a full pipe would block it).
+    pollfd fds[3];
+    int n = 0;
+    fds[n++] = {pidfd, POLLIN, 0};
+    if (out_fd_ >= 0) fds[n++] = {out_fd_, POLLIN, 0};
+    if (err_fd_ >= 0) fds[n++] = {err_fd_, POLLIN, 0};
+    ::poll(fds, static_cast<nfds_t>(n), static_cast<int>(left.count()));
+    if (fds[0].revents != 0) break;
+    pump(std::chrono::milliseconds(0));
+  }
+  int status = 0;
+  ::waitpid(pid_, &status, 0);
+  ::close(pidfd);
+  // Drain what is left, bounded: a grandchild may still hold the pipes.
+  auto drain_deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (std::chrono::steady_clock::now() < drain_deadline &&
+         pump(std::chrono::milliseconds(100))) {
+  }
+  if (WIFSIGNALED(status)) {
+    r.signal = WTERMSIG(status);
+  } else {
+    r.exit_code = WEXITSTATUS(status);
+  }
+  if (r.timed_out) r.exit_code = -1;
+  r.out = out_;
+  r.err = err_;
+  r.elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - start_);
+  result_ = r;
+  return r;
+}
+
+CommandResult run_command(const CommandOptions& options,
+                          std::chrono::milliseconds timeout) {
+  Subprocess p(options);
+  return p.wait(timeout);
+}
+
+bool process_alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return false;
+  std::string line;
+  std::getline(stat, line);
+  size_t close = line.rfind(')');
+  if (close == std::string::npos || close + 2 >= line.size()) return false;
+  char state = line[close + 2];
+  return state != 'Z' && state != 'X';
+}
+
+std::vector<pid_t> descendants(pid_t root) {
+  // parent of every live process, then a walk from `root`.
+  std::map<pid_t, std::vector<pid_t>> children;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() ||
+        name.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 2));
+    char state;
+    pid_t ppid;
+    rest >> state >> ppid;
+    if (state == 'Z' || state == 'X') continue;
+    children[ppid].push_back(static_cast<pid_t>(std::stoi(name)));
+  }
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo{root};
+  while (!todo.empty()) {
+    pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children[p]) {
+      out.push_back(c);
+      todo.push_back(c);
+    }
+  }
+  return out;
+}
+
+}  // namespace dlaunch::testing

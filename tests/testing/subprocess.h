@@ -1,0 +1,80 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dlaunch::testing {
+
+// How a test starts a program.
+struct CommandOptions {
+  std::vector<std::string> argv;  // argv[0] is a path or a name in PATH
+  // Set on top of the test's environment ("" values are set, not removed).
+  std::map<std::string, std::string> env;
+  std::vector<std::string> unset_env;  // removed from the environment
+  std::string cwd;                     // empty: the test's own
+};
+
+// How a program ended, with everything it wrote.
+struct CommandResult {
+  int exit_code = -1;  // -1 when killed by a signal or timed out
+  int signal = 0;      // terminating signal, 0 when it exited
+  bool timed_out = false;
+  std::string out;
+  std::string err;
+  std::chrono::milliseconds elapsed{0};
+};
+
+// A child process with its stdout and stderr captured through pipes
+// (stdin is /dev/null). Every wait is bounded; the destructor SIGKILLs and
+// reaps a child still running. One thread at a time.
+class Subprocess {
+ public:
+  explicit Subprocess(const CommandOptions& options);
+  ~Subprocess();
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // Reads output until stdout+stderr contain `text` (true) or `timeout`
+  // passes or the child closes both pipes (false).
+  bool wait_for_output(const std::string& text,
+                       std::chrono::milliseconds timeout);
+  void signal(int sig);
+  // Waits for the exit, reading output; after `timeout` SIGKILLs the child
+  // and reports timed_out.
+  CommandResult wait(std::chrono::milliseconds timeout);
+  const std::string& out() const { return out_; }
+  const std::string& err() const { return err_; }
+
+ private:
+  // Reads what is available for at most `budget`; false when both pipes
+  // are closed.
+  bool pump(std::chrono::milliseconds budget);
+
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  int err_fd_ = -1;
+  std::string out_;
+  std::string err_;
+  std::optional<CommandResult> result_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// Runs a program to the end (or `timeout`) and returns what happened.
+CommandResult run_command(
+    const CommandOptions& options,
+    std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// True while `pid` exists (zombies count as gone).
+bool process_alive(pid_t pid);
+
+// The pids of `pid`'s live descendants (children, grandchildren, ...),
+// read from /proc.
+std::vector<pid_t> descendants(pid_t pid);
+
+}  // namespace dlaunch::testing
