@@ -1,0 +1,185 @@
+// Each workload as real processes under build/bin/dlaunch with 2 and 4
+// ranks: the launcher's env contract, comm::init_process_group over the TCP
+// store and Gloo over loopback.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+#include "workloads/checkpoint.h"
+#include "workloads/idx.h"
+
+namespace dlaunch::workloads {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr auto kTimeout = std::chrono::seconds(120);
+
+std::string bin(const std::string& name) {
+  return std::string(DLAUNCH_BIN_DIR) + "/" + name;
+}
+
+// Runs `args` under dlaunch with `nproc` workers on this node.
+testing::CommandResult launch(int nproc, std::vector<std::string> args,
+                              std::vector<std::string> launcher_flags = {}) {
+  testing::CommandOptions o;
+  o.argv = {bin("dlaunch"), "--nproc-per-node", std::to_string(nproc)};
+  o.argv.insert(o.argv.end(), launcher_flags.begin(), launcher_flags.end());
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.env["DLAUNCH_COMM_TIMEOUT"] = "60";
+  return testing::run_command(o, kTimeout);
+}
+
+std::string describe(const testing::CommandResult& r) {
+  return "exit " + std::to_string(r.exit_code) + "\n--- stdout\n" + r.out +
+         "\n--- stderr\n" + r.err;
+}
+
+class Nproc : public ::testing::TestWithParam<int> {};
+
+TEST_P(Nproc, P2p) {
+  auto r = launch(GetParam(), {bin("dl-p2p")});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("blocking: rank 1 has data 1"));
+  EXPECT_THAT(r.out, HasSubstr("non-blocking: rank 1 has data 1"));
+  EXPECT_THAT(r.out, HasSubstr("blocking: rank 0 has data 1"));
+}
+
+TEST_P(Nproc, P2pPingPong) {
+  auto r = launch(GetParam(), {bin("dl-p2p"), "--ping-pong", "-b", "8", "-e",
+                               "64K", "-n", "5", "-w", "1"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("latency(us)"));
+  EXPECT_THAT(r.out, HasSubstr("65536"));
+  EXPECT_THAT(r.out, Not(HasSubstr("WRONG")));
+}
+
+TEST_P(Nproc, Collectives) {
+  auto r = launch(GetParam(), {bin("dl-collectives")});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("PASS all_reduce(sum) float32 on world(" +
+                               std::to_string(GetParam()) + ")"));
+  EXPECT_THAT(r.out,
+              HasSubstr("PASS reduce_scatter(sum) float32 on group{0,1}"));
+  EXPECT_THAT(r.out, HasSubstr("all collectives passed"));
+  EXPECT_THAT(r.out, Not(HasSubstr("FAIL")));
+}
+
+TEST_P(Nproc, RingAllReduce) {
+  auto r = launch(GetParam(), {bin("dl-ring-allreduce"), "--count", "100"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("PASS ring all-reduce on " +
+                               std::to_string(GetParam()) + " ranks"));
+  EXPECT_THAT(r.out, HasSubstr("matches all_reduce"));
+}
+
+TEST_P(Nproc, Bench) {
+  auto r = launch(GetParam(), {bin("dl-bench"), "-b", "64", "-e", "64K", "-f",
+                               "32", "-n", "2", "-w", "1"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("# all_reduce: " + std::to_string(GetParam())));
+  EXPECT_THAT(r.out, HasSubstr("# sendrecv"));
+  EXPECT_THAT(r.out, HasSubstr("Out of bounds values : 0 OK"));
+}
+
+TEST_P(Nproc, SgdSubset) {
+  if (!fs::exists(fs::path(kDefaultDataDir) / "train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  testing::TempDir dir("dl-sgd-e2e");
+  auto r = launch(GetParam(), {bin("dl-sgd"), "--epochs", "2", "--limit-train",
+                               "4000", "--limit-test", "1000",
+                               "--checkpoint-dir", (dir / "ckpt").string()});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("epoch 1/2 loss "));
+  EXPECT_THAT(r.out, HasSubstr("epoch 2/2 loss "));
+  EXPECT_THAT(r.out, HasSubstr(" test_acc "));
+  EXPECT_EQ(load_checkpoint(dir / "ckpt")->epoch, 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Nproc, ::testing::Values(2, 4));
+
+// Rank 0 fails after epoch 1; dlaunch restarts the group, which resumes
+// from the checkpoint and ends with the weights of an uninterrupted run.
+TEST(SgdUnderDlaunch, RestartResumesFromCheckpoint) {
+  if (!fs::exists(fs::path(kDefaultDataDir) / "train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  }
+  testing::TempDir dir("dl-sgd-e2e");
+  std::vector<std::string> common = {
+      bin("dl-sgd"), "--epochs",     "3",  "--limit-train",
+      "2000",        "--limit-test", "500"};
+  auto full_args = common;
+  full_args.insert(full_args.end(),
+                   {"--checkpoint-dir", (dir / "full").string()});
+  auto full = launch(2, full_args);
+  ASSERT_EQ(full.exit_code, 0) << describe(full);
+
+  auto failing_args = common;
+  failing_args.insert(failing_args.end(),
+                      {"--checkpoint-dir", (dir / "restarted").string(),
+                       "--exit-after-epoch", "1"});
+  auto restarted = launch(2, failing_args, {"--max-restarts", "1"});
+  ASSERT_EQ(restarted.exit_code, 0) << describe(restarted);
+  EXPECT_THAT(restarted.err + restarted.out,
+              HasSubstr("--exit-after-epoch 1: exiting"));
+  EXPECT_THAT(restarted.out, HasSubstr("resuming after epoch 1"));
+  EXPECT_THAT(restarted.out, HasSubstr("epoch 3/3"));
+
+  auto a = load_checkpoint(dir / "full");
+  auto b = load_checkpoint(dir / "restarted");
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(b->epoch, 3);
+  EXPECT_EQ(a->params, b->params);
+  EXPECT_EQ(a->momentum, b->momentum);
+}
+
+// Started without the launcher, a worker that needs a world says how to
+// start it.
+TEST(WorkloadsAlone, NeedTheLauncher) {
+  testing::CommandOptions o;
+  o.argv = {bin("dl-collectives")};
+  o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  auto r = testing::run_command(o, kTimeout);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("dlaunch --nproc-per-node 2"));
+}
+
+TEST(WorkloadsAlone, BadFlagsExit2) {
+  for (std::vector<std::string> argv :
+       {std::vector<std::string>{bin("dl-bench"), "-b", "12Q"},
+        {bin("dl-bench"), "-d", "float32"},
+        {bin("dl-bench"), "-o", "allreduce"},
+        {bin("dl-sgd"), "--epochs", "0"},
+        {bin("dl-sgd"), "--backend", "mpi"}}) {
+    testing::CommandOptions o;
+    o.argv = argv;
+    o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+    auto r = testing::run_command(o, kTimeout);
+    EXPECT_EQ(r.exit_code, 2) << argv[1] << " " << argv[2] << "\n" << r.err;
+    EXPECT_FALSE(r.err.empty());
+  }
+}
+
+TEST(WorkloadsAlone, SgdRunsInOneProcessAndNamesMissingData) {
+  testing::TempDir dir("dl-sgd-alone");
+  testing::CommandOptions o;
+  o.argv = {bin("dl-sgd"), "--data", (dir / "nothing").string()};
+  o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID"};
+  auto r = testing::run_command(o, kTimeout);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr((dir / "nothing").string()));
+  EXPECT_THAT(r.err, HasSubstr("dataset-fashion-mnist"));
+}
+
+}  // namespace
+}  // namespace dlaunch::workloads
