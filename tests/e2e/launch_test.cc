@@ -1,0 +1,415 @@
+// `dlaunch` end to end: the real binary, real worker processes (sh), real
+// signals. Each test takes well under a few seconds.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dlaunch {
+namespace {
+
+using testing::CommandResult;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::read_file;
+using testing::Subprocess;
+using testing::TempDir;
+using namespace std::chrono_literals;
+
+const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+// dlaunch ARGS..., run to the end.
+CommandResult dlaunch(std::vector<std::string> args,
+                      std::map<std::string, std::string> env = {}) {
+  args.insert(args.begin(), kDlaunch);
+  return testing::run_command({args, env, {}, ""}, 60s);
+}
+
+// dlaunch --nproc-per-node N sh -c SCRIPT with extra flags first.
+CommandResult sh(int n, const std::string& script,
+                 std::vector<std::string> flags = {},
+                 std::map<std::string, std::string> env = {}) {
+  std::vector<std::string> args = {"--nproc-per-node", std::to_string(n)};
+  args.insert(args.end(), flags.begin(), flags.end());
+  args.insert(args.end(), {"sh", "-c", script});
+  return dlaunch(args, env);
+}
+
+TEST(Launch, SetsTheEnvContractAndAFreeMasterPort) {
+  CommandResult r =
+      sh(3,
+         "echo \"R=$RANK L=$LOCAL_RANK W=$WORLD_SIZE "
+         "LW=$LOCAL_WORLD_SIZE G=$GROUP_RANK GW=$GROUP_WORLD_SIZE "
+         "RN=$ROLE_NAME RR=$ROLE_RANK RW=$ROLE_WORLD_SIZE "
+         "A=$MASTER_ADDR RC=$TORCHELASTIC_RESTART_COUNT "
+         "MR=$TORCHELASTIC_MAX_RESTARTS ID=$TORCHELASTIC_RUN_ID "
+         "AS=$TORCHELASTIC_USE_AGENT_STORE OMP=$OMP_NUM_THREADS "
+         "NCCL=$TORCH_NCCL_ASYNC_ERROR_HANDLING\"",
+         {"--rdzv-id", "e2e", "--max-restarts", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (int i = 0; i < 3; ++i) {
+    std::string want =
+        "[default" + std::to_string(i) + "]:R=" + std::to_string(i) +
+        " L=" + std::to_string(i) +
+        " W=3 LW=3 G=0 GW=1 RN=default RR=" + std::to_string(i) +
+        " RW=3 A=127.0.0.1 RC=0 MR=1 ID=e2e AS=False OMP=1 NCCL=1";
+    EXPECT_THAT(r.out, HasSubstr(want + "\n"));
+  }
+}
+
+TEST(Launch, RankZeroCanBindMasterPort) {
+  // Rank 0 serves the store on MASTER_PORT itself (torch's env:// does).
+  CommandResult r = sh(2,
+                       "if [ $RANK = 0 ]; then /usr/bin/python3 -c \"import "
+                       "socket,os; s=socket.socket(); "
+                       "s.bind((os.environ['MASTER_ADDR'], "
+                       "int(os.environ['MASTER_PORT']))); print('bound', "
+                       "os.environ['MASTER_PORT'])\"; fi");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[default0]:bound "));
+}
+
+TEST(Launch, ReplacesLocalRankInArguments) {
+  CommandResult r =
+      dlaunch({"--nproc-per-node", "2", "echo", "shard-${local_rank}"});
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_THAT(r.out, HasSubstr("[default0]:shard-0\n"));
+  EXPECT_THAT(r.out, HasSubstr("[default1]:shard-1\n"));
+}
+
+TEST(Launch, PrefixesEveryLineAndNeverInterleavesWithinALine) {
+  // Each line is written in three pieces (three write() calls).
+  CommandResult r =
+      sh(4,
+         "i=0; while [ $i -lt 300 ]; do printf '%s-' $LOCAL_RANK; "
+         "printf '%s-' $LOCAL_RANK; printf '%s\\n' $LOCAL_RANK; "
+         "printf 'e%s\\n' $LOCAL_RANK >&2; i=$((i+1)); done; "
+         "printf 'tail%s' $LOCAL_RANK");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::regex line(R"(\[default([0-3])\]:(\d)-(\d)-(\d))");
+  std::regex tail(R"(\[default([0-3])\]:tail(\d))");
+  std::map<std::string, int> count;
+  for (const std::string& l : lines_of(r.out)) {
+    std::smatch m;
+    if (std::regex_match(l, m, line)) {
+      EXPECT_TRUE(m[1] == m[2] && m[2] == m[3] && m[3] == m[4]) << l;
+      ++count[m[1]];
+    } else {
+      ASSERT_TRUE(std::regex_match(l, m, tail)) << "torn line: " << l;
+      EXPECT_EQ(m[1], m[2]);
+    }
+  }
+  for (const char* rank : {"0", "1", "2", "3"}) EXPECT_EQ(count[rank], 300);
+  std::regex err_line(R"(\[default([0-3])\]:e([0-3]))");
+  for (const std::string& l : lines_of(r.err)) {
+    if (l.rfind("dlaunch:", 0) == 0) continue;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(l, m, err_line)) << l;
+    EXPECT_EQ(m[1], m[2]);
+  }
+}
+
+TEST(Launch, TeeWritesFilesAndConsole) {
+  TempDir dir;
+  CommandResult r =
+      sh(2, "echo out$LOCAL_RANK; echo err$LOCAL_RANK >&2",
+         {"--log-dir", dir.path().string(), "--run-id", "t", "-t", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[default1]:out1\n"));
+  EXPECT_THAT(r.err, HasSubstr("[default1]:err1\n"));
+  EXPECT_EQ(read_file(dir / "t/attempt_0/1/stdout.log"), "out1\n");
+  EXPECT_EQ(read_file(dir / "t/attempt_0/1/stderr.log"), "err1\n");
+  auto summary = nlohmann::json::parse(read_file(dir / "t/summary.json"));
+  EXPECT_EQ(summary["exit_code"], 0);
+  EXPECT_EQ(summary["attempts"][0]["outcome"], "succeeded");
+}
+
+TEST(Launch, RedirectSendsStreamsOnlyToFilesPerRank) {
+  TempDir dir;
+  CommandResult r =
+      sh(2, "echo out$LOCAL_RANK; echo err$LOCAL_RANK >&2",
+         {"--log-dir", dir.path().string(), "--run-id", "t", "-r", "0:3,1:2"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, Not(HasSubstr("out0")));
+  EXPECT_THAT(r.err, Not(HasSubstr("err0")));
+  EXPECT_THAT(r.out, HasSubstr("[default1]:out1\n"));  // rank 1: stderr only
+  EXPECT_THAT(r.err, Not(HasSubstr("err1")));
+  EXPECT_EQ(read_file(dir / "t/attempt_0/0/stdout.log"), "out0\n");
+  EXPECT_EQ(read_file(dir / "t/attempt_0/0/stderr.log"), "err0\n");
+  EXPECT_EQ(read_file(dir / "t/attempt_0/1/stderr.log"), "err1\n");
+  EXPECT_FALSE(std::filesystem::exists(dir / "t/attempt_0/1/stdout.log"));
+}
+
+TEST(Launch, LocalRanksFilterHidesOtherRanksFromTheConsole) {
+  CommandResult r = sh(3, "echo hi$LOCAL_RANK", {"--local-ranks-filter", "1"});
+  ASSERT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out, "[default1]:hi1\n");
+}
+
+TEST(Launch, TeedLinesReachTheFileAsTheyArrive) {
+  TempDir dir;
+  std::string go = (dir / "go").string();
+  Subprocess p({{kDlaunch, "--log-dir", dir.path().string(), "--run-id", "t",
+                 "-t", "1", "sh", "-c",
+                 "echo first; while [ ! -e " + go + " ]; do sleep 0.02; done"},
+                {},
+                {},
+                ""});
+  ASSERT_TRUE(p.wait_for_output("[default0]:first", 10s)) << p.err();
+  // The worker still runs: the line must already be in its log file.
+  EXPECT_EQ(read_file(dir / "t/attempt_0/0/stdout.log"), "first\n");
+  testing::write_file(go, "");
+  EXPECT_EQ(p.wait(10s).exit_code, 0);
+}
+
+TEST(Launch, PropagatesTheRootCauseExitCode) {
+  CommandResult r = sh(3, "[ $LOCAL_RANK = 1 ] && exit 7; sleep 30");
+  EXPECT_EQ(r.exit_code, 7);
+  EXPECT_LT(r.elapsed, 10s);  // the sleepers were stopped, not waited for
+  EXPECT_THAT(r.err, HasSubstr("rank       : 1 (local rank 1)"));
+  EXPECT_THAT(r.err, HasSubstr("exit code 7"));
+  CommandResult s = sh(1, "kill -SEGV $$");
+  EXPECT_EQ(s.exit_code, 128 + SIGSEGV);
+  EXPECT_THAT(s.err, HasSubstr("signal SIGSEGV (11)"));
+}
+
+TEST(Launch, RestartsCountUpUntilTheWorkersSucceed) {
+  TempDir dir;
+  CommandResult r =
+      sh(2,
+         "echo attempt=$TORCHELASTIC_RESTART_COUNT port=$MASTER_PORT; "
+         "[ $TORCHELASTIC_RESTART_COUNT -lt 2 ] && [ $LOCAL_RANK = 0 ] "
+         "&& exit 3; sleep 0.2",
+         {"--max-restarts", "3", "--log-dir", dir.path().string(), "--run-id",
+          "r"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* a : {"attempt=0", "attempt=1", "attempt=2"}) {
+    EXPECT_THAT(r.out, HasSubstr(std::string("[default0]:") + a));
+  }
+  EXPECT_THAT(r.out, Not(HasSubstr("attempt=3")));
+  EXPECT_THAT(r.err, HasSubstr("restarting the worker group (restart 2 of 3)"));
+  auto summary = nlohmann::json::parse(read_file(dir / "r/summary.json"));
+  ASSERT_EQ(summary["attempts"].size(), 3u);
+  EXPECT_EQ(summary["attempts"][0]["outcome"], "failed");
+  EXPECT_EQ(summary["attempts"][0]["root_cause_local_rank"], 0);
+  EXPECT_EQ(summary["attempts"][2]["outcome"], "succeeded");
+  EXPECT_NE(summary["attempts"][0]["master_port"],
+            summary["attempts"][1]["master_port"]);
+}
+
+TEST(Launch, RestartsRunOutAndTheLastFailureIsReported) {
+  CommandResult r = sh(2, "exit $((10 + TORCHELASTIC_RESTART_COUNT))",
+                       {"--max-restarts", "2"});
+  EXPECT_EQ(r.exit_code, 12);
+  EXPECT_THAT(r.err, HasSubstr("exit code 12"));
+}
+
+TEST(Launch, ForwardsSigtermToWorkersThatCleanUp) {
+  TempDir dir;
+  std::string d = dir.path().string();
+  Subprocess p({{kDlaunch, "--nproc-per-node", "3", "sh", "-c",
+                 "trap 'echo cleaned > " + d +
+                     "/clean$LOCAL_RANK; exit 0' TERM; echo ready; "
+                     "sleep 30 & wait"},
+                {},
+                {},
+                ""});
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        p.wait_for_output("[default" + std::to_string(i) + "]:ready", 10s))
+        << p.out() << p.err();
+  }
+  auto start = std::chrono::steady_clock::now();
+  p.signal(SIGTERM);
+  CommandResult r = p.wait(20s);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr("received SIGTERM; forwarding it to 3 worker(s)"));
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(read_file(dir / ("clean" + std::to_string(i))), "cleaned\n");
+  }
+}
+
+TEST(Launch, SigintStopsWorkersIgnoringItAfterTheTermTimeout) {
+  Subprocess p({{kDlaunch, "--nproc-per-node", "2", "--term-timeout", "0.3",
+                 "sh", "-c", "trap '' INT; echo ready; sleep 30 & wait"},
+                {},
+                {},
+                ""});
+  ASSERT_TRUE(p.wait_for_output("[default1]:ready", 10s));
+  ASSERT_TRUE(p.wait_for_output("[default0]:ready", 10s));
+  p.signal(SIGINT);
+  CommandResult r = p.wait(20s);
+  EXPECT_EQ(r.exit_code, 128 + SIGINT);
+  EXPECT_THAT(
+      r.err,
+      HasSubstr("still running 0.3 s after being signalled; sending SIGKILL"));
+}
+
+TEST(Launch, Usr1IsForwardedAndTheJobContinues) {
+  Subprocess p(
+      {{kDlaunch, "--nproc-per-node", "2", "sh", "-c",
+        "trap 'echo got-usr1; exit 0' USR1; echo ready; sleep 30 & wait"},
+       {},
+       {},
+       ""});
+  ASSERT_TRUE(p.wait_for_output("[default0]:ready", 10s));
+  ASSERT_TRUE(p.wait_for_output("[default1]:ready", 10s));
+  p.signal(SIGUSR1);
+  CommandResult r = p.wait(20s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[default0]:got-usr1"));
+  EXPECT_THAT(r.out, HasSubstr("[default1]:got-usr1"));
+}
+
+TEST(Launch, SigkillOfTheAgentTakesEveryWorkerAndGrandchildWithIt) {
+  Subprocess p({{kDlaunch, "--nproc-per-node", "3", "sh", "-c",
+                 "sleep 100 & sleep 100 & echo ready; wait"},
+                {},
+                {},
+                ""});
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        p.wait_for_output("[default" + std::to_string(i) + "]:ready", 10s));
+  }
+  std::vector<pid_t> tree = testing::descendants(p.pid());
+  ASSERT_GE(tree.size(), 9u);  // 3 shells + 6 sleeps (+ the watchdog)
+  p.signal(SIGKILL);
+  p.wait(5s);
+  auto deadline = std::chrono::steady_clock::now() + 1s;
+  std::vector<pid_t> alive;
+  do {
+    alive.clear();
+    for (pid_t pid : tree) {
+      if (testing::process_alive(pid)) alive.push_back(pid);
+    }
+    if (alive.empty()) break;
+    std::this_thread::sleep_for(10ms);
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_TRUE(alive.empty())
+      << alive.size() << " processes outlived the agent by 1 s";
+}
+
+TEST(Launch, ReportsTheWorkersErrorFileMessage) {
+  TempDir dir;
+  CommandResult r =
+      sh(2,
+         "if [ $LOCAL_RANK = 1 ]; then printf '{\"message\": "
+         "{\"message\": \"ValueError: shard 1 is corrupt\", "
+         "\"extraInfo\": {}}}' > $TORCHELASTIC_ERROR_FILE; exit 4; fi; "
+         "sleep 30",
+         {"--log-dir", dir.path().string(), "--run-id", "e"});
+  EXPECT_EQ(r.exit_code, 4);
+  EXPECT_THAT(r.err, HasSubstr("error      : ValueError: shard 1 is corrupt"));
+  EXPECT_THAT(r.err,
+              HasSubstr("summary    : " + (dir / "e/summary.json").string()));
+  auto summary = nlohmann::json::parse(read_file(dir / "e/summary.json"));
+  EXPECT_EQ(summary["root_cause"]["error_message"],
+            "ValueError: shard 1 is corrupt");
+  EXPECT_EQ(summary["root_cause"]["local_rank"], 1);
+  EXPECT_EQ(summary["attempts"][0]["workers"][0]["stopped_by_agent"], true);
+}
+
+TEST(Launch, AMissingProgramFailsAtOnceWith127) {
+  CommandResult r = dlaunch({"--max-restarts", "5", "no-such-program-xyz"});
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("'no-such-program-xyz': command not found"));
+  CommandResult py = dlaunch({"/nonexistent/train.py"});
+  EXPECT_EQ(py.exit_code, 127);
+  EXPECT_THAT(py.err, HasSubstr("No such file or directory"));
+}
+
+TEST(Launch, BadFlagsGetOneLineAndExit2) {
+  for (std::vector<std::string> args :
+       {std::vector<std::string>{"--nproc-per-node", "many", "true"},
+        {"--bogus-flag", "true"},
+        {"-t", "9", "true"},
+        {}}) {
+    CommandResult r = dlaunch(args);
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_EQ(lines_of(r.err).size(), 1u) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("dlaunch: "));
+  }
+  CommandResult h = dlaunch({"--help"});
+  EXPECT_EQ(h.exit_code, 0);
+  EXPECT_THAT(h.out, HasSubstr("EXIT STATUS"));
+}
+
+// Counts the agent's open fds from inside each attempt's worker.
+TEST(Launch, RestartsLeakNoFileDescriptors) {
+  // The last rank measures once every worker has started; rank 0 sleeps
+  // meanwhile (and is stopped when rank 1 fails).
+  CommandResult r =
+      sh(2,
+         "if [ $LOCAL_RANK = 0 ]; then sleep 0.5; exit 0; fi; "
+         "sleep 0.05; "
+         "echo fds=$(ls /proc/$PPID/fd | wc -l) "
+         "own=$(ls /proc/self/fd | wc -l) "
+         "attempt=$TORCHELASTIC_RESTART_COUNT; "
+         "[ $TORCHELASTIC_RESTART_COUNT -lt 3 ] && exit 1; exit 0",
+         {"--max-restarts", "3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::set<std::string> agent_fds, own_fds;
+  std::regex re(R"(\[default1\]:fds=(\d+) own=(\d+) attempt=\d)");
+  int n = 0;
+  for (const std::string& l : lines_of(r.out)) {
+    std::smatch m;
+    if (!std::regex_match(l, m, re)) continue;
+    agent_fds.insert(m[1]);
+    own_fds.insert(m[2]);
+    ++n;
+  }
+  EXPECT_EQ(n, 4);
+  EXPECT_EQ(agent_fds.size(), 1u) << r.out;
+  EXPECT_EQ(own_fds.size(), 1u) << r.out;
+}
+
+// CPU time (user+system clock ticks) of a process.
+long cpu_ticks(pid_t pid) {
+  std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
+}
+
+TEST(Launch, TheAgentUsesNoCpuWhileWorkersRun) {
+  Subprocess p(
+      {{kDlaunch, "--nproc-per-node", "2", "sh", "-c", "echo ready; sleep 1.5"},
+       {},
+       {},
+       ""});
+  ASSERT_TRUE(p.wait_for_output("[default0]:ready", 10s));
+  ASSERT_TRUE(p.wait_for_output("[default1]:ready", 10s));
+  long before = cpu_ticks(p.pid());
+  std::this_thread::sleep_for(1s);
+  long after = cpu_ticks(p.pid());
+  // Polling at torchrun's 0.1 s would cost ticks; an idle epoll costs none.
+  EXPECT_LE(after - before, 1);
+  EXPECT_EQ(p.wait(10s).exit_code, 0);
+}
+
+}  // namespace
+}  // namespace dlaunch
