@@ -1,18 +1,32 @@
 #include "comm/init.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+
+#include "comm/file_store.h"
 #include "comm/gloo/process_group.h"
+#include "comm/store/client.h"
+#include "comm/store/server.h"
 
 namespace dlaunch::comm {
 
 namespace {
 
-[[noreturn]] void unknown_backend(std::string_view backend) {
+using std::chrono::milliseconds;
+
+void check_backend(std::string_view backend) {
+  if (backend == "gloo") return;
 #ifdef DLAUNCH_WITH_NCCL
   if (backend == "nccl") {
     throw CommError(
-        "backend 'nccl': the NCCL backend is not available yet in this build "
-        "(this build links NCCL, but comm has no NCCL process group yet); use "
-        "backend 'gloo'");
+        "backend 'nccl' is not available yet: this build links NCCL, but "
+        "comm has no NCCL process group yet; use backend 'gloo'");
   }
 #else
   if (backend == "nccl") {
@@ -25,18 +39,241 @@ namespace {
                   "'; valid backends: gloo, nccl");
 }
 
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return (v != nullptr && *v != '\0') ? v : nullptr;
+}
+
+// An integer in [lo, hi] from `text`, or a CommError naming `what`.
+int parse_int(std::string_view text, const std::string& what, int lo, int hi) {
+  int v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || end != text.data() + text.size() || v < lo ||
+      v > hi) {
+    throw CommError(what + " is '" + std::string(text) +
+                    "'; expected an integer in " + std::to_string(lo) + ".." +
+                    std::to_string(hi));
+  }
+  return v;
+}
+
+milliseconds resolve_timeout(const InitOptions& o) {
+  if (o.timeout) {
+    if (o.timeout->count() <= 0) {
+      throw CommError("InitOptions.timeout must be positive, got " +
+                      std::to_string(o.timeout->count()) + " ms");
+    }
+    return *o.timeout;
+  }
+  if (const char* t = env("DLAUNCH_COMM_TIMEOUT")) {
+    char* end = nullptr;
+    double s = std::strtod(t, &end);
+    if (end == t || *end != '\0' || !(s > 0) || s > 1e9) {
+      throw CommError(std::string("DLAUNCH_COMM_TIMEOUT is '") + t +
+                      "'; expected a positive number of seconds (e.g. 60 or "
+                      "0.5)");
+    }
+    return milliseconds(static_cast<int64_t>(s * 1000 + 0.5));
+  }
+  return std::chrono::minutes(30);
+}
+
+// RANK / WORLD_SIZE from the options, else (env:// only) the environment.
+void resolve_rank(const InitOptions& o, bool from_env, const std::string& how,
+                  int& rank, int& world) {
+  rank = o.rank;
+  world = o.world_size;
+  if (from_env) {
+    if (world < 0) {
+      const char* w = env("WORLD_SIZE");
+      if (!w) {
+        throw CommError(how +
+                        ": WORLD_SIZE is not set (dlaunch and torchrun "
+                        "set it; or pass InitOptions.world_size)");
+      }
+      world = parse_int(w, "WORLD_SIZE", 1, 1 << 20);
+    }
+    if (rank < 0) {
+      const char* r = env("RANK");
+      if (!r) {
+        throw CommError(how +
+                        ": RANK is not set (dlaunch and torchrun set "
+                        "it; or pass InitOptions.rank)");
+      }
+      rank = parse_int(r, "RANK", 0, 1 << 20);
+    }
+  } else if (rank < 0 || world < 0) {
+    throw CommError(how +
+                    " needs an explicit rank and world size: set "
+                    "InitOptions.rank and InitOptions.world_size");
+  }
+  if (world < 1 || rank < 0 || rank >= world) {
+    throw CommError(how + ": rank " + std::to_string(rank) +
+                    " is out of range for world size " + std::to_string(world) +
+                    " (need 0 <= rank < world size)");
+  }
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// The local address on the route to `host`: a connected UDP socket sends
+// nothing but lets the kernel pick the source address peers can reach.
+std::string local_address_towards(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) !=
+      0) {
+    return {};
+  }
+  std::string out;
+  int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd != -1 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+    sockaddr_in local{};
+    socklen_t len = sizeof(local);
+    char buf[INET_ADDRSTRLEN];
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
+        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf)) != nullptr) {
+      out = buf;
+    }
+  }
+  if (fd != -1) close(fd);
+  freeaddrinfo(res);
+  return out;
+}
+
+// Where Gloo's pairs listen: $GLOO_SOCKET_IFNAME (an interface), else
+// $DLAUNCH_GLOO_HOST, else loopback for a loopback master, else the address
+// that routes to the master, else this machine's host name.
+void pick_gloo_address(gloo::GroupOptions& g, const std::string& master,
+                       int port) {
+  if (const char* iface = env("GLOO_SOCKET_IFNAME")) {
+    g.iface = iface;
+    return;
+  }
+  if (const char* host = env("DLAUNCH_GLOO_HOST")) {
+    g.hostname = host;
+    return;
+  }
+  if (!master.empty() && is_loopback(master)) {
+    g.hostname = "127.0.0.1";
+    return;
+  }
+  if (!master.empty()) {
+    std::string a = local_address_towards(master, port);
+    if (!a.empty()) {
+      g.hostname = a;
+      return;
+    }
+  }
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') {
+    g.hostname = name;
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<ProcessGroup> make_process_group(
     std::string_view backend, std::shared_ptr<store::Store> store, int rank,
     int world_size, std::chrono::milliseconds timeout) {
-  if (backend != "gloo") unknown_backend(backend);
+  check_backend(backend);
   gloo::GroupOptions o;
   o.store = std::move(store);
   o.rank = rank;
   o.size = world_size;
   o.timeout = timeout;
   return gloo::create_process_group(o);
+}
+
+std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
+                                                 const InitOptions& options) {
+  check_backend(backend);
+  const std::string& method = options.init_method;
+  const milliseconds timeout = resolve_timeout(options);
+  gloo::GroupOptions g;
+  g.timeout = timeout;
+
+  std::string host;
+  int port = 0;
+  if (method == "env://") {
+    resolve_rank(options, true, "init_method env://", g.rank, g.size);
+    const char* addr = env("MASTER_ADDR");
+    const char* p = env("MASTER_PORT");
+    if (!addr || !p) {
+      throw CommError(std::string("init_method env://: ") +
+                      (!addr ? "MASTER_ADDR" : "MASTER_PORT") +
+                      " is not set (dlaunch and torchrun set it; or use "
+                      "init_method tcp://HOST:PORT)");
+    }
+    host = addr;
+    port = parse_int(p, "MASTER_PORT", 1, 65535);
+  } else if (method.rfind("tcp://", 0) == 0) {
+    std::string rest = method.substr(6);
+    size_t colon = rest.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      throw CommError("init_method '" + method +
+                      "' is not of the form tcp://HOST:PORT");
+    }
+    host = rest.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);  // [v6]:port
+    }
+    port = parse_int(rest.substr(colon + 1), "the port of '" + method + "'", 1,
+                     65535);
+    resolve_rank(options, false, "init_method " + method, g.rank, g.size);
+  } else if (method.rfind("file://", 0) == 0) {
+    std::string path = method.substr(7);
+    if (path.empty() || path[0] != '/') {
+      throw CommError("init_method '" + method +
+                      "' must name an absolute path: file:///path/to/file");
+    }
+    resolve_rank(options, false, "init_method " + method, g.rank, g.size);
+    try {
+      auto fs = std::make_shared<FileStore>(path);
+      fs->set_timeout(timeout);
+      g.store = fs;
+    } catch (const store::StoreError& e) {
+      throw CommError("init_method " + method + ": " + e.what());
+    }
+    pick_gloo_address(g, {}, 0);
+    return gloo::create_process_group(g);
+  } else {
+    throw CommError("init_method '" + method +
+                    "' is not supported; use env://, tcp://HOST:PORT or "
+                    "file:///path");
+  }
+
+  // env:// and tcp://: rank 0 serves the store, every rank connects to it.
+  std::shared_ptr<store::StoreServer> server;
+  if (g.rank == 0) {
+    try {
+      server = store::StoreServer::start(
+          {.host = "0.0.0.0", .port = static_cast<uint16_t>(port)});
+    } catch (const std::exception& e) {
+      throw CommError("rank 0 cannot serve the store on port " +
+                      std::to_string(port) + " (" + e.what() +
+                      "); MASTER_PORT must be free on rank 0's host");
+    }
+  }
+  try {
+    store::TcpStoreOptions so;
+    so.host = host;
+    so.port = static_cast<uint16_t>(port);
+    so.connect_timeout = timeout;
+    so.timeout = timeout;
+    g.store = store::TcpStore::connect(so);
+  } catch (const store::StoreError& e) {
+    throw CommError("rank " + std::to_string(g.rank) +
+                    " cannot reach the store that rank 0 serves at " + host +
+                    ":" + std::to_string(port) + ": " + e.what());
+  }
+  g.owned = server;
+  pick_gloo_address(g, host, port);
+  return gloo::create_process_group(g);
 }
 
 }  // namespace dlaunch::comm

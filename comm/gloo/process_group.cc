@@ -5,7 +5,6 @@
 #include <gloo/common/error.h>
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
@@ -77,8 +76,6 @@ struct GroupState {
   std::string iface;
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> ctx;
-  // "[ip]:port" of the remote end of each pair, as Gloo's errors print it.
-  std::vector<std::pair<std::string, int>> peer_addresses;
 
   std::mutex mu;  // guards the members below
   // (direction 0 send / 1 recv, peer, tag) of p2p operations in flight.
@@ -90,12 +87,24 @@ struct GroupState {
     return "group '" + name + "' (rank " + std::to_string(rank) + " of " +
            std::to_string(size) + ")";
   }
-  // The rank whose address appears in a Gloo error message, or -1.
-  int peer_in(const std::string& what) const {
-    for (const auto& [addr, r] : peer_addresses) {
-      if (what.find(addr) != std::string::npos) return r;
+  // Peers whose connection has failed. Gloo's errors name the socket
+  // address, which for accepted connections is the peer's ephemeral port, so
+  // ask each pair instead: posting on a failed pair throws at once. (A
+  // posted probe on a healthy pair is harmless: the caller closes the
+  // connections next.)
+  std::vector<int> failed_peers() const {
+    static char probe[1];
+    std::vector<int> out;
+    for (int j = 0; j < size; ++j) {
+      if (j == rank) continue;
+      try {
+        auto b = ctx->createUnboundBuffer(probe, sizeof(probe));
+        b->send(j, ~uint64_t{0}, 0, 0);
+      } catch (const std::exception&) {
+        out.push_back(j);
+      }
     }
-    return -1;
+    return out;
   }
 };
 
@@ -253,6 +262,13 @@ class P2pWork : public Work {
   bool done_ = false;
   std::exception_ptr error_;
   std::string stage_ = "no matching operation posted there yet";
+};
+
+// The argument check timed out: these ranks never sent theirs.
+struct RanksMissing : std::runtime_error {
+  RanksMissing(std::vector<int> m, const std::string& what)
+      : std::runtime_error(what), missing(std::move(m)) {}
+  std::vector<int> missing;
 };
 
 enum class Kind : uint64_t {
@@ -788,16 +804,38 @@ class GlooProcessGroup : public ProcessGroup {
     const size_t bytes = mine.size() * sizeof(uint64_t);
     const uint32_t tag = next_tag();
     auto in = g_->ctx->createUnboundBuffer(mine.data(), bytes);
-    auto out = g_->ctx->createUnboundBuffer(all.data(), all.size() * 8);
+    // One buffer per peer, so that a timeout can say who did not arrive.
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> from(size());
     for (int j = 0; j < size(); ++j) {
       if (j == rank()) continue;
-      out->recv(j, coll_slot(kCheckSlot, tag), j * bytes, bytes);
+      from[j] =
+          g_->ctx->createUnboundBuffer(all.data() + j * mine.size(), bytes);
+      from[j]->recv(j, coll_slot(kCheckSlot, tag));
       in->send(j, coll_slot(kCheckSlot, tag));
     }
-    for (int j = 1; j < size(); ++j) {
-      out->waitRecv(timeout());
-      in->waitSend(timeout());
+    for (int j = 0; j < size(); ++j) {
+      if (j == rank()) continue;
+      try {
+        from[j]->waitRecv(timeout());
+      } catch (const ::gloo::Exception& e) {
+        if (std::string(e.what()).find("Timed out") == std::string::npos) {
+          throw;
+        }
+        // A recv that completed before the timeout still reports success;
+        // the others now fail at once (Gloo closed the pairs).
+        std::vector<int> missing{j};
+        for (int k = j + 1; k < size(); ++k) {
+          if (k == rank()) continue;
+          try {
+            from[k]->waitRecv(milliseconds(1));
+          } catch (const ::gloo::Exception&) {
+            missing.push_back(k);
+          }
+        }
+        throw RanksMissing(missing, e.what());
+      }
     }
+    for (int j = 1; j < size(); ++j) in->waitSend(timeout());
   }
 
   // Posts point-to-point transfers chosen by `plan` on one fresh tag and
@@ -858,18 +896,36 @@ class GlooProcessGroup : public ProcessGroup {
   void run(const char* op, F&& f) {
     try {
       f();
+    } catch (const RanksMissing& e) {
+      fail(op, e.what(), e.missing);
     } catch (const ::gloo::Exception& e) {
-      fail(op, e.what());
+      fail(op, e.what(), {});
     }
   }
 
-  [[noreturn]] void fail(const char* op, const std::string& what) {
+  [[noreturn]] void fail(const char* op, const std::string& what,
+                         const std::vector<int>& missing) {
     const bool timed_out = what.find("Timed out") != std::string::npos ||
                            what.find("timeout") != std::string::npos;
-    const int peer = g_->peer_in(what);
+    const std::vector<int> failed =
+        missing.empty() && !timed_out ? g_->failed_peers() : std::vector<int>{};
+    const int peer = failed.size() == 1 ? failed[0] : -1;
     std::string msg = std::string(op) + " on " + g_->where() + " failed: ";
-    if (peer >= 0) {
+    if (!missing.empty()) {
+      std::string list;
+      for (int r : missing)
+        list += (list.empty() ? "" : ",") + std::to_string(r);
+      msg += "timed out after " + ms_text(timeout()) + " waiting for rank" +
+             (missing.size() > 1 ? "s " : " ") + list + " to call " + op +
+             " (" + std::to_string(size() - 1 - missing.size()) + "/" +
+             std::to_string(size() - 1) + " peers arrived)";
+    } else if (peer >= 0) {
       msg += "connection to rank " + std::to_string(peer) + " lost";
+    } else if (!failed.empty()) {
+      std::string list;
+      for (int r : failed)
+        list += (list.empty() ? "" : ",") + std::to_string(r);
+      msg += "connections to ranks " + list + " lost";
     } else if (timed_out) {
       msg += "timed out after " + ms_text(timeout()) +
              " waiting for the other ranks (none reported a failure)";
@@ -896,7 +952,9 @@ class GlooProcessGroup : public ProcessGroup {
       if (g_->broken.empty()) g_->broken = msg;
     }
     g_->ctx->closeConnections();
-    if (timed_out && peer < 0) throw CommTimeoutError(msg);
+    if (!missing.empty() || (timed_out && peer < 0)) {
+      throw CommTimeoutError(msg);
+    }
     throw CommError(msg);
   }
 
@@ -944,22 +1002,6 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
     throw CommError(where +
                     ": connecting to the other ranks failed: " + e.what());
   }
-  // Map each peer's advertised address to its rank: Gloo's errors name the
-  // address only. Rank j's record lists its pairs' addresses for every other
-  // rank in order; ours is entry (rank < j ? rank : rank - 1).
-  for (int j = 0; j < o.size; ++j) {
-    if (j == o.rank) continue;
-    try {
-      auto blob = adapter.get(std::to_string(j));
-      size_t each = blob.size() / (o.size - 1);
-      size_t idx = o.rank < j ? o.rank : o.rank - 1;
-      std::vector<char> bytes(blob.begin() + idx * each,
-                              blob.begin() + (idx + 1) * each);
-      g->peer_addresses.emplace_back(tcp::Address(bytes).str(), j);
-    } catch (const std::exception&) {
-      // Only the wording of later errors depends on this map.
-    }
-  }
   return g;
 }
 
@@ -981,6 +1023,7 @@ std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& o) {
   }
   auto shared = std::make_shared<SharedStore>();
   shared->store = o.store;
+  shared->owned = o.owned;
   return std::make_unique<GlooProcessGroup>(
       GlooProcessGroup::connect(o, std::move(shared)));
 }

@@ -29,6 +29,9 @@ struct GroupOptions {
   // Network interface to listen on instead of `hostname` (GLOO_SOCKET_IFNAME).
   // Default empty: use `hostname`.
   std::string iface;
+  // Kept alive while this group or any group derived from it exists (the
+  // store server rank 0 hosts for env:// and tcp://). Default none.
+  std::shared_ptr<void> owned;
 };
 
 // Creates a Gloo (CPU, TCP) group: connects a full mesh of TCP pairs through

@@ -17,6 +17,7 @@ namespace dlaunch::comm::gloo {
 struct SharedStore {
   std::mutex mu;
   std::shared_ptr<store::Store> store;
+  std::shared_ptr<void> owned;  // e.g. the store server rank 0 hosts
 };
 
 // Gloo's rendezvous store over a dlaunch Store, with every key under

@@ -1,0 +1,254 @@
+// Failure paths of the gloo backend: mismatched arguments across ranks, bad
+// ranks and tags, p2p size mismatches, timeouts, a peer that goes away
+// mid-operation, and pending sends at destruction.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "tests/comm/rank_threads.h"
+
+namespace dlaunch::comm {
+namespace {
+
+using std::chrono::milliseconds;
+using ::testing::HasSubstr;
+using testing::run_ranks;
+
+// Runs `f`, expecting a CommError whose message contains every `parts`.
+template <class F>
+void expect_comm_error(F&& f, std::initializer_list<const char*> parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no CommError";
+  } catch (const CommError& e) {
+    for (const char* p : parts) EXPECT_THAT(e.what(), HasSubstr(p));
+  }
+}
+
+TEST(GlooErrorsTest, SizesThatDifferAcrossRanksFailEveryRank) {
+  run_ranks(3, [](ProcessGroup& pg) {
+    std::vector<float> v(pg.rank() == 1 ? 5 : 4, 1.0f);
+    expect_comm_error([&] { pg.all_reduce(Tensor::of(v)); },
+                      {"all_reduce on group 'world'",
+                       "rank 1 passed 5 elements of float32, rank 0 passed 4 "
+                       "elements of float32"});
+    // Nothing moved, so the group is still usable.
+    std::vector<float> w(4, 1.0f);
+    pg.all_reduce(Tensor::of(w));
+    EXPECT_EQ(w[0], 3.0f);
+  });
+}
+
+TEST(GlooErrorsTest, DtypesThatDifferAcrossRanksFailEveryRank) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<int32_t> i(4);
+    std::vector<float> f(4);
+    Tensor t = pg.rank() == 0 ? Tensor::of(f) : Tensor::of(i);
+    expect_comm_error([&] { pg.broadcast(t, 0); },
+                      {"broadcast", "rank 1 passed 4 elements of int32"});
+  });
+}
+
+TEST(GlooErrorsTest, DifferentCollectivesAreNamed) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<float> v(4);
+    if (pg.rank() == 0) {
+      expect_comm_error([&] { pg.all_reduce(Tensor::of(v)); },
+                        {"rank 1 called broadcast while rank 0 called "
+                         "all_reduce"});
+    } else {
+      expect_comm_error([&] { pg.broadcast(Tensor::of(v), 0); },
+                        {"rank 0 called all_reduce while rank 1 called "
+                         "broadcast"});
+    }
+  });
+}
+
+TEST(GlooErrorsTest, BadRootOnOneRankFailsEveryRank) {
+  run_ranks(3, [](ProcessGroup& pg) {
+    std::vector<float> v(4);
+    int root = pg.rank() == 2 ? 7 : 0;
+    if (pg.rank() == 2) {
+      expect_comm_error([&] { pg.reduce(Tensor::of(v), root); },
+                        {"root 7 is out of range", "valid: 0..2"});
+    } else {
+      expect_comm_error([&] { pg.reduce(Tensor::of(v), root); },
+                        {"rank 2 rejected its arguments"});
+    }
+  });
+}
+
+TEST(GlooErrorsTest, BitwiseOpOnFloatsAndWrongListSizes) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<double> v(4);
+    expect_comm_error([&] { pg.all_reduce(Tensor::of(v), ReduceOp::kBxor); },
+                      {"bxor", "integer dtypes only", "float64"});
+    std::vector<float> out(2);
+    std::vector<Tensor> in{Tensor::of(out)};  // needs 2
+    expect_comm_error([&] { pg.all_gather(in, Tensor::of(out)); },
+                      {"one tensor per rank (2), got 1"});
+    Tensor gpu = Tensor::of(out);
+    gpu.device = Device{DeviceType::kCuda, 0};
+    expect_comm_error([&] { pg.all_reduce(gpu); },
+                      {"CPU tensors", "cuda:0", "nccl backend"});
+  });
+}
+
+TEST(GlooErrorsTest, PointToPointArgumentErrors) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<float> v(4);
+    expect_comm_error([&] { pg.isend(Tensor::of(v), 2); },
+                      {"rank 2 is out of range", "0..1"});
+    expect_comm_error([&] { pg.irecv(Tensor::of(v), pg.rank()); },
+                      {"cannot send to or receive from itself"});
+    expect_comm_error([&] { pg.isend(Tensor::of(v), 1 - pg.rank(), -1); },
+                      {"tag must be in 0..16777215"});
+  });
+}
+
+TEST(GlooErrorsTest, TagReusedWhileInFlightIsRejected) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<float> a(4, 1.0f), b(4, 2.0f);
+    if (pg.rank() == 0) {
+      auto w = pg.isend(Tensor::of(a), 1, 5);
+      expect_comm_error([&] { pg.isend(Tensor::of(b), 1, 5); },
+                        {"isend to rank 1 with tag 5 is still in flight",
+                         "wait() on its Work first"});
+      pg.barrier();  // rank 1 posts its recv only now
+      w->wait(pg.timeout());
+      pg.isend(Tensor::of(b), 1, 5)->wait(pg.timeout());  // free again
+    } else {
+      pg.barrier();
+      pg.recv(Tensor::of(a), 0, 5);
+      pg.recv(Tensor::of(b), 0, 5);
+      EXPECT_EQ(a[0], 1.0f);
+      EXPECT_EQ(b[0], 2.0f);
+    }
+  });
+}
+
+TEST(GlooErrorsTest, SendRecvSizeMismatchFailsBothSidesAndLeavesTagUsable) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<float> big(8, 7.0f), small(4, -1.0f);
+    if (pg.rank() == 0) {
+      expect_comm_error([&] { pg.send(Tensor::of(big), 1, 2); },
+                        {"send to rank 1 (tag 2)",
+                         "matching recv on rank 1 has 4 elements of float32",
+                         "this rank has 8 elements of float32"});
+      std::vector<float> four(4, 7.0f);
+      pg.send(Tensor::of(four), 1, 2);
+    } else {
+      expect_comm_error([&] { pg.recv(Tensor::of(small), 0, 2); },
+                        {"recv from rank 0 (tag 2)",
+                         "matching send on rank 0 has 8 elements"});
+      EXPECT_EQ(small[0], -1.0f);  // untouched by the failed recv
+      pg.recv(Tensor::of(small), 0, 2);
+      EXPECT_EQ(small[0], 7.0f);
+    }
+  });
+}
+
+TEST(GlooErrorsTest, WorkWaitTimesOutAndCanBeWaitedAgain) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<int64_t> v{pg.rank() == 0 ? 42 : 0};
+    if (pg.rank() == 1) {
+      auto w = pg.irecv(Tensor::of(v), 0, 1);
+      EXPECT_FALSE(w->is_completed());
+      auto start = std::chrono::steady_clock::now();
+      try {
+        w->wait(milliseconds(100));
+        ADD_FAILURE() << "wait returned before the send was posted";
+      } catch (const CommTimeoutError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("recv from rank 0 (tag 1)"));
+        EXPECT_THAT(e.what(), HasSubstr("timed out after 100 ms"));
+      }
+      EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000));
+      pg.barrier();
+      w->wait(pg.timeout());
+      EXPECT_TRUE(w->is_completed());
+      EXPECT_EQ(v[0], 42);
+    } else {
+      pg.barrier();
+      pg.send(Tensor::of(v), 1, 1);
+    }
+  });
+}
+
+TEST(GlooErrorsTest, CollectiveTimeoutNamesTheMissingRank) {
+  run_ranks(
+      3,
+      [](ProcessGroup& pg) {
+        std::vector<float> v(4);
+        if (pg.rank() == 2) {
+          // Never joins; leaves once the others have failed.
+          std::this_thread::sleep_for(milliseconds(1500));
+          return;
+        }
+        auto start = std::chrono::steady_clock::now();
+        try {
+          pg.all_reduce(Tensor::of(v));
+          ADD_FAILURE() << "all_reduce without rank 2 returned";
+        } catch (const CommTimeoutError& e) {
+          EXPECT_THAT(e.what(), HasSubstr("all_reduce on group 'world'"));
+          EXPECT_THAT(e.what(),
+                      HasSubstr("waiting for rank 2 to call all_reduce"));
+          EXPECT_THAT(e.what(), HasSubstr("1/2 peers arrived"));
+        } catch (const CommError& e) {
+          ADD_FAILURE() << "not a timeout: " << e.what();
+        }
+        auto elapsed = std::chrono::steady_clock::now() - start;
+        EXPECT_GE(elapsed, milliseconds(400));
+        EXPECT_LT(elapsed, milliseconds(1400));
+        // A failed group refuses further collectives with the cause.
+        expect_comm_error([&] { pg.barrier(); },
+                          {"unusable after an earlier failure"});
+      },
+      milliseconds(500));
+}
+
+TEST(GlooErrorsTest, PeerGoneMidAllReduceFailsOthersFastNamingIt) {
+  // Rank 2 tears its group down (closing its sockets, as a dying process
+  // does) while ranks 0 and 1 are in all_reduce; the timeout is 20 s, the
+  // others must fail in well under that.
+  run_ranks(3, [](ProcessGroup& pg) {
+    std::vector<float> v(1 << 16, 1.0f);
+    pg.all_reduce(Tensor::of(v));
+    if (pg.rank() == 2) return;  // run_ranks destroys the group
+    auto start = std::chrono::steady_clock::now();
+    try {
+      for (int i = 0; i < 1000; ++i) pg.all_reduce(Tensor::of(v));
+      ADD_FAILURE() << "all_reduce kept succeeding without rank 2";
+    } catch (const CommError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("all_reduce on group 'world'"));
+      EXPECT_THAT(e.what(), HasSubstr("rank 2"));
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(5000));
+  });
+}
+
+TEST(GlooErrorsTest, PendingSendIsDrainedWhenTheGroupIsDestroyed) {
+  const size_t n = 4 << 20;  // 16 MiB of float
+  auto store = std::make_shared<store::HashStore>();
+  std::thread receiver([&] {
+    auto pg = make_process_group("gloo", store, 1, 2, std::chrono::seconds(20));
+    std::this_thread::sleep_for(milliseconds(300));  // still busy elsewhere
+    std::vector<float> v(n);
+    pg->recv(Tensor::of(v), 0, 0);
+    for (size_t i = 0; i < n; i += 4099) ASSERT_EQ(v[i], float(i % 1000)) << i;
+  });
+  {
+    auto pg = make_process_group("gloo", store, 0, 2, std::chrono::seconds(20));
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = float(i % 1000);
+    auto w = pg->isend(Tensor::of(v), 1, 0);
+    pg.reset();  // destroy the group with the send in flight
+    w.reset();   // the Work's destructor drains it
+  }
+  receiver.join();
+}
+
+}  // namespace
+}  // namespace dlaunch::comm
