@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <boost/asio.hpp>
 #include <charconv>
 #include <cstring>
@@ -74,6 +75,8 @@ class StoreServer::Impl {
   }
   void stop();
   uint16_t port() const { return port_; }
+  size_t num_connections() const { return num_connections_.load(); }
+  size_t num_waiting() const { return num_waiting_.load(); }
 
   // Called on the event-loop thread by connections.
   void handle(Connection& c, const wire::Request& r);
@@ -91,6 +94,7 @@ class StoreServer::Impl {
   // Rechecks a parked request whose keys all arrived; answers it, or parks it
   // again on keys deleted in the meantime.
   void try_complete(Connection& c);
+  // Removes `c` from every waiter list; its parked request is over.
   void unpark(Connection& c);
   // Counts keys of `keys` not present; registers `c` as a waiter on them.
   size_t register_missing(Connection& c, const std::vector<std::string>& keys);
@@ -118,6 +122,9 @@ class StoreServer::Impl {
   wire::Response response_;  // scratch, reused for every response
   uint64_t next_wait_id_ = 0;
   bool shutting_down_ = false;
+  // Written by the event loop, read by any thread.
+  std::atomic<size_t> num_connections_{0};
+  std::atomic<size_t> num_waiting_{0};
 };
 
 // One client connection. Reads frames into a growing buffer, handles every
@@ -422,6 +429,7 @@ void StoreServer::Impl::accept_ready() {
       }
       auto c = std::make_shared<Connection>(*this, std::move(socket));
       connections_.emplace(c.get(), c);
+      num_connections_.store(connections_.size(), std::memory_order_relaxed);
       c->start();
       continue;
     }
@@ -464,6 +472,7 @@ void StoreServer::Impl::stop() {
 void StoreServer::Impl::on_closed(Connection& c) {
   if (c.parked()) unpark(c);
   connections_.erase(&c);
+  num_connections_.store(connections_.size(), std::memory_order_relaxed);
 }
 
 void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
@@ -602,6 +611,7 @@ void StoreServer::Impl::block(Connection& c, const wire::Request& r) {
   p.missing = register_missing(c, p.keys);
   uint64_t ms = std::min(r.timeout_ms, kMaxWaitMs);
   c.park(std::move(p), std::chrono::milliseconds(ms));
+  num_waiting_.fetch_add(1, std::memory_order_relaxed);
 }
 
 size_t StoreServer::Impl::register_missing(
@@ -640,6 +650,7 @@ void StoreServer::Impl::try_complete(Connection& c) {
         p.type == MsgType::kGet ? MsgType::kValue : MsgType::kValues;
     for (const std::string& k : p.keys) response_.values.push_back(*find(k));
   }
+  unpark(c);
   wire::encode_response(response_, c.out());
   c.flush();
   c.unparked();
@@ -667,6 +678,7 @@ void StoreServer::Impl::unpark(Connection& c) {
     if (it->second.empty()) waiters_.erase(it);
   }
   c.parked()->missing = 0;
+  num_waiting_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 std::unique_ptr<StoreServer> StoreServer::start(
@@ -685,5 +697,9 @@ StoreServer::~StoreServer() { stop(); }
 uint16_t StoreServer::port() const { return impl_->port(); }
 
 void StoreServer::stop() { impl_->stop(); }
+
+size_t StoreServer::num_connections() const { return impl_->num_connections(); }
+
+size_t StoreServer::num_waiting() const { return impl_->num_waiting(); }
 
 }  // namespace dlaunch::comm::store

@@ -44,6 +44,12 @@ class StoreServer {
   // The bound port (the real one when options.port was 0).
   uint16_t port() const;
 
+  // Client connections open right now, and how many of them are blocked in
+  // get/wait/multi_get (diagnostics and tests; a snapshot from the event
+  // loop).
+  size_t num_connections() const;
+  size_t num_waiting() const;
+
   // Closes the listening socket and every connection, then joins the event
   // loop. Clients blocked in get/wait see their connection close and throw
   // StoreError. Idempotent.
