@@ -56,6 +56,7 @@ Agent::~Agent() = default;
 RunResult Agent::run() {
   result_.run_id = options_.run_id.empty() ? random_run_id() : options_.run_id;
   result_.host = host_name();
+  result_.max_restarts = options_.max_restarts;
   if (options_.entrypoint.empty() || options_.nproc_per_node < 1) {
     result_.error = "dlaunch: nothing to run (no program or no workers)";
     result_.exit_code = 2;
@@ -106,7 +107,14 @@ RunResult Agent::run() {
                          options_.tee.all != Streams::kNone ||
                          !options_.tee.per_rank.empty();
   const bool keep_dir = !temp_run_dir_ || logs_kept;
-  if (keep_dir) write_summary();
+  if (keep_dir) {
+    write_summary();
+  } else {
+    // The report must not point into a folder about to vanish.
+    for (AttemptRecord& a : result_.attempts) {
+      for (WorkerRecord& w : a.workers) w.error_file.clear();
+    }
+  }
   std::string report = failure_report(result_);
   if (!report.empty()) sink_(report);
   if (!keep_dir) {

@@ -98,7 +98,7 @@ std::string failure_report(const RunResult& r) {
   const AttemptRecord& a = r.attempts.back();
   std::ostringstream o;
   o << "dlaunch: worker group failed (run " << r.run_id << ", attempt "
-    << a.restart_count + 1 << " of " << r.attempts.size() << " so far, "
+    << a.restart_count + 1 << " of at most " << r.max_restarts + 1 << ", "
     << a.workers.size() << " workers)\n";
   o << "  root cause (first observed failure):\n";
   o << "    time       : " << format_time(root->end_time) << "\n";
@@ -109,7 +109,9 @@ std::string failure_report(const RunResult& r) {
   o << "    pid        : " << root->pid << "\n";
   if (!root->error_message.empty()) {
     o << "    error      : " << root->error_message << "\n";
-    o << "    error file : " << root->error_file.string() << "\n";
+    if (!root->error_file.empty()) {
+      o << "    error file : " << root->error_file.string() << "\n";
+    }
   }
   std::string logs = log_files(*root);
   if (!logs.empty()) o << "    logs       : " << logs << "\n";
@@ -130,6 +132,7 @@ nlohmann::json summary_json(const RunResult& r) {
   j["run_id"] = r.run_id;
   j["host"] = r.host;
   j["exit_code"] = r.exit_code;
+  j["max_restarts"] = r.max_restarts;
   j["stop_signal"] = r.stop_signal ? nlohmann::json(signal_name(r.stop_signal))
                                    : nlohmann::json();
   j["error"] = r.error;

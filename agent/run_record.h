@@ -58,8 +58,9 @@ struct RunResult {
   int exit_code = 0;
   std::string run_id;
   std::string host;
-  int stop_signal = 0;  // the signal that stopped the job, 0 if none
-  std::string error;    // agent-level failure (program, rendezvous, I/O)
+  int max_restarts = 0;  // restarts that were allowed
+  int stop_signal = 0;   // the signal that stopped the job, 0 if none
+  std::string error;     // agent-level failure (program, rendezvous, I/O)
   std::vector<AttemptRecord> attempts;
   std::filesystem::path run_dir;       // LOG_DIR/RUN_ID (maybe removed)
   std::filesystem::path summary_file;  // empty when not written
