@@ -1,0 +1,185 @@
+// A worker for the multi-process comm tests: joins the world with
+// init_process_group (env:// by default, or the init method in argv[2] with
+// RANK / WORLD_SIZE from the environment) and runs one scenario.
+//
+//   comm_test_worker collectives [INIT]     every collective once, checked
+//   comm_test_worker allreduce-loop [INIT]  all_reduce until an error
+//
+// Exit 0 on success, 1 on a wrong result, 3 on a CommError (printed).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "comm/init.h"
+
+namespace {
+
+using dlaunch::comm::CommError;
+using dlaunch::comm::InitOptions;
+using dlaunch::comm::ProcessGroup;
+using dlaunch::comm::ReduceOp;
+using dlaunch::comm::Tensor;
+
+int g_rank = -1;
+
+void check(bool ok, const std::string& what) {
+  if (!ok) {
+    std::fprintf(stderr, "rank %d: WRONG RESULT: %s\n", g_rank, what.c_str());
+    std::exit(1);
+  }
+}
+
+void collectives(ProcessGroup& pg) {
+  const int r = pg.rank();
+  const int n = pg.size();
+  const double rank_sum = n * (n - 1) / 2.0;
+
+  std::vector<float> f(1000, static_cast<float>(r));
+  pg.all_reduce(Tensor::of(f));
+  check(f[999] == static_cast<float>(rank_sum), "all_reduce sum");
+
+  std::vector<int32_t> bits{1 << r};
+  pg.all_reduce(Tensor::of(bits), ReduceOp::kBor);
+  check(bits[0] == (1 << n) - 1, "all_reduce bor");
+
+  std::vector<double> avg{static_cast<double>(r)};
+  pg.all_reduce(Tensor::of(avg), ReduceOp::kAvg);
+  check(avg[0] == rank_sum / n, "all_reduce avg");
+
+  std::vector<int64_t> b{r == n - 1 ? 77 : 0};
+  pg.broadcast(Tensor::of(b), n - 1);
+  check(b[0] == 77, "broadcast");
+
+  std::vector<int64_t> red{r + 1};
+  pg.reduce(Tensor::of(red), 0, ReduceOp::kProduct);
+  int64_t fact = 1;
+  for (int i = 1; i <= n; ++i) fact *= i;
+  check(r != 0 || red[0] == fact, "reduce prod");
+
+  std::vector<std::vector<int32_t>> parts(n, std::vector<int32_t>(3));
+  std::vector<Tensor> part_views;
+  for (int i = 0; i < n; ++i) {
+    parts[i] = {i, i * 10, i * 100};
+    part_views.push_back(Tensor::of(parts[i]));
+  }
+  std::vector<int32_t> mine(3);
+  pg.scatter(Tensor::of(mine), part_views, 0);
+  check(mine[2] == r * 100, "scatter");
+
+  std::vector<std::vector<int32_t>> gathered(n, std::vector<int32_t>(3));
+  std::vector<Tensor> gathered_views;
+  for (auto& g : gathered) gathered_views.push_back(Tensor::of(g));
+  pg.gather(Tensor::of(mine), gathered_views, n - 1);
+  check(r != n - 1 || gathered[n - 1][1] == (n - 1) * 10, "gather");
+
+  for (auto& g : gathered) g.assign(3, -1);
+  pg.all_gather(gathered_views, Tensor::of(mine));
+  for (int i = 0; i < n; ++i) check(gathered[i][0] == i, "all_gather");
+
+  std::vector<std::vector<float>> rs_in(n, std::vector<float>(2));
+  std::vector<Tensor> rs_views;
+  for (int i = 0; i < n; ++i) {
+    rs_in[i] = {static_cast<float>(i), 1.0f};
+    rs_views.push_back(Tensor::of(rs_in[i]));
+  }
+  std::vector<float> rs_out(2);
+  pg.reduce_scatter(Tensor::of(rs_out), rs_views);
+  check(rs_out[0] == static_cast<float>(r * n) && rs_out[1] == n,
+        "reduce_scatter");
+
+  std::vector<std::vector<int64_t>> a2a_in(n, std::vector<int64_t>(1));
+  std::vector<std::vector<int64_t>> a2a_out(n, std::vector<int64_t>(1));
+  std::vector<Tensor> in_views, out_views;
+  for (int i = 0; i < n; ++i) {
+    a2a_in[i][0] = r * 1000 + i;
+    in_views.push_back(Tensor::of(a2a_in[i]));
+    out_views.push_back(Tensor::of(a2a_out[i]));
+  }
+  pg.all_to_all(out_views, in_views);
+  for (int i = 0; i < n; ++i)
+    check(a2a_out[i][0] == i * 1000 + r, "all_to_all");
+
+  pg.barrier();
+
+  if (n > 1) {
+    std::vector<int32_t> token{r}, got{-1};
+    auto s = pg.isend(Tensor::of(token), (r + 1) % n);
+    auto q = pg.irecv(Tensor::of(got), (r - 1 + n) % n);
+    s->wait(pg.timeout());
+    q->wait(pg.timeout());
+    check(got[0] == (r - 1 + n) % n, "isend/irecv ring");
+  }
+
+  std::vector<int> evens;
+  for (int i = 0; i < n; i += 2) evens.push_back(i);
+  auto sub = pg.new_group(evens);
+  if (sub) {
+    std::vector<int32_t> v{r};
+    sub->all_reduce(Tensor::of(v));
+    int want = 0;
+    for (int e : evens) want += e;
+    check(v[0] == want, "new_group all_reduce");
+  }
+  std::printf("rank %d of %d: all collectives ok\n", r, n);
+}
+
+int allreduce_loop(ProcessGroup& pg) {
+  std::vector<float> v(1 << 20, 1.0f);
+  pg.all_reduce(Tensor::of(v));
+  std::printf("rank %d ready\n", pg.rank());
+  std::fflush(stdout);
+  auto start = std::chrono::steady_clock::now();
+  try {
+    for (int i = 0; i < 1000000; ++i) pg.all_reduce(Tensor::of(v));
+  } catch (const CommError& e) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - start)
+                  .count();
+    std::fprintf(stderr, "rank %d failed after %lld ms: %s\n", pg.rank(),
+                 static_cast<long long>(ms), e.what());
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr,
+                 "usage: comm_test_worker collectives|allreduce-loop "
+                 "[INIT_METHOD]\n");
+    return 2;
+  }
+  const std::string mode = argv[1];
+  InitOptions opts;
+  if (argc > 2) {
+    opts.init_method = argv[2];
+    const char* rank = std::getenv("RANK");
+    const char* world = std::getenv("WORLD_SIZE");
+    if (!rank || !world) {
+      std::fprintf(stderr, "RANK and WORLD_SIZE must be set with INIT\n");
+      return 2;
+    }
+    opts.rank = std::atoi(rank);
+    opts.world_size = std::atoi(world);
+  }
+  try {
+    auto pg = dlaunch::comm::init_process_group("gloo", opts);
+    g_rank = pg->rank();
+    if (mode == "collectives") {
+      collectives(*pg);
+      return 0;
+    }
+    if (mode == "allreduce-loop") return allreduce_loop(*pg);
+    std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
+    return 2;
+  } catch (const CommError& e) {
+    std::fprintf(stderr, "rank %d: %s\n", g_rank, e.what());
+    return 3;
+  }
+}

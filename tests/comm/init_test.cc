@@ -1,0 +1,114 @@
+// init_process_group's argument and environment checks (no sockets).
+#include "comm/init.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "comm/store/hash_store.h"
+
+namespace dlaunch::comm {
+namespace {
+
+using ::testing::HasSubstr;
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const CommError& e) {
+    return e.what();
+  }
+  return "no CommError";
+}
+
+class InitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                          "DLAUNCH_COMM_TIMEOUT"}) {
+      unsetenv(v);
+    }
+  }
+};
+
+TEST_F(InitTest, NcclIsAClearErrorInThisBuild) {
+  std::string e = error_of([] { init_process_group("nccl"); });
+  EXPECT_THAT(e, HasSubstr("backend 'nccl'"));
+  EXPECT_THAT(e, HasSubstr("not available"));
+  EXPECT_THAT(e, HasSubstr("use backend 'gloo'"));
+  auto store = std::make_shared<store::HashStore>();
+  EXPECT_THAT(error_of([&] {
+                make_process_group("nccl", store, 0, 1,
+                                   std::chrono::seconds(1));
+              }),
+              HasSubstr("not available"));
+  EXPECT_THAT(error_of([] { init_process_group("mpi"); }),
+              HasSubstr("unknown backend 'mpi'; valid backends: gloo, nccl"));
+}
+
+TEST_F(InitTest, EnvInitNamesTheMissingVariable) {
+  EXPECT_THAT(error_of([] { init_process_group("gloo"); }),
+              HasSubstr("WORLD_SIZE is not set"));
+  setenv("WORLD_SIZE", "2", 1);
+  EXPECT_THAT(error_of([] { init_process_group("gloo"); }),
+              HasSubstr("RANK is not set"));
+  setenv("RANK", "0", 1);
+  EXPECT_THAT(error_of([] { init_process_group("gloo"); }),
+              HasSubstr("MASTER_ADDR is not set"));
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", "http", 1);
+  EXPECT_THAT(error_of([] { init_process_group("gloo"); }),
+              HasSubstr("MASTER_PORT is 'http'; expected an integer in "
+                        "1..65535"));
+  setenv("RANK", "2", 1);
+  EXPECT_THAT(error_of([] { init_process_group("gloo"); }),
+              HasSubstr("rank 2 is out of range for world size 2"));
+}
+
+TEST_F(InitTest, BadInitMethodsAndTimeouts) {
+  InitOptions o;
+  o.init_method = "udp://x:1";
+  EXPECT_THAT(error_of([&] { init_process_group("gloo", o); }),
+              HasSubstr("use env://, tcp://HOST:PORT or file:///path"));
+  o.init_method = "tcp://hostonly";
+  EXPECT_THAT(error_of([&] { init_process_group("gloo", o); }),
+              HasSubstr("not of the form tcp://HOST:PORT"));
+  o.init_method = "tcp://127.0.0.1:29500";
+  EXPECT_THAT(error_of([&] { init_process_group("gloo", o); }),
+              HasSubstr("needs an explicit rank and world size"));
+  o.init_method = "file://relative/path";
+  o.rank = 0;
+  o.world_size = 1;
+  EXPECT_THAT(error_of([&] { init_process_group("gloo", o); }),
+              HasSubstr("must name an absolute path"));
+  setenv("DLAUNCH_COMM_TIMEOUT", "soon", 1);
+  o.init_method = "env://";
+  EXPECT_THAT(error_of([&] { init_process_group("gloo", o); }),
+              HasSubstr("DLAUNCH_COMM_TIMEOUT is 'soon'"));
+}
+
+TEST_F(InitTest, FileInitWithOneRankAndTimeoutFromTheEnvironment) {
+  char tmpl[] = "/tmp/dlaunch-init-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  std::string path = std::string(tmpl) + "/store";
+  setenv("DLAUNCH_COMM_TIMEOUT", "2.5", 1);
+  InitOptions o;
+  o.init_method = "file://" + path;
+  o.rank = 0;
+  o.world_size = 1;
+  {
+    auto pg = init_process_group("gloo", o);
+    EXPECT_EQ(pg->timeout(), std::chrono::milliseconds(2500));
+    EXPECT_EQ(pg->size(), 1);
+    EXPECT_EQ(pg->backend(), "gloo");
+    EXPECT_EQ(pg->name(), "world");
+    std::vector<float> v{3.0f};
+    pg->all_reduce(Tensor::of(v), ReduceOp::kAvg);
+    EXPECT_EQ(v[0], 3.0f);
+  }
+  rmdir(tmpl);
+}
+
+}  // namespace
+}  // namespace dlaunch::comm

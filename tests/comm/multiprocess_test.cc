@@ -1,0 +1,131 @@
+// The comm library across real processes: env://, tcp:// and file:// init,
+// every collective under `dlaunch`, and a peer SIGKILLed mid all-reduce.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dlaunch::comm {
+namespace {
+
+using dlaunch::testing::CommandOptions;
+using dlaunch::testing::CommandResult;
+using dlaunch::testing::Subprocess;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using ::testing::HasSubstr;
+
+const std::string kWorker = DLAUNCH_BIN_DIR "/comm_test_worker";
+const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+
+// A port nobody listens on right now (bind port 0, read it back, close).
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Starts `n` workers: rank r gets RANK=r, WORLD_SIZE=n and `env`.
+std::vector<std::unique_ptr<Subprocess>> start_workers(
+    int n, const std::vector<std::string>& args,
+    std::map<std::string, std::string> env) {
+  std::vector<std::unique_ptr<Subprocess>> procs;
+  for (int r = 0; r < n; ++r) {
+    CommandOptions o;
+    o.argv = {kWorker};
+    o.argv.insert(o.argv.end(), args.begin(), args.end());
+    o.env = env;
+    o.env["RANK"] = std::to_string(r);
+    o.env["WORLD_SIZE"] = std::to_string(n);
+    procs.push_back(std::make_unique<Subprocess>(o));
+  }
+  return procs;
+}
+
+void expect_all_ok(std::vector<std::unique_ptr<Subprocess>>& procs) {
+  const int n = static_cast<int>(procs.size());
+  for (int r = 0; r < n; ++r) {
+    CommandResult res = procs[r]->wait(seconds(60));
+    EXPECT_EQ(res.exit_code, 0) << "rank " << r << ": " << res.err;
+    EXPECT_THAT(res.out, HasSubstr("rank " + std::to_string(r) + " of " +
+                                   std::to_string(n) + ": all collectives ok"));
+  }
+}
+
+TEST(MultiProcessTest, EnvInitWithRankZeroServingTheStore) {
+  auto procs = start_workers(4, {"collectives"},
+                             {{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", std::to_string(free_port())},
+                              {"DLAUNCH_COMM_TIMEOUT", "60"}});
+  expect_all_ok(procs);
+}
+
+TEST(MultiProcessTest, TcpInit) {
+  std::string init = "tcp://127.0.0.1:" + std::to_string(free_port());
+  auto procs =
+      start_workers(3, {"collectives", init}, {{"DLAUNCH_COMM_TIMEOUT", "60"}});
+  expect_all_ok(procs);
+}
+
+TEST(MultiProcessTest, FileInitOnASharedFile) {
+  dlaunch::testing::TempDir dir;
+  std::string init = "file://" + (dir / "rendezvous").string();
+  auto procs = start_workers(
+      3, {"collectives", init},
+      {{"DLAUNCH_COMM_TIMEOUT", "60"}, {"DLAUNCH_GLOO_HOST", "127.0.0.1"}});
+  expect_all_ok(procs);
+}
+
+TEST(MultiProcessTest, EachCollectiveUnderDlaunch) {
+  CommandOptions o;
+  o.argv = {kDlaunch, "--nproc-per-node", "4", kWorker, "collectives"};
+  o.env["DLAUNCH_COMM_TIMEOUT"] = "60";
+  CommandResult res = dlaunch::testing::run_command(o, seconds(90));
+  EXPECT_EQ(res.exit_code, 0) << res.out << res.err;
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_THAT(res.out + res.err, HasSubstr("rank " + std::to_string(r) +
+                                             " of 4: all collectives ok"));
+  }
+}
+
+TEST(MultiProcessTest, PeerKilledMidAllReduceFailsTheOthersFast) {
+  // Timeout 60 s: the survivors must notice the death itself, not time out.
+  auto procs = start_workers(4, {"allreduce-loop"},
+                             {{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", std::to_string(free_port())},
+                              {"DLAUNCH_COMM_TIMEOUT", "60"}});
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(procs[r]->wait_for_output(
+        "rank " + std::to_string(r) + " ready", seconds(30)))
+        << "rank " << r << ": " << procs[r]->err();
+  }
+  procs[2]->signal(SIGKILL);
+  auto killed_at = std::chrono::steady_clock::now();
+  for (int r : {0, 1, 3}) {
+    CommandResult res = procs[r]->wait(seconds(15));
+    EXPECT_FALSE(res.timed_out) << "rank " << r << " hung";
+    EXPECT_EQ(res.exit_code, 3) << "rank " << r << ": " << res.err;
+    EXPECT_THAT(res.err, HasSubstr("all_reduce on group 'world'"));
+    EXPECT_THAT(res.err, HasSubstr("rank 2"));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, seconds(10));
+}
+
+}  // namespace
+}  // namespace dlaunch::comm
