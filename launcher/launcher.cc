@@ -8,6 +8,7 @@
 #include "agent/agent.h"
 #include "agent/posix_env.h"
 #include "agent/rendezvous/static_rendezvous.h"
+#include "comm/store/server.h"
 #include "launcher/cli.h"
 
 namespace dlaunch::launcher {
@@ -25,6 +26,14 @@ void write_stderr(const std::string& s) {
 }  // namespace
 
 int launch(const LaunchOptions& options) {
+  // --standalone: this node hosts the rendezvous store (torchrun's
+  // localhost:0 endpoint). Workers do not use it
+  // (TORCHELASTIC_USE_AGENT_STORE=False: rank 0 serves theirs).
+  std::unique_ptr<comm::store::StoreServer> store;
+  if (options.standalone) {
+    store = comm::store::StoreServer::start(
+        {.host = options.agent.master_addr, .port = 0});
+  }
   agent::PosixEnv env;
   agent::rendezvous::StaticRendezvous rdzv(
       options.agent.master_addr, options.agent.master_port,
