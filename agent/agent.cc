@@ -197,7 +197,6 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
   std::filesystem::path dir = result_.run_dir /
                               ("attempt_" + std::to_string(restart_count_)) /
                               std::to_string(local_rank);
-  w.error_file = dir / "error.json";
 
   const Streams redir = options_.redirects.for_rank(local_rank);
   const Streams tee = options_.tee.for_rank(local_rank);
@@ -230,14 +229,26 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
     if (it != base_env_.end()) tmpl = it->second;
   }
   spec.prefix = line_prefix(tmpl, options_.role, local_rank, w.rank);
+  // torchrun's layout: LOG_DIR/RUN_ID/attempt_K/LOCAL_RANK/error.json.
+  // In a temporary run folder without log files the error file lies flat:
+  // eight mkdirs on ext4 would cost more than spawning eight workers.
+  const bool worker_dir =
+      !temp_run_dir_ || !spec.out.file.empty() || !spec.err.file.empty();
+  w.error_file = worker_dir ? dir / "error.json"
+                            : result_.run_dir /
+                                  ("error_" + std::to_string(restart_count_) +
+                                   "_" + std::to_string(local_rank) + ".json");
   spec.env = worker_environment(base_env_, id, job, w.error_file.string());
 
   const size_t attempt_index = result_.attempts.size() - 1;
   try {
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    if (ec)
-      throw SpawnError("cannot create " + dir.string() + ": " + ec.message());
+    if (worker_dir) {
+      std::filesystem::create_directories(dir, ec);
+      if (ec) {
+        throw SpawnError("cannot create " + dir.string() + ": " + ec.message());
+      }
+    }
     std::filesystem::remove(w.error_file, ec);
     w.start_time = env_.now();
     procs_[i] = env_.spawn(spec, [this, attempt_index, i](ExitStatus s) {

@@ -15,7 +15,7 @@
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/process/v2/posix/default_launcher.hpp>
+#include <boost/process/v2/posix/vfork_launcher.hpp>
 #include <boost/process/v2/process.hpp>
 #include <cerrno>
 #include <cstring>
@@ -74,7 +74,8 @@ Fd open_log(const std::filesystem::path& path) {
   return Fd(fd);
 }
 
-// Runs in the forked child before execve (async-signal-safe calls only):
+// Runs in the vforked child before execve (async-signal-safe calls only,
+// and nothing that allocates: the memory is the agent's):
 // stdio, a process group of its own, death with the agent.
 struct WorkerInit {
   const char* const* envp;
@@ -103,6 +104,21 @@ struct WorkerInit {
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
     return {};
+  }
+
+  // execve failed. The launcher would call exit(), which in a vfork child
+  // runs the agent's atexit handlers in the agent's own memory: leave now.
+  // (errno is already in the launcher's error_code.) Boost 1.81 detects the
+  // hook through a five-argument form and calls the four-argument one.
+  template <typename Launcher, typename Path>
+  void on_exec_error(Launcher&, const Path&, const char* const*,
+                     const bp::error_code&) {
+    ::_exit(127);
+  }
+  template <typename Launcher, typename Path>
+  void on_exec_error(Launcher&, const bp::error_code&, const Path&,
+                     const char* const*, const bp::error_code&) {
+    ::_exit(127);
   }
 };
 
@@ -358,11 +374,20 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
       child_ends[1].get() >= 0 ? child_ends[1].get() : env.dev_null.get(),
       ::getpid()};
 
-  bp::posix::default_launcher launcher;
+  // vfork: no copy of the agent's page tables, so a spawn costs about what
+  // it costs a tiny C program. The launcher calls notify_fork() on the
+  // executor's context, in the child too, which would rebuild the live
+  // reactor inside the agent's shared memory; a private idle context takes
+  // those calls instead (the pidfd we watch is our own, below).
+  asio::io_context launch_ctx;
+  bp::posix::vfork_launcher launcher;
   bp::error_code ec;
   const char** args = argv.data();
-  auto proc = launcher(env.io.get_executor(), ec, spec.executable, args, init);
+  auto proc =
+      launcher(launch_ctx.get_executor(), ec, spec.executable, args, init);
   if (ec) {
+    // The child has already _exit()ed (vfork resumes us only then).
+    if (launcher.pid > 0) ::waitpid(launcher.pid, nullptr, 0);
     throw SpawnError("cannot execute '" + spec.executable +
                      "': " + ec.message());
   }

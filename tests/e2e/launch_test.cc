@@ -337,6 +337,19 @@ TEST(Launch, AMissingProgramFailsAtOnceWith127) {
   EXPECT_THAT(py.err, HasSubstr("No such file or directory"));
 }
 
+TEST(Launch, AFileTheKernelCannotExecuteFailsTheSpawnCleanly) {
+  // Executable bit but no #! line: execve fails (ENOEXEC) in the vforked
+  // child, which must leave without touching the agent's memory.
+  TempDir dir;
+  testing::write_file(dir / "noshebang", "echo hi\n", 0755);
+  CommandResult r = dlaunch({"--nproc-per-node", "3", "--max-restarts", "1",
+                             (dir / "noshebang").string()});
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_THAT(r.err, HasSubstr("Exec format error"));
+  EXPECT_THAT(r.err, HasSubstr("could not start"));
+  EXPECT_THAT(r.err, HasSubstr("restarting the worker group (restart 1 of 1)"));
+}
+
 TEST(Launch, BadFlagsGetOneLineAndExit2) {
   for (std::vector<std::string> args :
        {std::vector<std::string>{"--nproc-per-node", "many", "true"},
