@@ -35,6 +35,7 @@ int launch(const LaunchOptions& options) {
         {.host = options.agent.master_addr, .port = 0});
   }
   agent::PosixEnv env;
+  env.set_drain_timeout(options.agent.drain_timeout);
   agent::rendezvous::StaticRendezvous rdzv(
       options.agent.master_addr, options.agent.master_port,
       [&env](const std::string& host) { return env.free_port(host); });
