@@ -93,8 +93,9 @@ EXIT STATUS
            by signal S
     1      rendezvous or another dlaunch error
     2      a bad flag or value
-    127    the program does not exist or is not executable (no worker
-           started, no restart spent)
+    127    the program does not exist or is not executable (checked
+           before any worker starts: no restart spent), or a worker could
+           not be started
 
 EXAMPLES
     dlaunch --nproc-per-node 4 train.py --epochs 3
