@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -40,6 +41,10 @@ constexpr uint64_t kGatherSlot = 0xB1;
 constexpr uint64_t kExchangeSlot = 0xB2;
 constexpr uint64_t kReduceScatterSlot = 0xB3;
 constexpr int kMaxTag = (1 << 24) - 1;
+// An all_reduce whose bytes per rank times (size - 1) stay within this goes
+// in one message per peer (see fused_capacity()); DLAUNCH_COMM_FUSED_BYTES
+// overrides it (0 turns the fused path off).
+constexpr size_t kFusedTrafficBytes = 256 << 10;
 
 uint64_t p2p_slot(uint64_t prefix, int tag) {
   return (prefix << 56) | (static_cast<uint64_t>(tag) << 32);
@@ -76,6 +81,7 @@ struct GroupState {
   std::string iface;
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> ctx;
+  size_t fused_bytes = kFusedTrafficBytes;
 
   std::mutex mu;  // guards the members below
   // (direction 0 send / 1 recv, peer, tag) of p2p operations in flight.
@@ -427,8 +433,21 @@ class GlooProcessGroup : public ProcessGroup {
     const char* op = "all_reduce";
     Call c = make_call(Kind::kAllReduce, t.dtype, t.numel, -1, rop);
     c.local_error = check_tensor(t, "t") + reduce_op_error(t.dtype, rop);
-    agree(op, c);
+    const bool fused = size() > 1 && t.nbytes() <= fused_capacity();
+    agree(op, c, fused ? &t : nullptr);
     if (size() == 1 || t.numel == 0) return;
+    if (fused) {
+      // Every rank's data came with its arguments: reduce locally, in rank
+      // order, so that every rank computes bitwise the same result.
+      ReduceFn fn = reduce_fn(t.dtype, rop);
+      std::memcpy(payload_of(rank()), t.data, t.nbytes());
+      fn(t.data, payload_of(0), payload_of(1), t.numel);
+      for (int j = 2; j < size(); ++j) {
+        fn(t.data, t.data, payload_of(j), t.numel);
+      }
+      if (rop == ReduceOp::kAvg) divide_in_place(t, size());
+      return;
+    }
     run(op, [&] {
       ::gloo::AllreduceOptions opts(g_->ctx);
       by_element_size(t.dtype, [&](auto x) {
@@ -609,11 +628,20 @@ class GlooProcessGroup : public ProcessGroup {
     o.name = child;
     o.hostname = g_->hostname;
     o.iface = g_->iface;
-    return std::make_unique<GlooProcessGroup>(connect(o, g_->store));
+    return joined(connect(o, g_->store));
   }
 
   static std::shared_ptr<GroupState> connect(const GroupOptions& o,
                                              std::shared_ptr<SharedStore> s);
+
+  // The group over a connected mesh, returned once every rank has finished
+  // connecting: a rank that destroyed its group the moment it was created
+  // would otherwise close pairs that a slower rank is still setting up.
+  static std::unique_ptr<ProcessGroup> joined(std::shared_ptr<GroupState> g) {
+    auto pg = std::make_unique<GlooProcessGroup>(std::move(g));
+    pg->barrier();
+    return pg;
+  }
 
  private:
   uint32_t next_tag() { return tag_++; }
@@ -711,7 +739,9 @@ class GlooProcessGroup : public ProcessGroup {
 
   // Exchanges every rank's Call and throws the same CommError on every rank
   // when any rank's arguments are bad or differ from rank 0's.
-  void agree(const char* op, const Call& c) {
+  // With `payload`, its bytes travel with the arguments (the fused small
+  // all_reduce); they land at payload_of(j) for each peer j.
+  void agree(const char* op, const Call& c, const Tensor* payload = nullptr) {
     check_usable(op);
     const size_t n = size();
     const size_t words = kFixedWords + 2 * n;
@@ -730,7 +760,7 @@ class GlooProcessGroup : public ProcessGroup {
     std::vector<uint64_t> all(words * n, 0);
     std::copy(mine.begin(), mine.end(), all.begin() + rank() * words);
     if (n > 1) {
-      run(op, [&] { all_gather_words(mine, all); });
+      run(op, [&] { all_gather_words(mine, payload, all); });
     }
     auto word = [&](size_t r, size_t i) { return all[r * words + i]; };
     std::string prefix = std::string(op) + " on " + g_->where() + ": ";
@@ -799,19 +829,29 @@ class GlooProcessGroup : public ProcessGroup {
 
   // All-gather of equal-sized word vectors: direct exchange, one message to
   // and from every peer (the lowest latency for small payloads).
-  void all_gather_words(std::vector<uint64_t>& mine,
-                        std::vector<uint64_t>& all) {
-    const size_t bytes = mine.size() * sizeof(uint64_t);
-    const uint32_t tag = next_tag();
-    auto in = g_->ctx->createUnboundBuffer(mine.data(), bytes);
-    // One buffer per peer, so that a timeout can say who did not arrive.
+  void all_gather_words(const std::vector<uint64_t>& mine,
+                        const Tensor* payload, std::vector<uint64_t>& all) {
+    const size_t words_bytes = mine.size() * sizeof(uint64_t);
+    const size_t slot = check_slot_bytes();
+    staging_.resize(words_bytes + (payload ? payload->nbytes() : 0));
+    std::memcpy(staging_.data(), mine.data(), words_bytes);
+    if (payload && payload->nbytes() > 0) {
+      std::memcpy(staging_.data() + words_bytes, payload->data,
+                  payload->nbytes());
+    }
+    auto& buf = scratch_;
+    buf.resize(slot * size());
+    const uint64_t this_slot = coll_slot(kCheckSlot, check_seq_++);
+    auto in = g_->ctx->createUnboundBuffer(staging_.data(), staging_.size());
+    // One recv per peer, so that a timeout can say who did not arrive. Each
+    // has room for a fused payload: a peer that (wrongly) sends one never
+    // overruns it, and its arguments then fail the check.
     std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> from(size());
     for (int j = 0; j < size(); ++j) {
       if (j == rank()) continue;
-      from[j] =
-          g_->ctx->createUnboundBuffer(all.data() + j * mine.size(), bytes);
-      from[j]->recv(j, coll_slot(kCheckSlot, tag));
-      in->send(j, coll_slot(kCheckSlot, tag));
+      from[j] = g_->ctx->createUnboundBuffer(buf.data() + j * slot, slot);
+      from[j]->recv(j, this_slot);
+      in->send(j, this_slot);
     }
     for (int j = 0; j < size(); ++j) {
       if (j == rank()) continue;
@@ -836,6 +876,27 @@ class GlooProcessGroup : public ProcessGroup {
       }
     }
     for (int j = 1; j < size(); ++j) in->waitSend(timeout());
+    for (int j = 0; j < size(); ++j) {
+      if (j == rank()) continue;
+      std::memcpy(all.data() + j * mine.size(), buf.data() + j * slot,
+                  words_bytes);
+    }
+  }
+
+  size_t check_slot_bytes() const {
+    return (kFixedWords + 2 * size()) * sizeof(uint64_t) + fused_capacity();
+  }
+
+  // Largest all_reduce (bytes per rank) whose data travels with its
+  // arguments in one message to each peer: one round trip instead of the
+  // ring's 2(n-1), for (n-1) times the traffic, so small totals only.
+  size_t fused_capacity() const {
+    return size() > 1 ? g_->fused_bytes / (size() - 1) : 0;
+  }
+  // Rank j's fused payload of the last check.
+  char* payload_of(int j) {
+    const size_t words_bytes = (kFixedWords + 2 * size()) * sizeof(uint64_t);
+    return scratch_.data() + j * check_slot_bytes() + words_bytes;
   }
 
   // Posts point-to-point transfers chosen by `plan` on one fresh tag and
@@ -959,6 +1020,10 @@ class GlooProcessGroup : public ProcessGroup {
   }
 
   std::shared_ptr<GroupState> g_;
+  std::vector<char> staging_;  // this rank's arguments (+ fused payload)
+  // Every rank's arguments (+ fused payload), one slot each.
+  std::vector<char> scratch_;
+  uint32_t check_seq_ = 0;  // number of the next argument check
   uint32_t tag_ = 1;
   int children_ = 0;
 };
@@ -973,6 +1038,15 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
   g->store = std::move(s);
   g->hostname = o.hostname;
   g->iface = o.iface;
+  if (const char* f = std::getenv("DLAUNCH_COMM_FUSED_BYTES")) {
+    char* end = nullptr;
+    unsigned long long v = std::strtoull(f, &end, 10);
+    if (end == f || *end != '\0' || v > (1ull << 30)) {
+      throw CommError(std::string("DLAUNCH_COMM_FUSED_BYTES is '") + f +
+                      "'; expected a byte count in 0..1073741824");
+    }
+    g->fused_bytes = static_cast<size_t>(v);
+  }
   const std::string where = "creating " + g->where();
   try {
     tcp::attr attr;
@@ -1024,7 +1098,7 @@ std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& o) {
   auto shared = std::make_shared<SharedStore>();
   shared->store = o.store;
   shared->owned = o.owned;
-  return std::make_unique<GlooProcessGroup>(
+  return GlooProcessGroup::joined(
       GlooProcessGroup::connect(o, std::move(shared)));
 }
 

@@ -42,6 +42,17 @@ TEST(GlooErrorsTest, SizesThatDifferAcrossRanksFailEveryRank) {
   });
 }
 
+TEST(GlooErrorsTest, SmallAndLargeSizesAcrossRanksFailEveryRank) {
+  // Rank 0's all_reduce is small enough to travel with the argument check,
+  // rank 1's is not: the check still catches it on both.
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<float> v(pg.rank() == 1 ? (1 << 20) : 4, 1.0f);
+    expect_comm_error([&] { pg.all_reduce(Tensor::of(v)); },
+                      {"rank 1 passed 1048576 elements of float32, rank 0 "
+                       "passed 4 elements"});
+  });
+}
+
 TEST(GlooErrorsTest, DtypesThatDifferAcrossRanksFailEveryRank) {
   run_ranks(2, [](ProcessGroup& pg) {
     std::vector<int32_t> i(4);
@@ -232,7 +243,7 @@ TEST(GlooErrorsTest, PeerGoneMidAllReduceFailsOthersFastNamingIt) {
 TEST(GlooErrorsTest, PendingSendIsDrainedWhenTheGroupIsDestroyed) {
   const size_t n = 4 << 20;  // 16 MiB of float
   auto store = std::make_shared<store::HashStore>();
-  std::thread receiver([&] {
+  std::jthread receiver([&] {
     auto pg = make_process_group("gloo", store, 1, 2, std::chrono::seconds(20));
     std::this_thread::sleep_for(milliseconds(300));  // still busy elsewhere
     std::vector<float> v(n);
