@@ -79,6 +79,7 @@ Fd open_log(const std::filesystem::path& path) {
 // stdio, a process group of its own, death with the agent.
 struct WorkerInit {
   const char* const* envp;
+  int in_fd;  // -1: inherit the agent's stdin
   int out_fd;
   int err_fd;
   pid_t parent;
@@ -91,7 +92,8 @@ struct WorkerInit {
 
   template <typename Launcher, typename Path>
   bp::error_code on_exec_setup(Launcher&, const Path&, const char* const*) {
-    if (::dup2(out_fd, STDOUT_FILENO) < 0 ||
+    if ((in_fd >= 0 && ::dup2(in_fd, STDIN_FILENO) < 0) ||
+        ::dup2(out_fd, STDOUT_FILENO) < 0 ||
         ::dup2(err_fd, STDERR_FILENO) < 0) {
       return bp::error_code(errno, boost::system::system_category());
     }
@@ -130,7 +132,8 @@ struct PosixEnv::Impl {
   std::function<void(int)> signal_handler;
   Watchdog watchdog;
   std::chrono::milliseconds drain_timeout{std::chrono::seconds(2)};
-  Fd dev_null;
+  Fd dev_null;  // write end for discarded streams
+  Fd null_in;   // stdin for workers when the agent's is a terminal
 
   void wait_signal() {
     signals->async_wait([this](const boost::system::error_code& ec, int sig) {
@@ -368,8 +371,14 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
   std::vector<const char*> envp;
   for (const auto& e : spec.env) envp.push_back(e.c_str());
   envp.push_back(nullptr);
+  // A worker in a process group of its own is in the terminal's
+  // background: reading a terminal stdin would stop it (SIGTTIN) for good.
+  // Pipes and files are inherited as they are.
+  if (env.null_in.get() < 0 && ::isatty(STDIN_FILENO)) {
+    env.null_in.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  }
   WorkerInit init{
-      envp.data(),
+      envp.data(), env.null_in.get(),
       child_ends[0].get() >= 0 ? child_ends[0].get() : env.dev_null.get(),
       child_ends[1].get() >= 0 ? child_ends[1].get() : env.dev_null.get(),
       ::getpid()};

@@ -350,6 +350,35 @@ TEST(Launch, AFileTheKernelCannotExecuteFailsTheSpawnCleanly) {
   EXPECT_THAT(r.err, HasSubstr("restarting the worker group (restart 1 of 1)"));
 }
 
+TEST(Launch, PipedStdinReachesWorkers) {
+  testing::TempDir dir;
+  testing::write_file(dir / "in", "hello\n");
+  CommandResult r = testing::run_command(
+      {{"sh", "-c",
+        kDlaunch + " --nproc-per-node 1 cat < " + (dir / "in").string()},
+       {},
+       {},
+       ""});
+  EXPECT_EQ(r.out, "[default0]:hello\n");
+}
+
+TEST(Launch, WorkersReadingATerminalGetEofInsteadOfStopping) {
+  // Own process groups are background groups: a tty read would SIGTTIN them.
+  if (!std::filesystem::exists("/usr/bin/script"))
+    GTEST_SKIP() << "no script(1)";
+  CommandResult r = testing::run_command(
+      {{"/usr/bin/script", "-qec",
+        kDlaunch + " --nproc-per-node 2 sh -c 'read x; echo got=$?'",
+        "/dev/null"},
+       {},
+       {},
+       ""},
+      20s);
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[default0]:got=1"));
+  EXPECT_THAT(r.out, HasSubstr("[default1]:got=1"));
+}
+
 TEST(Launch, BadFlagsGetOneLineAndExit2) {
   for (std::vector<std::string> args :
        {std::vector<std::string>{"--nproc-per-node", "many", "true"},
