@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <stdexcept>
 #include <string>
 #include <variant>
 
@@ -26,13 +27,18 @@ void write_stderr(const std::string& s) {
 }  // namespace
 
 int launch(const LaunchOptions& options) {
-  // --standalone: this node hosts the rendezvous store (torchrun's
-  // localhost:0 endpoint). Workers do not use it
+  // --standalone: this node hosts the rendezvous store on torchrun's
+  // localhost:0 endpoint. Workers do not use it
   // (TORCHELASTIC_USE_AGENT_STORE=False: rank 0 serves theirs).
   std::unique_ptr<comm::store::StoreServer> store;
   if (options.standalone) {
-    store = comm::store::StoreServer::start(
-        {.host = options.agent.master_addr, .port = 0});
+    try {
+      store = comm::store::StoreServer::start({.host = "127.0.0.1", .port = 0});
+    } catch (const std::exception& e) {
+      throw std::runtime_error(
+          std::string("--standalone: cannot host the rendezvous store: ") +
+          e.what());
+    }
   }
   agent::PosixEnv env;
   env.set_drain_timeout(options.agent.drain_timeout);

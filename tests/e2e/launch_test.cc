@@ -379,6 +379,16 @@ TEST(Launch, WorkersReadingATerminalGetEofInsteadOfStopping) {
   EXPECT_THAT(r.out, HasSubstr("[default1]:got=1"));
 }
 
+TEST(Launch, AMasterAddressNotOnThisHostFailsTheRendezvousClearly) {
+  // 203.0.113.1 (TEST-NET-3) is nobody's address: MASTER_PORT cannot be
+  // bound there, so no worker may start.
+  CommandResult r = dlaunch({"--master-addr", "203.0.113.1", "true"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("rendezvous failed: cannot bind a free port on "
+                               "master address '203.0.113.1'"));
+  EXPECT_THAT(r.err, HasSubstr("check --master-addr"));
+}
+
 TEST(Launch, BadFlagsGetOneLineAndExit2) {
   for (std::vector<std::string> args :
        {std::vector<std::string>{"--nproc-per-node", "many", "true"},
