@@ -46,9 +46,9 @@ def main():
     def med(name, nbytes, key):
         return statistics.median(x[key] for x in results[(name, nbytes)])
 
-    print("| size | dlaunch time | dlaunch busbw | torch gloo time | "
-          "torch gloo busbw | time ratio (torch / dlaunch) |")
-    print("|---|---|---|---|---|---|")
+    print("| size | dlaunch::comm time | dlaunch::comm busbw | torch gloo time "
+          "| torch gloo busbw | busbw ratio | best time, dlaunch / torch |")
+    print("|---|---|---|---|---|---|---|")
     for nbytes in sorted({b for (_, b) in results}):
         label = (f"{nbytes >> 20} MiB" if nbytes >= 1 << 20
                  else f"{nbytes >> 10} KiB")
@@ -56,8 +56,14 @@ def main():
                                                          "busbw_gbs")
         tt, tb = med("torch", nbytes, "time_us"), med("torch", nbytes,
                                                        "busbw_gbs")
-        print(f"| {label} | {ot:.1f} us | {ob:.3f} GB/s | {tt:.1f} us | "
-              f"{tb:.3f} GB/s | {tt / ot:.2f}x |")
+        obest = min(x["best_us"] for x in results[("dlaunch", nbytes)])
+        tbest = min(x["best_us"] for x in results[("torch", nbytes)])
+        print(f"| {label} | {fmt(ot)} | {ob:.3f} GB/s | {fmt(tt)} | "
+              f"{tb:.3f} GB/s | {ob / tb:.2f}x | {fmt(obest)} / {fmt(tbest)} |")
+
+
+def fmt(us):
+    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} us"
 
 
 if __name__ == "__main__":
