@@ -145,7 +145,7 @@ void Agent::make_run_dir() {
 void Agent::start_attempt() {
   rendezvous::RendezvousResult round;
   try {
-    round = rdzv_.next_round(options_.nproc_per_node, std::chrono::minutes(15));
+    round = rdzv_.next_round(options_.nproc_per_node, options_.rdzv_timeout);
   } catch (const std::exception& e) {
     result_.error = std::string("dlaunch: rendezvous failed: ") + e.what();
     sink_(result_.error + "\n");

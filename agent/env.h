@@ -92,10 +92,8 @@ class Env {
   // Routes the given signals to `handler` for as long as run() runs.
   virtual void handle_signals(const std::vector<int>& signals,
                               std::function<void(int)> handler) = 0;
-  // Wall-clock time, for reports.
+  // Wall-clock time, for reports (durations are timers' business).
   virtual std::chrono::system_clock::time_point now() = 0;
-  // Monotonic time, for durations.
-  virtual std::chrono::steady_clock::time_point steady_now() = 0;
   // A TCP port that is free on `host` right now (bind port 0, read, close).
   virtual int free_port(const std::string& host) = 0;
   // Dispatches callbacks until stop() is called.

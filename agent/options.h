@@ -58,6 +58,8 @@ struct AgentOptions {
   // After a worker exits, how long to keep reading output its leftover
   // children may still hold open. Default 2 s.
   std::chrono::milliseconds drain_timeout{std::chrono::seconds(2)};
+  // Bound on one rendezvous round (torchrun's join_timeout). Default 600 s.
+  std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(600)};
   // MASTER_ADDR given to workers. Default 127.0.0.1 (one node).
   std::string master_addr = "127.0.0.1";
   // MASTER_PORT; 0 (default) picks a free port on master_addr each round.

@@ -29,10 +29,6 @@ namespace dlaunch::agent {
 namespace asio = boost::asio;
 namespace bp = boost::process::v2;
 
-namespace {
-
-// Writes all of `data`; a console or log that went away loses the output,
-// never the job.
 void write_all(int fd, std::string_view data) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
@@ -43,6 +39,8 @@ void write_all(int fd, std::string_view data) {
     data.remove_prefix(static_cast<size_t>(n));
   }
 }
+
+namespace {
 
 class Fd {
  public:
@@ -436,10 +434,6 @@ void PosixEnv::handle_signals(const std::vector<int>& signals,
 
 std::chrono::system_clock::time_point PosixEnv::now() {
   return std::chrono::system_clock::now();
-}
-
-std::chrono::steady_clock::time_point PosixEnv::steady_now() {
-  return std::chrono::steady_clock::now();
 }
 
 int PosixEnv::free_port(const std::string& host) {

@@ -1,10 +1,16 @@
 #pragma once
 
 #include <memory>
+#include <string_view>
 
 #include "agent/env.h"
 
 namespace dlaunch::agent {
+
+// Writes all of `data` to `fd`, retrying short writes and EINTR; gives up
+// silently on other errors (a console that went away loses the output, never
+// the job).
+void write_all(int fd, std::string_view data);
 
 // The real Env: one Boost.Asio event loop (epoll) over pidfds (exits),
 // worker output pipes and a signal_set; no polling, so the agent sleeps
@@ -27,7 +33,6 @@ class PosixEnv : public Env {
   void handle_signals(const std::vector<int>& signals,
                       std::function<void(int)> handler) override;
   std::chrono::system_clock::time_point now() override;
-  std::chrono::steady_clock::time_point steady_now() override;
   int free_port(const std::string& host) override;
   void run() override;
   void stop() override;

@@ -15,14 +15,7 @@
 namespace dlaunch::launcher {
 namespace {
 
-void write_stderr(const std::string& s) {
-  std::string_view data = s;
-  while (!data.empty()) {
-    ssize_t n = ::write(STDERR_FILENO, data.data(), data.size());
-    if (n <= 0) return;
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-}
+void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
 
 }  // namespace
 
@@ -54,8 +47,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   ParseResult parsed = parse_command_line(args, agent::current_environment());
   if (std::holds_alternative<HelpRequested>(parsed)) {
-    std::string_view h = help_text();
-    if (::write(STDOUT_FILENO, h.data(), h.size()) < 0) return 1;
+    agent::write_all(STDOUT_FILENO, help_text());
     return 0;
   }
   if (auto* e = std::get_if<UsageError>(&parsed)) {

@@ -16,17 +16,10 @@ namespace dlaunch::agent {
 namespace {
 
 using testing::Behaviour;
+using testing::env_value;
 using testing::FakeEnv;
 using ::testing::HasSubstr;
 using ms = std::chrono::milliseconds;
-
-std::string env_of(const ProcessSpec& spec, const std::string& key) {
-  for (const auto& kv : spec.env) {
-    if (kv.compare(0, key.size() + 1, key + "=") == 0)
-      return kv.substr(key.size() + 1);
-  }
-  return "<unset>";
-}
 
 class AgentTest : public ::testing::Test {
  protected:
@@ -78,26 +71,26 @@ TEST_F(AgentTest, SetsTheWholeEnvContract) {
   run();
   ASSERT_EQ(env.spawned.size(), 4u);
   const ProcessSpec& s = env.spawned[2];
-  EXPECT_EQ(env_of(s, "RANK"), "2");
-  EXPECT_EQ(env_of(s, "LOCAL_RANK"), "2");
-  EXPECT_EQ(env_of(s, "WORLD_SIZE"), "4");
-  EXPECT_EQ(env_of(s, "LOCAL_WORLD_SIZE"), "4");
-  EXPECT_EQ(env_of(s, "GROUP_RANK"), "0");
-  EXPECT_EQ(env_of(s, "GROUP_WORLD_SIZE"), "1");
-  EXPECT_EQ(env_of(s, "ROLE_NAME"), "default");
-  EXPECT_EQ(env_of(s, "ROLE_RANK"), "2");
-  EXPECT_EQ(env_of(s, "ROLE_WORLD_SIZE"), "4");
-  EXPECT_EQ(env_of(s, "MASTER_ADDR"), "127.0.0.1");
-  EXPECT_EQ(env_of(s, "MASTER_PORT"), "20000");
-  EXPECT_EQ(env_of(s, "TORCHELASTIC_RESTART_COUNT"), "0");
-  EXPECT_EQ(env_of(s, "TORCHELASTIC_MAX_RESTARTS"), "0");
-  EXPECT_EQ(env_of(s, "TORCHELASTIC_RUN_ID"), "job");
-  EXPECT_EQ(env_of(s, "TORCHELASTIC_USE_AGENT_STORE"), "False");
-  EXPECT_EQ(env_of(s, "TORCHELASTIC_ERROR_FILE"),
+  EXPECT_EQ(env_value(s, "RANK"), "2");
+  EXPECT_EQ(env_value(s, "LOCAL_RANK"), "2");
+  EXPECT_EQ(env_value(s, "WORLD_SIZE"), "4");
+  EXPECT_EQ(env_value(s, "LOCAL_WORLD_SIZE"), "4");
+  EXPECT_EQ(env_value(s, "GROUP_RANK"), "0");
+  EXPECT_EQ(env_value(s, "GROUP_WORLD_SIZE"), "1");
+  EXPECT_EQ(env_value(s, "ROLE_NAME"), "default");
+  EXPECT_EQ(env_value(s, "ROLE_RANK"), "2");
+  EXPECT_EQ(env_value(s, "ROLE_WORLD_SIZE"), "4");
+  EXPECT_EQ(env_value(s, "MASTER_ADDR"), "127.0.0.1");
+  EXPECT_EQ(env_value(s, "MASTER_PORT"), "20000");
+  EXPECT_EQ(env_value(s, "TORCHELASTIC_RESTART_COUNT"), "0");
+  EXPECT_EQ(env_value(s, "TORCHELASTIC_MAX_RESTARTS"), "0");
+  EXPECT_EQ(env_value(s, "TORCHELASTIC_RUN_ID"), "job");
+  EXPECT_EQ(env_value(s, "TORCHELASTIC_USE_AGENT_STORE"), "False");
+  EXPECT_EQ(env_value(s, "TORCHELASTIC_ERROR_FILE"),
             (dir.path() / "job" / "attempt_0" / "2" / "error.json").string());
-  EXPECT_EQ(env_of(s, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
-  EXPECT_EQ(env_of(s, "OMP_NUM_THREADS"), "7");  // the user's wins
-  EXPECT_EQ(env_of(s, "HOME"), "/root");         // inherited
+  EXPECT_EQ(env_value(s, "TORCH_NCCL_ASYNC_ERROR_HANDLING"), "1");
+  EXPECT_EQ(env_value(s, "OMP_NUM_THREADS"), "7");  // the user's wins
+  EXPECT_EQ(env_value(s, "HOME"), "/root");         // inherited
   EXPECT_EQ(s.argv, (std::vector<std::string>{"/bin/true", "--rank", "2"}));
   EXPECT_EQ(s.prefix, "[default2]:");
   EXPECT_EQ(messages.find("OMP_NUM_THREADS"), std::string::npos);
@@ -105,14 +98,14 @@ TEST_F(AgentTest, SetsTheWholeEnvContract) {
 
 TEST_F(AgentTest, SetsOmpNumThreadsAndSaysSoWhenUnset) {
   run();
-  EXPECT_EQ(env_of(env.spawned[0], "OMP_NUM_THREADS"), "1");
+  EXPECT_EQ(env_value(env.spawned[0], "OMP_NUM_THREADS"), "1");
   EXPECT_THAT(messages, HasSubstr("OMP_NUM_THREADS=1"));
 }
 
 TEST_F(AgentTest, FailureStopsTheOthersAndReportsTheRootCause) {
   env.behave = [](const ProcessSpec& s, int) {
     Behaviour b;
-    if (env_of(s, "LOCAL_RANK") == "2") {
+    if (env_value(s, "LOCAL_RANK") == "2") {
       b.runs_for = ms(5);
       b.exit = ExitStatus{3, 0};
       b.error_file_text =
@@ -147,8 +140,8 @@ TEST_F(AgentTest, RestartsWithACountAndAFreshPortUntilSuccess) {
   options.max_restarts = 3;
   env.behave = [](const ProcessSpec& s, int) {
     Behaviour b;
-    if (env_of(s, "TORCHELASTIC_RESTART_COUNT") == "0" &&
-        env_of(s, "LOCAL_RANK") == "1") {
+    if (env_value(s, "TORCHELASTIC_RESTART_COUNT") == "0" &&
+        env_value(s, "LOCAL_RANK") == "1") {
       b.exit = ExitStatus{1, 0};
       b.runs_for = ms(2);
     }
@@ -160,11 +153,11 @@ TEST_F(AgentTest, RestartsWithACountAndAFreshPortUntilSuccess) {
   EXPECT_EQ(r.attempts[0].outcome, "failed");
   EXPECT_EQ(r.attempts[1].outcome, "succeeded");
   ASSERT_EQ(env.spawned.size(), 8u);
-  EXPECT_EQ(env_of(env.spawned[4], "TORCHELASTIC_RESTART_COUNT"), "1");
-  EXPECT_EQ(env_of(env.spawned[4], "TORCHELASTIC_MAX_RESTARTS"), "3");
-  EXPECT_NE(env_of(env.spawned[0], "MASTER_PORT"),
-            env_of(env.spawned[4], "MASTER_PORT"));
-  EXPECT_THAT(env_of(env.spawned[4], "TORCHELASTIC_ERROR_FILE"),
+  EXPECT_EQ(env_value(env.spawned[4], "TORCHELASTIC_RESTART_COUNT"), "1");
+  EXPECT_EQ(env_value(env.spawned[4], "TORCHELASTIC_MAX_RESTARTS"), "3");
+  EXPECT_NE(env_value(env.spawned[0], "MASTER_PORT"),
+            env_value(env.spawned[4], "MASTER_PORT"));
+  EXPECT_THAT(env_value(env.spawned[4], "TORCHELASTIC_ERROR_FILE"),
               HasSubstr("attempt_1"));
   EXPECT_THAT(messages,
               HasSubstr("restarting the worker group (restart 1 of 3)"));
@@ -174,7 +167,7 @@ TEST_F(AgentTest, GivesUpWhenRestartsRunOutWithTheLastRootCause) {
   options.max_restarts = 2;
   env.behave = [](const ProcessSpec& s, int) {
     Behaviour b;
-    if (env_of(s, "LOCAL_RANK") == "3") {
+    if (env_value(s, "LOCAL_RANK") == "3") {
       b.exit = ExitStatus{0, SIGSEGV};
       b.runs_for = ms(1);
     } else {
@@ -192,7 +185,7 @@ TEST_F(AgentTest, SigkillFollowsTermTimeoutForWorkersIgnoringSigterm) {
   options.term_timeout = std::chrono::seconds(30);
   env.behave = [](const ProcessSpec& s, int) {
     Behaviour b;
-    if (env_of(s, "LOCAL_RANK") == "0") {
+    if (env_value(s, "LOCAL_RANK") == "0") {
       b.exit = ExitStatus{5, 0};
     } else {
       b.never_exits = true;
@@ -217,9 +210,9 @@ TEST_F(AgentTest, AWorkerThatSurvivesSigkillIsAbandonedAfterKillTimeout) {
   options.kill_timeout = ms(500);
   env.behave = [](const ProcessSpec& s, int) {
     Behaviour b;
-    if (env_of(s, "LOCAL_RANK") == "0") {
+    if (env_value(s, "LOCAL_RANK") == "0") {
       b.exit = ExitStatus{1, 0};
-    } else if (env_of(s, "LOCAL_RANK") == "1") {
+    } else if (env_value(s, "LOCAL_RANK") == "1") {
       b.never_exits = true;
       b.stuck = true;
     } else {
@@ -304,7 +297,7 @@ TEST_F(AgentTest, ANonExecutableFileExits127) {
 
 TEST_F(AgentTest, ASpawnFailureIsTheRootCauseWithExit127) {
   env.fail_spawn = [](const ProcessSpec& s) {
-    return env_of(s, "LOCAL_RANK") == "2";
+    return env_value(s, "LOCAL_RANK") == "2";
   };
   env.behave = [](const ProcessSpec&, int) {
     Behaviour b;
@@ -345,7 +338,7 @@ TEST_F(AgentTest, PrefixTemplateComesFromTheEnvironment) {
   options.role = "trainer";
   run();
   EXPECT_EQ(env.spawned[3].prefix, "trainer/3|3> ");
-  EXPECT_EQ(env_of(env.spawned[3], "ROLE_NAME"), "trainer");
+  EXPECT_EQ(env_value(env.spawned[3], "ROLE_NAME"), "trainer");
 }
 
 TEST_F(AgentTest, WithoutLogDirTheTemporaryFolderIsRemoved) {

@@ -3,15 +3,15 @@
 #include <fstream>
 
 namespace dlaunch::agent::testing {
-namespace {
-
 std::string env_value(const ProcessSpec& spec, const std::string& key) {
   for (const auto& kv : spec.env) {
     if (kv.compare(0, key.size() + 1, key + "=") == 0)
       return kv.substr(key.size() + 1);
   }
-  return "";
+  return "<unset>";
 }
+
+namespace {
 
 struct FakeWorkerState {
   int pid = 0;
@@ -83,6 +83,7 @@ std::unique_ptr<Process> FakeEnv::spawn(const ProcessSpec& spec,
   s->pid = next_pid_++;
   s->b = behave(spec, index);
   s->error_file = env_value(spec, "TORCHELASTIC_ERROR_FILE");
+  if (s->error_file == "<unset>") s->error_file.clear();
   s->on_exit = std::move(on_exit);
   if (!s->b.never_exits)
     FakeProcess::exit_after(*this, s, s->b.runs_for, s->b.exit);

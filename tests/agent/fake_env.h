@@ -13,6 +13,9 @@
 
 namespace dlaunch::agent::testing {
 
+// The value of `key` in a spawned worker's environment, "<unset>" if none.
+std::string env_value(const ProcessSpec& spec, const std::string& key);
+
 // What one fake worker does once "started".
 struct Behaviour {
   std::chrono::milliseconds runs_for{10};  // then exits with `exit`
@@ -70,9 +73,6 @@ class FakeEnv : public Env {
   std::vector<int> handled_signals;
   std::chrono::system_clock::time_point now() override {
     return std::chrono::system_clock::time_point(now_);
-  }
-  std::chrono::steady_clock::time_point steady_now() override {
-    return std::chrono::steady_clock::time_point(now_);
   }
   int free_port(const std::string&) override { return next_port_++; }
   void run() override;
