@@ -53,6 +53,14 @@ uint64_t coll_slot(uint64_t prefix, uint32_t tag, uint32_t sub = 0) {
   return (prefix << 56) | (static_cast<uint64_t>(tag) << 24) | (sub & 0xffffff);
 }
 
+// Time left until `deadline`, at least 1 ms (Gloo reads 0 as "no timeout"
+// in places): every wait of one operation shares one deadline.
+milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return std::max(left, milliseconds(1));
+}
+
 std::string ms_text(milliseconds t) {
   if (t.count() % 1000 == 0) return std::to_string(t.count() / 1000) + " s";
   return std::to_string(t.count()) + " ms";
@@ -192,7 +200,8 @@ class P2pWork : public Work {
   void drive() {
     std::exception_ptr error;
     try {
-      theirs_buf_->waitRecv(g_->timeout);
+      const auto deadline = std::chrono::steady_clock::now() + g_->timeout;
+      theirs_buf_->waitRecv(left_until(deadline));
       set_stage("payload of " + std::to_string(t_.nbytes()) +
                 " bytes in transfer");
       std::string mismatch;
@@ -216,11 +225,11 @@ class P2pWork : public Work {
         // touching its buffer, and both sides report the mismatch.
         payload_buf_->send(peer_, p2p_slot(kP2pPayload, tag_), 0,
                            mismatch.empty() ? t_.nbytes() : 0);
-        payload_buf_->waitSend(g_->timeout);
+        payload_buf_->waitSend(left_until(deadline));
       } else {
-        payload_buf_->waitRecv(g_->timeout);
+        payload_buf_->waitRecv(left_until(deadline));
       }
-      mine_buf_->waitSend(g_->timeout);
+      mine_buf_->waitSend(left_until(deadline));
       if (!mismatch.empty()) {
         error = std::make_exception_ptr(CommError(op() + ": " + mismatch));
       }
@@ -842,6 +851,7 @@ class GlooProcessGroup : public ProcessGroup {
     auto& buf = scratch_;
     buf.resize(slot * size());
     const uint64_t this_slot = coll_slot(kCheckSlot, check_seq_++);
+    const auto deadline = std::chrono::steady_clock::now() + timeout();
     auto in = g_->ctx->createUnboundBuffer(staging_.data(), staging_.size());
     // One recv per peer, so that a timeout can say who did not arrive. Each
     // has room for a fused payload: a peer that (wrongly) sends one never
@@ -856,7 +866,7 @@ class GlooProcessGroup : public ProcessGroup {
     for (int j = 0; j < size(); ++j) {
       if (j == rank()) continue;
       try {
-        from[j]->waitRecv(timeout());
+        from[j]->waitRecv(left_until(deadline));
       } catch (const ::gloo::Exception& e) {
         if (std::string(e.what()).find("Timed out") == std::string::npos) {
           throw;
@@ -875,7 +885,7 @@ class GlooProcessGroup : public ProcessGroup {
         throw RanksMissing(missing, e.what());
       }
     }
-    for (int j = 1; j < size(); ++j) in->waitSend(timeout());
+    for (int j = 1; j < size(); ++j) in->waitSend(left_until(deadline));
     for (int j = 0; j < size(); ++j) {
       if (j == rank()) continue;
       std::memcpy(all.data() + j * mine.size(), buf.data() + j * slot,
@@ -916,8 +926,9 @@ class GlooProcessGroup : public ProcessGroup {
         recvs.back()->recv(from, coll_slot(prefix, tag));
       };
       plan(post_send, post_recv);
-      for (auto& b : recvs) b->waitRecv(timeout());
-      for (auto& b : sends) b->waitSend(timeout());
+      const auto deadline = std::chrono::steady_clock::now() + timeout();
+      for (auto& b : recvs) b->waitRecv(left_until(deadline));
+      for (auto& b : sends) b->waitSend(left_until(deadline));
     });
   }
 
@@ -938,12 +949,13 @@ class GlooProcessGroup : public ProcessGroup {
     const int right = (r + 1) % n;
     const int left = (r - 1 + n) % n;
     std::memcpy(send_buf.data(), in[(r - 1 + n) % n].data, bytes);
+    const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (int s = 0; s < n - 1; ++s) {
       const int chunk = (r - s - 2 + 2 * n) % n;
       rbuf->recv(left, coll_slot(kReduceScatterSlot, tag, s));
       sbuf->send(right, coll_slot(kReduceScatterSlot, tag, s));
-      rbuf->waitRecv(timeout());
-      sbuf->waitSend(timeout());
+      rbuf->waitRecv(left_until(deadline));
+      sbuf->waitSend(left_until(deadline));
       void* dst = (s == n - 2) ? out.data : send_buf.data();
       fn(dst, in[chunk].data, recv_buf.data(), out.numel);
     }
