@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -26,7 +25,6 @@ namespace dlaunch::comm::gloo {
 namespace {
 
 namespace tcp = ::gloo::transport::tcp;
-using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 // Slot prefixes (top byte of Gloo's 64-bit slot). Gloo's own collectives use
@@ -369,6 +367,13 @@ void by_element_size(DType d, F&& f) {
   DLAUNCH_CHECK(false, "unexpected element size");
 }
 
+// A ProcessGroup over one Gloo context (a full mesh of TCP pairs). Every
+// collective first exchanges each rank's arguments (agree()), so that bad or
+// mismatched arguments fail identically on every rank before any data moves;
+// then it runs Gloo's algorithm or our own over unbound buffers, with tags
+// from a per-group counter. A failure marks the group unusable and closes
+// its pairs so that peers fail at once. One thread at a time (the
+// ProcessGroup contract); Works may outlive the group.
 class GlooProcessGroup : public ProcessGroup {
  public:
   explicit GlooProcessGroup(std::shared_ptr<GroupState> g) : g_(std::move(g)) {}
