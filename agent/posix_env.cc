@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -34,6 +35,13 @@ void write_all(int fd, std::string_view data) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        // A non-blocking console inherited from our parent: wait as a
+        // blocking write would, so no line is dropped or torn.
+        pollfd p{fd, POLLOUT, 0};
+        ::poll(&p, 1, -1);
+        continue;
+      }
       return;
     }
     data.remove_prefix(static_cast<size_t>(n));

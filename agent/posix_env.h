@@ -7,9 +7,9 @@
 
 namespace dlaunch::agent {
 
-// Writes all of `data` to `fd`, retrying short writes and EINTR; gives up
-// silently on other errors (a console that went away loses the output, never
-// the job).
+// Writes all of `data` to `fd`, retrying short writes, EINTR and EAGAIN (as
+// a blocking write would); gives up silently on other errors (a console
+// that went away loses the output, never the job).
 void write_all(int fd, std::string_view data);
 
 // The real Env: one Boost.Asio event loop (epoll) over pidfds (exits),

@@ -1,8 +1,11 @@
 // `dlaunch` end to end: the real binary, real worker processes (sh), real
 // signals. Each test takes well under a few seconds.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -121,6 +124,43 @@ TEST(Launch, PrefixesEveryLineAndNeverInterleavesWithinALine) {
     if (l.rfind("dlaunch:", 0) == 0) continue;
     std::smatch m;
     ASSERT_TRUE(std::regex_match(l, m, err_line)) << l;
+    EXPECT_EQ(m[1], m[2]);
+  }
+}
+
+TEST(Launch, ANonBlockingSlowConsoleLosesNoLine) {
+  // stdout is a non-blocking pipe nobody reads for a while: dlaunch must
+  // wait for room (EAGAIN), not drop or tear lines.
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  ::fcntl(p[1], F_SETFL, ::fcntl(p[1], F_GETFL) | O_NONBLOCK);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(p[1], 1);
+    ::close(p[0]);
+    ::execl(
+        kDlaunch.c_str(), kDlaunch.c_str(), "--nproc-per-node", "4", "sh", "-c",
+        "i=0; while [ $i -lt 2000 ]; do echo "
+        "line-$LOCAL_RANK-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; "
+        "i=$((i+1)); done",
+        nullptr);
+    ::_exit(127);
+  }
+  ::close(p[1]);
+  std::this_thread::sleep_for(300ms);  // let the pipe fill up
+  std::string data;
+  char buf[65536];
+  for (ssize_t n; (n = ::read(p[0], buf, sizeof buf)) > 0;) data.append(buf, n);
+  ::close(p[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  std::regex line(R"(\[default([0-3])\]:line-([0-3])-x+)");
+  std::vector<std::string> lines = lines_of(data);
+  EXPECT_EQ(lines.size(), 8000u);
+  for (const std::string& l : lines) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(l, m, line)) << l;
     EXPECT_EQ(m[1], m[2]);
   }
 }
