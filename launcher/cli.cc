@@ -143,19 +143,19 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   bool help = false;
   app.add_flag("-h,--help", help);
   std::map<std::string, Flag> f;
-  auto opt = [&](const std::string& key, const std::string& names) {
+  // `key` is the flag's dash name; its variable is PET_KEY_IN_CAPITALS.
+  auto register_flag = [&](const std::string& key, CLI::Option* o) {
     Flag& fl = f[key];
-    fl.opt = app.add_option(names, fl.value);
-    std::string pet = "PET_" + key;
-    for (char& c : pet) c = c == '-' ? '_' : static_cast<char>(std::toupper(c));
-    fl.pet = pet;
+    fl.opt = o;
+    fl.pet = "PET_" + key;
+    for (char& c : fl.pet)
+      c = c == '-' ? '_' : static_cast<char>(std::toupper(c));
+  };
+  auto opt = [&](const std::string& key, const std::string& names) {
+    register_flag(key, app.add_option(names, f[key].value));
   };
   auto flag = [&](const std::string& key, const std::string& names) {
-    Flag& fl = f[key];
-    fl.opt = app.add_flag(names);
-    std::string pet = "PET_" + key;
-    for (char& c : pet) c = c == '-' ? '_' : static_cast<char>(std::toupper(c));
-    fl.pet = pet;
+    register_flag(key, app.add_flag(names));
   };
   opt("nnodes", "--nnodes");
   opt("nproc-per-node", "--nproc-per-node,--nproc_per_node");
