@@ -45,6 +45,12 @@ using KeyMap = std::unordered_map<std::string, V, KeyHash, std::equal_to<>>;
 // Reads are issued into at least this much free buffer space.
 constexpr size_t kMinReadBytes = 16 * 1024;
 constexpr size_t kInitialBufferBytes = 64 * 1024;
+// Buffers grown past this by a large frame are given back once drained.
+constexpr size_t kShrinkAboveBytes = size_t{1} << 20;
+// A connection with this much output not yet written is not read from or
+// served until the client reads: a client that sends without reading
+// cannot make the server buffer without bound.
+constexpr size_t kOutputHighWaterBytes = size_t{4} << 20;
 // A server-side wait longer than this is clamped (steady_timer overflows
 // near the top of its range; nobody waits a year for a key).
 constexpr uint64_t kMaxWaitMs = uint64_t{365} * 24 * 3600 * 1000;
@@ -216,20 +222,27 @@ class Connection : public std::enable_shared_from_this<Connection> {
                       [self = shared_from_this()](
                           const boost::system::error_code& ec, size_t) {
                         self->writing_ = false;
+                        if (self->writing_buf_.capacity() > kShrinkAboveBytes) {
+                          std::string().swap(self->writing_buf_);
+                        }
                         self->writing_buf_.clear();
                         if (ec) return self->close();
                         if (self->close_after_write_ && self->out_.empty())
                           return self->close();
-                        self->flush();
+                        // Output drained: serve what the high-water mark
+                        // held back, and write what is pending.
+                        self->process();
+                        self->read();
                       });
   }
 
  private:
   void read() {
     if (reading_ || closed_ || close_after_write_) return;
-    // Parked with a full frame's worth buffered: stop reading (back-pressure)
-    // until the parked request is answered.
+    // Back-pressure: parked with a full frame's worth buffered, or output
+    // piling up unread, stops reading until that clears.
     if (parked_ && in_end_ - in_begin_ > server_.max_frame_bytes()) return;
+    if (out_.size() >= kOutputHighWaterBytes) return;
     if (in_.size() - in_end_ < kMinReadBytes) make_room(kMinReadBytes);
     reading_ = true;
     socket_.async_read_some(
@@ -244,7 +257,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
                            lower_first(ec.message()));
               return self->close();
             }
-            if (self->in_end_ > self->in_begin_ && !self->parked_) {
+            if (self->in_end_ > self->in_begin_ && !self->parked_ &&
+                self->out_.size() < kOutputHighWaterBytes) {
               return self->reject(
                   "truncated frame: peer closed the connection with " +
                   std::to_string(self->in_end_ - self->in_begin_) +
@@ -259,7 +273,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
         });
   }
 
-  // Ensures `bytes` of free space after in_end_, compacting first.
+  // Ensures `bytes` of free space after in_end_, compacting first. Only while
+  // no read is in flight: the read's buffer points into in_.
   void make_room(size_t bytes) {
     if (in_begin_ > 0) {
       std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
@@ -271,11 +286,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
-  // Handles every complete frame in the buffer unless a request is parked.
+  // Handles every complete frame in the buffer unless a request is parked
+  // or output is piling up, then writes the answers.
   void process() {
-    while (!closed_ && !close_after_write_ && !parked_ && handle_next()) {
+    while (!closed_ && !close_after_write_ && !parked_ &&
+           out_.size() < kOutputHighWaterBytes && handle_next()) {
     }
-    if (in_begin_ == in_end_) in_begin_ = in_end_ = 0;
+    // Rewind (and shrink) a drained buffer, unless a read in flight is
+    // filling it at in_end_.
+    if (!reading_ && in_begin_ == in_end_) {
+      in_begin_ = in_end_ = 0;
+      if (in_.size() > kShrinkAboveBytes) {
+        std::vector<char>(kInitialBufferBytes).swap(in_);
+      }
+    }
     flush();
   }
 
@@ -294,7 +318,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     wire::Frame frame;
     switch (wire::next_frame(avail, server_.max_frame_bytes(), frame, error_)) {
       case wire::DecodeStatus::kNeedMore:
-        if (avail.size() >= wire::kFrameHeaderBytes) {
+        if (avail.size() >= wire::kFrameHeaderBytes && !reading_) {
           // Room for the whole frame, so the reads that complete it fit.
           size_t need = frame_size(avail);
           if (in_.size() - in_begin_ < need) make_room(need - avail.size());

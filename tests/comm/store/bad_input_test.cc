@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <future>
 #include <sstream>
+#include <thread>
 
 #include "comm/store/wire.h"
 #include "tests/comm/store/store_test_util.h"
@@ -211,6 +212,40 @@ TEST_F(BadInputTest, PipelinedRequestsAnswerInOrderEvenBehindABlockedGet) {
   wire::encode_response(ok, expected);
   wire::encode_response(count, expected);
   EXPECT_EQ(s.recv_n(expected.size()), expected);
+}
+
+// Frames that arrive one by one while a get is parked (so a read is in
+// flight when the get completes) are still served in order, and the
+// connection keeps working afterwards.
+TEST_F(BadInputTest, FramesArrivingWhileParkedAreServedInOrder) {
+  RawSocket s(server_->port());
+  s.send(
+      hello() +
+      request({.type = MsgType::kGet, .keys = {"late2"}, .timeout_ms = 5000}));
+  EXPECT_EQ(s.recv_n(wire::kHelloBytes), hello());
+  // Parked: this get and the bystander's wait.
+  ASSERT_TRUE(
+      testing::eventually([&] { return server_->num_waiting() == 2; }, 5s));
+  s.send(request({.type = MsgType::kSet, .keys = {"q"}, .values = {"1"}}));
+  std::this_thread::sleep_for(50ms);  // the server reads it while parked
+  good_->set("late2", "L");
+  wire::Response value;
+  value.type = MsgType::kValue;
+  value.values = {"L"};
+  wire::Response ok;
+  ok.type = MsgType::kOk;
+  std::string expected;
+  wire::encode_response(value, expected);
+  wire::encode_response(ok, expected);
+  EXPECT_EQ(s.recv_n(expected.size()), expected);
+  s.send(request({.type = MsgType::kNumKeys}));
+  wire::Response count;
+  count.type = MsgType::kInteger;
+  count.integer = 2;  // "late2" and "q"
+  expected.clear();
+  wire::encode_response(count, expected);
+  EXPECT_EQ(s.recv_n(expected.size()), expected);
+  EXPECT_EQ(log_.str(), "");
 }
 
 }  // namespace

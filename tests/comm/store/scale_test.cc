@@ -19,19 +19,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using testing::eventually;
 using testing::ms_since;
 using wire::MsgType;
-
-// Polls `cond` until it holds or `timeout` passes (tests only).
-template <typename Cond>
-bool eventually(Cond cond, std::chrono::milliseconds timeout) {
-  auto deadline = Clock::now() + timeout;
-  while (!cond()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(5ms);
-  }
-  return true;
-}
 
 // Raises the soft open-file limit so the test can hold `fds` descriptors;
 // false when the hard limit does not allow it.

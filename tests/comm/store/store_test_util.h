@@ -18,6 +18,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/store/client.h"
@@ -48,6 +49,17 @@ inline int64_t ms_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::steady_clock::now() - start)
       .count();
+}
+
+// Polls `cond` every 5 ms until it holds or `timeout` passes (tests only).
+template <typename Cond>
+bool eventually(Cond cond, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
 }
 
 // A blocking TCP socket on 127.0.0.1; every operation fails the test rather
