@@ -290,14 +290,22 @@ void Agent::on_exit(size_t i, ExitStatus status) {
   if (state_ == State::kStopping && alive_ == 0) group_stopped();
 }
 
+std::vector<size_t> Agent::running() {
+  std::vector<size_t> out;
+  for (size_t j = 0; j < procs_.size(); ++j) {
+    if (procs_[j] && !attempt().workers[j].status) out.push_back(j);
+  }
+  return out;
+}
+
+void Agent::signal_running(int sig) {
+  for (size_t j : running()) procs_[j]->signal_group(sig);
+}
+
 void Agent::stop_group(int sig) {
   state_ = State::kStopping;
-  for (size_t j = 0; j < procs_.size(); ++j) {
-    WorkerRecord& w = attempt().workers[j];
-    if (!procs_[j] || w.status) continue;
-    w.stopped_by_agent = true;
-    procs_[j]->signal_group(sig);
-  }
+  for (size_t j : running()) attempt().workers[j].stopped_by_agent = true;
+  signal_running(sig);
   if (alive_ == 0) {
     group_stopped();
     return;
@@ -313,11 +321,10 @@ void Agent::stop_group(int sig) {
 
 void Agent::on_term_timeout() {
   std::string ranks;
-  for (size_t j = 0; j < procs_.size(); ++j) {
-    if (!procs_[j] || attempt().workers[j].status) continue;
+  for (size_t j : running()) {
     ranks += (ranks.empty() ? "" : ",") + std::to_string(j);
-    procs_[j]->signal_group(SIGKILL);
   }
+  signal_running(SIGKILL);
   sink_("dlaunch: " + std::to_string(alive_) + " worker(s) (local ranks " +
         ranks + ") still running " + seconds(options_.term_timeout) +
         " after being signalled; sending SIGKILL\n");
@@ -327,8 +334,7 @@ void Agent::on_term_timeout() {
 
 void Agent::on_kill_timeout() {
   std::string who;
-  for (size_t j = 0; j < procs_.size(); ++j) {
-    if (!procs_[j] || attempt().workers[j].status) continue;
+  for (size_t j : running()) {
     who += (who.empty() ? "" : ", ") + std::string("local rank ") +
            std::to_string(j) + " (pid " + std::to_string(procs_[j]->pid()) +
            ")";
@@ -344,10 +350,7 @@ void Agent::on_kill_timeout() {
 void Agent::on_signal(int sig) {
   if (state_ == State::kDone) return;
   if (is_forward_only(sig, options_.signals_to_handle)) {
-    for (size_t j = 0; j < procs_.size(); ++j) {
-      if (procs_[j] && !attempt().workers[j].status)
-        procs_[j]->signal_group(sig);
-    }
+    signal_running(sig);
     return;
   }
   if (stop_signal_ != 0) {
@@ -362,10 +365,9 @@ void Agent::on_signal(int sig) {
         std::to_string(alive_) + " worker(s), SIGKILL after " +
         seconds(options_.term_timeout) + "\n");
   if (state_ == State::kStopping) {
-    for (size_t j = 0; j < procs_.size(); ++j) {
-      if (procs_[j] && !attempt().workers[j].status)
-        procs_[j]->signal_group(sig);
-    }
+    // Already stopping after a failure: pass the signal on too, keep the
+    // running SIGKILL deadline.
+    signal_running(sig);
     return;
   }
   stop_group(sig);

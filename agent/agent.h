@@ -41,6 +41,9 @@ class Agent {
   // False when the worker could not be started.
   bool spawn_worker(size_t i, const rendezvous::RendezvousResult& round);
   void on_exit(size_t i, ExitStatus status);
+  // Indices of workers started and not yet exited.
+  std::vector<size_t> running();
+  void signal_running(int sig);
   void stop_group(int sig);
   void on_term_timeout();
   void on_kill_timeout();

@@ -137,6 +137,8 @@ TEST(Launch, ANonBlockingSlowConsoleLosesNoLine) {
   pid_t pid = ::fork();
   if (pid == 0) {
     ::dup2(p[1], 1);
+    int null_fd = ::open("/dev/null", O_WRONLY);
+    ::dup2(null_fd, 2);
     ::close(p[0]);
     ::execl(
         kDlaunch.c_str(), kDlaunch.c_str(), "--nproc-per-node", "4", "sh", "-c",
