@@ -214,8 +214,9 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   };
 
   std::vector<std::string> rest = app.remaining();
-  if (!rest.empty() && rest[0] == "--") rest.erase(rest.begin());
-  if (!rest.empty() && rest[0].size() > 1 && rest[0][0] == '-') {
+  const bool separated = !rest.empty() && rest[0] == "--";
+  if (separated) rest.erase(rest.begin());
+  if (!separated && !rest.empty() && rest[0].size() > 1 && rest[0][0] == '-') {
     return UsageError{"dlaunch: unknown option '" + rest[0] +
                       "'; run 'dlaunch --help' for the valid options"};
   }

@@ -87,6 +87,11 @@ TEST(Cli, EverythingAfterTheProgramBelongsToIt) {
                                       "${local_rank}"}));
   EXPECT_EQ(ok({"--", "prog", "-v"}).agent.entrypoint,
             (std::vector<std::string>{"prog", "-v"}));
+  // After "--" even a name starting with '-' is the program.
+  EXPECT_EQ(ok({"--max-restarts", "1", "--", "-odd-name"}).agent.entrypoint,
+            (std::vector<std::string>{"-odd-name"}));
+  EXPECT_THAT(bad({"--max-restarts", "1", "--bogus", "prog"}).message,
+              HasSubstr("unknown option '--bogus'"));
 }
 
 TEST(Cli, PetVariablesFillFlagsAndTheCommandLineWins) {
