@@ -140,9 +140,11 @@ TEST_F(BadInputTest, ResponseTypeSentAsARequest) {
 
 TEST_F(BadInputTest, MalformedBody) {
   // A set whose key claims 100 bytes in a 6-byte body.
-  expect_rejected(
-      hello() + frame_header(6, 1) + std::string("\x64\x00\x00\x00ab", 6),
-      "set frame of 6 bytes is malformed: truncated body");
+  expect_rejected(hello() + frame_header(6, 1) +
+                      std::string("\x64\x00\x00\x00"
+                                  "ab",
+                                  6),
+                  "set frame of 6 bytes is malformed: truncated body");
 }
 
 TEST_F(BadInputTest, TruncatedFrameThenHangUp) {

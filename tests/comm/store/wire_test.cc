@@ -186,7 +186,10 @@ TEST(WireTest, MalformedRequestBodiesAreBadWithAReason) {
     std::string error;
   };
   std::vector<Case> cases = {
-      {MsgType::kSet, std::string("\x05\x00\x00\x00ab", 6),
+      {MsgType::kSet,
+       std::string("\x05\x00\x00\x00"
+                   "ab",
+                   6),
        "set frame of 6 bytes is malformed: truncated body"},
       {MsgType::kGet, std::string("\x01\x00\x00\x00k\x01\x02", 7),
        "get frame of 7 bytes is malformed: truncated body"},
