@@ -203,7 +203,8 @@ class P2pWork : public Work {
       set_stage("payload of " + std::to_string(t_.nbytes()) +
                 " bytes in transfer");
       std::string mismatch;
-      if (theirs_.magic != kMagic) {
+      if (theirs_.magic != kMagic ||
+          theirs_.dtype > static_cast<uint32_t>(DType::kI64)) {
         mismatch = "rank " + std::to_string(peer_) +
                    " sent a corrupt p2p header (is it a dlaunch build with "
                    "the same protocol?)";
@@ -905,8 +906,10 @@ class GlooProcessGroup : public ProcessGroup {
   // Largest all_reduce (bytes per rank) whose data travels with its
   // arguments in one message to each peer: one round trip instead of the
   // ring's 2(n-1), for (n-1) times the traffic, so small totals only.
+  // A multiple of 64 bytes, so that every slot's payload stays aligned for
+  // any dtype (the words before it are 8-byte multiples too).
   size_t fused_capacity() const {
-    return size() > 1 ? g_->fused_bytes / (size() - 1) : 0;
+    return size() > 1 ? g_->fused_bytes / (size() - 1) / 64 * 64 : 0;
   }
   // Rank j's fused payload of the last check.
   char* payload_of(int j) {
