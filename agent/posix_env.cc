@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -89,6 +90,7 @@ struct WorkerInit {
   int out_fd;
   int err_fd;
   pid_t parent;
+  rlimit nofile;  // the open-file limit dlaunch itself was started with
 
   template <typename Launcher, typename Path>
   bp::error_code on_setup(Launcher& launcher, const Path&, const char* const*) {
@@ -103,6 +105,8 @@ struct WorkerInit {
         ::dup2(err_fd, STDERR_FILENO) < 0) {
       return bp::error_code(errno, boost::system::system_category());
     }
+    // The embedded store raises dlaunch's own limit; workers get the user's.
+    ::setrlimit(RLIMIT_NOFILE, &nofile);
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     // The agent may have died between fork and prctl: then nobody would
@@ -138,8 +142,9 @@ struct PosixEnv::Impl {
   std::function<void(int)> signal_handler;
   Watchdog watchdog;
   std::chrono::milliseconds drain_timeout{std::chrono::seconds(2)};
-  Fd dev_null;  // write end for discarded streams
-  Fd null_in;   // stdin for workers when the agent's is a terminal
+  Fd dev_null;      // write end for discarded streams
+  Fd null_in;       // stdin for workers when the agent's is a terminal
+  rlimit nofile{};  // RLIMIT_NOFILE when the env was made
 
   void wait_signal() {
     signals->async_wait([this](const boost::system::error_code& ec, int sig) {
@@ -324,7 +329,9 @@ class AsioTimer : public Timer {
 
 }  // namespace
 
-PosixEnv::PosixEnv() : impl_(std::make_unique<Impl>()) {}
+PosixEnv::PosixEnv() : impl_(std::make_unique<Impl>()) {
+  ::getrlimit(RLIMIT_NOFILE, &impl_->nofile);
+}
 PosixEnv::~PosixEnv() = default;
 
 void PosixEnv::set_drain_timeout(std::chrono::milliseconds t) {
@@ -384,10 +391,12 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
     env.null_in.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   }
   WorkerInit init{
-      envp.data(), env.null_in.get(),
+      envp.data(),
+      env.null_in.get(),
       child_ends[0].get() >= 0 ? child_ends[0].get() : env.dev_null.get(),
       child_ends[1].get() >= 0 ? child_ends[1].get() : env.dev_null.get(),
-      ::getpid()};
+      ::getpid(),
+      env.nofile};
 
   // vfork: no copy of the agent's page tables, so a spawn costs about what
   // it costs a tiny C program. The launcher calls notify_fork() on the

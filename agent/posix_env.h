@@ -23,6 +23,8 @@ void write_all(int fd, std::string_view data);
 // that calls run().
 class PosixEnv : public Env {
  public:
+  // Records the open-file limit now: workers get it back even when
+  // something in dlaunch (the embedded store) raises dlaunch's own later.
   PosixEnv();
   ~PosixEnv() override;
 

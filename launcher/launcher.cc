@@ -20,6 +20,7 @@ void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
 }  // namespace
 
 int launch(const LaunchOptions& options) {
+  agent::PosixEnv env;  // first: it records the limits workers get
   // --standalone: this node hosts the rendezvous store on torchrun's
   // localhost:0 endpoint. Workers do not use it
   // (TORCHELASTIC_USE_AGENT_STORE=False: rank 0 serves theirs).
@@ -33,7 +34,6 @@ int launch(const LaunchOptions& options) {
           e.what());
     }
   }
-  agent::PosixEnv env;
   env.set_drain_timeout(options.agent.drain_timeout);
   agent::rendezvous::StaticRendezvous rdzv(
       options.agent.master_addr, options.agent.master_port,

@@ -88,6 +88,20 @@ TEST(Launch, RankZeroCanBindMasterPort) {
   EXPECT_THAT(r.out, HasSubstr("[default0]:bound "));
 }
 
+TEST(Launch, WorkersKeepTheUsersOpenFileLimit) {
+  // The embedded store raises dlaunch's own soft limit to the hard one;
+  // workers must still see the limit dlaunch was started with.
+  CommandResult r =
+      testing::run_command({{"sh", "-c",
+                             "ulimit -Sn 512 && exec " + kDlaunch +
+                                 " --standalone sh -c 'ulimit -Sn'"},
+                            {},
+                            {},
+                            ""});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[default0]:512\n");
+}
+
 TEST(Launch, ReplacesLocalRankInArguments) {
   CommandResult r =
       dlaunch({"--nproc-per-node", "2", "echo", "shard-${local_rank}"});
