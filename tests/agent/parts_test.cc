@@ -6,6 +6,7 @@
 #include "agent/line_buffer.h"
 #include "agent/options.h"
 #include "agent/program.h"
+#include "agent/rendezvous/static_rendezvous.h"
 #include "agent/report.h"
 #include "agent/worker_env.h"
 #include "tests/testing/temp_dir.h"
@@ -147,6 +148,31 @@ TEST(Report, SummaryHasEveryAttemptAndTheRootCause) {
   EXPECT_THAT(text, HasSubstr("exit code 7"));
   EXPECT_EQ(format_time(WallTime(std::chrono::milliseconds(1500))),
             "1970-01-01T00:00:01.500Z");
+}
+
+TEST(StaticRendezvous, OneNodeRoundsWithAFreshPortUnlessOneWasGiven) {
+  int picked = 30000;
+  rendezvous::StaticRendezvous picking("127.0.0.1", 0,
+                                       [&](const std::string& host) {
+                                         EXPECT_EQ(host, "127.0.0.1");
+                                         return picked++;
+                                       });
+  auto r0 = picking.next_round(4, std::chrono::seconds(1));
+  auto r1 = picking.next_round(4, std::chrono::seconds(1));
+  EXPECT_EQ(r0.round, 0);
+  EXPECT_EQ(r1.round, 1);
+  EXPECT_EQ(r0.group_rank, 0);
+  EXPECT_EQ(r0.group_world_size, 1);
+  EXPECT_EQ(r0.world_size, 4);
+  EXPECT_EQ(r0.master_port, 30000);
+  EXPECT_EQ(r1.master_port, 30001);
+  rendezvous::StaticRendezvous fixed("10.0.0.1", 29500, [](const std::string&) {
+    ADD_FAILURE() << "a fixed port must not be replaced";
+    return 0;
+  });
+  EXPECT_EQ(fixed.next_round(2, std::chrono::seconds(1)).master_port, 29500);
+  EXPECT_EQ(fixed.next_round(2, std::chrono::seconds(1)).master_addr,
+            "10.0.0.1");
 }
 
 TEST(ExitStatusTest, DescribesAndMapsToShellCodes) {
