@@ -163,6 +163,30 @@ TEST(GlooErrorsTest, SendRecvSizeMismatchFailsBothSidesAndLeavesTagUsable) {
   });
 }
 
+TEST(GlooErrorsTest, ZeroLengthTensorsAndP2pDtypeMismatch) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<float> none;
+    pg.all_reduce(Tensor::of(none));
+    pg.broadcast(Tensor::of(none), 1);
+    const int peer = 1 - pg.rank();
+    auto s = pg.isend(Tensor::of(none), peer, 4);
+    auto r = pg.irecv(Tensor::of(none), peer, 4);
+    s->wait(pg.timeout());
+    r->wait(pg.timeout());
+    // Same byte count, different dtype: still a mismatch.
+    std::vector<float> f(2, 1.0f);
+    std::vector<int32_t> i(2, 5);
+    if (pg.rank() == 0) {
+      expect_comm_error([&] { pg.send(Tensor::of(f), 1, 6); },
+                        {"2 elements of int32", "2 elements of float32"});
+    } else {
+      expect_comm_error([&] { pg.recv(Tensor::of(i), 0, 6); },
+                        {"2 elements of float32", "2 elements of int32"});
+      EXPECT_EQ(i[0], 5);
+    }
+  });
+}
+
 TEST(GlooErrorsTest, WorkWaitTimesOutAndCanBeWaitedAgain) {
   run_ranks(2, [](ProcessGroup& pg) {
     std::vector<int64_t> v{pg.rank() == 0 ? 42 : 0};

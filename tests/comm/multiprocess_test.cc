@@ -104,6 +104,43 @@ TEST(MultiProcessTest, EachCollectiveUnderDlaunch) {
   }
 }
 
+TEST(MultiProcessTest, BusyMasterPortAndUnreachableStoreAreClearErrors) {
+  // Something else listens on the port rank 0 should serve the store on.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string busy = std::to_string(ntohs(a.sin_port));
+  auto procs = start_workers(1, {"collectives"},
+                             {{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", busy},
+                              {"DLAUNCH_COMM_TIMEOUT", "5"}});
+  CommandResult res = procs[0]->wait(seconds(30));
+  close(fd);
+  EXPECT_EQ(res.exit_code, 3);
+  EXPECT_THAT(res.err,
+              HasSubstr("rank 0 cannot serve the store on port " + busy));
+  EXPECT_THAT(res.err, HasSubstr("MASTER_PORT must be free"));
+
+  // Rank 1 of 2 with no rank 0 anywhere: gives up after the timeout.
+  CommandOptions o;
+  o.argv = {kWorker, "collectives"};
+  o.env = {{"MASTER_ADDR", "127.0.0.1"},
+           {"MASTER_PORT", std::to_string(free_port())},
+           {"RANK", "1"},
+           {"WORLD_SIZE", "2"},
+           {"DLAUNCH_COMM_TIMEOUT", "1"}};
+  CommandResult lone = dlaunch::testing::run_command(o, seconds(30));
+  EXPECT_EQ(lone.exit_code, 3);
+  EXPECT_THAT(lone.err, HasSubstr("rank 1 cannot reach the store that rank 0 "
+                                  "serves at 127.0.0.1:"));
+  EXPECT_LT(lone.elapsed, seconds(10));
+}
+
 TEST(MultiProcessTest, PeerKilledMidAllReduceFailsTheOthersFast) {
   // Timeout 60 s: the survivors must notice the death itself, not time out.
   auto procs = start_workers(4, {"allreduce-loop"},
