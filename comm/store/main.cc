@@ -3,6 +3,8 @@
 // SIGTERM.
 
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -35,6 +37,10 @@ int main(int argc, char** argv) {
     app.exit(e);
     return 2;
   }
+
+  // Log lines (bad input, accept failures) go to stderr; stdout carries only
+  // the "listening" line that scripts read.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("dl-store"));
 
   // Block the stop signals before the server thread starts, so only the
   // sigwait below receives them.

@@ -70,6 +70,10 @@ void raise_fd_limit() {
 
 class Connection;
 
+// The server's state: the listening socket, the key-value map, the per-key
+// waiter lists and the connection table, all touched only by the event-loop
+// thread (stop() posts its work there). The atomics are the only members
+// other threads read.
 class StoreServer::Impl {
  public:
   explicit Impl(const StoreServerOptions& options)
@@ -104,7 +108,6 @@ class StoreServer::Impl {
   void unpark(Connection& c);
   // Counts keys of `keys` not present; registers `c` as a waiter on them.
   size_t register_missing(Connection& c, const std::vector<std::string>& keys);
-  void respond(Connection& c);
   void respond_error(Connection& c, std::string message);
   std::string* find(std::string_view key) {
     auto it = data_.find(key);
@@ -128,6 +131,7 @@ class StoreServer::Impl {
   wire::Response response_;  // scratch, reused for every response
   uint64_t next_wait_id_ = 0;
   bool shutting_down_ = false;
+  bool accept_failing_ = false;  // logged the current accept failure
   // Written by the event loop, read by any thread.
   std::atomic<size_t> num_connections_{0};
   std::atomic<size_t> num_waiting_{0};
@@ -451,6 +455,7 @@ void StoreServer::Impl::accept_ready() {
         ::close(fd);
         continue;
       }
+      accept_failing_ = false;
       auto c = std::make_shared<Connection>(*this, std::move(socket));
       connections_.emplace(c.get(), c);
       num_connections_.store(connections_.size(), std::memory_order_relaxed);
@@ -460,10 +465,14 @@ void StoreServer::Impl::accept_ready() {
     int err = errno;
     if (err == EINTR || err == ECONNABORTED) continue;
     if (err == EAGAIN || err == EWOULDBLOCK) return accept();
-    // Out of file descriptors (or similar): say so and retry shortly rather
-    // than spin on a queue that stays readable.
-    spdlog::warn("store: cannot accept connections: {}; retrying in 100 ms",
-                 errno_text(err));
+    // Out of file descriptors (or similar): say so once per episode and
+    // retry shortly rather than spin on a queue that stays readable.
+    if (!accept_failing_) {
+      spdlog::warn(
+          "store: cannot accept connections: {}; retrying every 100 ms",
+          errno_text(err));
+    }
+    accept_failing_ = true;
     accept_retry_.expires_after(std::chrono::milliseconds(100));
     accept_retry_.async_wait([this](const boost::system::error_code& e) {
       if (!e && !shutting_down_) accept();

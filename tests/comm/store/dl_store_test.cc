@@ -4,7 +4,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <regex>
+#include <vector>
 
 #include "tests/comm/store/store_test_util.h"
 
@@ -61,6 +63,49 @@ TEST(DlStoreTest, PortInUseExitsOneNamingTheAddress) {
   EXPECT_EQ(child.wait(), 1);
   EXPECT_EQ(child.read_stderr(), "dl-store: cannot bind store to 127.0.0.1:" +
                                      port + ": address already in use\n");
+}
+
+// Out of file descriptors, the server logs once, keeps serving the clients
+// it has, and accepts again once descriptors free up.
+TEST(DlStoreTest, SurvivesRunningOutOfFileDescriptors) {
+  Child child({"/bin/sh", "-c",
+               "ulimit -n 32 && exec " + bin("dl-store") +
+                   " --host 127.0.0.1 --port 0"});
+  uint16_t port = start_dl_store(child);
+  ASSERT_NE(port, 0);
+  std::vector<std::unique_ptr<TcpStore>> clients;
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.connect_timeout = std::chrono::milliseconds(300);
+  bool refused = false;
+  while (!refused && clients.size() < 64) {
+    try {
+      clients.push_back(TcpStore::connect(o));
+    } catch (const StoreError& e) {
+      refused = true;
+      EXPECT_THAT(e.what(), HasSubstr("unreachable after 300 ms"));
+    }
+  }
+  ASSERT_TRUE(refused) << "the fd limit never bit";
+  EXPECT_GT(clients.size(), 10u);
+  clients.front()->set("k", "v");
+  EXPECT_EQ(clients.back()->get("k"), "v");
+  clients.resize(clients.size() - 5);
+  o.connect_timeout = std::chrono::seconds(10);
+  EXPECT_EQ(TcpStore::connect(o)->get("k"), "v");
+  child.signal(SIGTERM);
+  EXPECT_EQ(child.wait(), 0);
+  std::string err = child.read_stderr();
+  size_t lines = 0;
+  for (size_t at = 0;
+       (at = err.find("cannot accept connections", at)) != std::string::npos;
+       ++at) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1u) << err;
+  EXPECT_THAT(err, HasSubstr("cannot accept connections: too many open "
+                             "files; retrying every 100 ms"));
 }
 
 // An agent hosts the server and spawns workers: neither the listening socket
