@@ -12,6 +12,7 @@
 #include "comm/file_store.h"
 #include "comm/gloo/process_group.h"
 #include "comm/store/client.h"
+#include "comm/store/hash_store.h"
 #include "comm/store/server.h"
 
 namespace dlaunch::comm {
@@ -182,6 +183,13 @@ std::unique_ptr<ProcessGroup> make_process_group(
     int world_size, std::chrono::milliseconds timeout) {
   check_backend(backend);
   gloo::GroupOptions o;
+  o.store_thread_safe = dynamic_cast<store::HashStore*>(store.get()) ||
+                        dynamic_cast<FileStore*>(store.get());
+  if (auto* tcp = dynamic_cast<store::TcpStore*>(store.get())) {
+    o.store_clone = [tcp] {
+      return std::shared_ptr<store::Store>(tcp->clone());
+    };
+  }
   o.store = std::move(store);
   o.rank = rank;
   o.size = world_size;
@@ -236,6 +244,7 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
       auto fs = std::make_shared<FileStore>(path);
       fs->set_timeout(timeout);
       g.store = fs;
+      g.store_thread_safe = true;
     } catch (const store::StoreError& e) {
       throw CommError("init_method " + method + ": " + e.what());
     }
@@ -265,7 +274,12 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
     so.port = static_cast<uint16_t>(port);
     so.connect_timeout = timeout;
     so.timeout = timeout;
-    g.store = store::TcpStore::connect(so);
+    std::shared_ptr<store::TcpStore> tcp = store::TcpStore::connect(so);
+    // Each group created later rendezvous over its own connection.
+    g.store_clone = [tcp] {
+      return std::shared_ptr<store::Store>(tcp->clone());
+    };
+    g.store = tcp;
   } catch (const store::StoreError& e) {
     throw CommError("rank " + std::to_string(g.rank) +
                     " cannot reach the store that rank 0 serves at " + host +

@@ -1117,6 +1117,8 @@ std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& o) {
   }
   auto shared = std::make_shared<SharedStore>();
   shared->store = o.store;
+  shared->thread_safe = o.store_thread_safe;
+  shared->clone = o.store_clone;
   shared->owned = o.owned;
   return GlooProcessGroup::joined(
       GlooProcessGroup::connect(o, std::move(shared)));

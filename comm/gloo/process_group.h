@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -10,9 +11,15 @@
 namespace dlaunch::comm::gloo {
 
 struct GroupOptions {
-  // Rendezvous store; every group derived from this one shares it (calls are
-  // serialised internally). Required.
+  // Rendezvous store; every group derived from this one shares it. Required.
   std::shared_ptr<store::Store> store;
+  // True when `store` may be used from several threads at once (HashStore,
+  // FileStore). Default false: calls are serialised.
+  bool store_thread_safe = false;
+  // Opens another connection to the store, so that groups created from
+  // different threads at once each block on their own (TcpStore::clone).
+  // Default empty.
+  std::function<std::shared_ptr<store::Store>()> store_clone;
   // This process's rank in [0, size). Required.
   int rank = -1;
   // Number of ranks. Required.

@@ -5,22 +5,29 @@ namespace dlaunch::comm::gloo {
 StoreAdapter::StoreAdapter(std::shared_ptr<SharedStore> store,
                            std::string prefix,
                            std::chrono::milliseconds timeout)
-    : store_(std::move(store)), prefix_(std::move(prefix)), timeout_(timeout) {}
+    : store_(std::move(store)), prefix_(std::move(prefix)), timeout_(timeout) {
+  if (store_->clone) {
+    own_ = store_->clone();
+    own_->set_timeout(timeout_);
+  }
+}
 
 std::string StoreAdapter::full(const std::string& key) const {
   return prefix_ + "/" + key;
 }
 
 void StoreAdapter::set(const std::string& key, const std::vector<char>& data) {
-  std::lock_guard lock(store_->mu);
-  store_->store->set(full(key), std::string_view(data.data(), data.size()));
+  with_store([&](store::Store& s) {
+    s.set(full(key), std::string_view(data.data(), data.size()));
+  });
 }
 
 std::vector<char> StoreAdapter::get(const std::string& key) {
-  std::lock_guard lock(store_->mu);
   std::string k = full(key);
-  store_->store->wait({k}, timeout_);
-  std::string v = store_->store->get(k);
+  std::string v = with_store([&](store::Store& s) {
+    s.wait({k}, timeout_);
+    return s.get(k);
+  });
   return std::vector<char>(v.begin(), v.end());
 }
 
@@ -33,8 +40,8 @@ void StoreAdapter::wait(const std::vector<std::string>& keys,
   std::vector<std::string> full_keys;
   full_keys.reserve(keys.size());
   for (const auto& k : keys) full_keys.push_back(full(k));
-  std::lock_guard lock(store_->mu);
-  store_->store->wait(full_keys, std::min(timeout, timeout_));
+  with_store(
+      [&](store::Store& s) { s.wait(full_keys, std::min(timeout, timeout_)); });
 }
 
 }  // namespace dlaunch::comm::gloo

@@ -3,6 +3,7 @@
 #include <gloo/rendezvous/store.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -12,18 +13,26 @@
 
 namespace dlaunch::comm::gloo {
 
-// A dlaunch Store shared by every group derived from one world group; the
-// mutex serialises the groups' calls (a Store instance is single-threaded).
+// The dlaunch Store shared by every group derived from one world group.
+// Groups may be created from several threads at once, so a rendezvous that
+// blocks must not hold a lock others need: it uses its own connection
+// (`clone`) when the store can make one, the store itself when it is
+// thread-safe, and only otherwise serialises on `mu`.
 struct SharedStore {
-  std::mutex mu;
+  std::mutex mu;  // guards `store` unless it is thread-safe
   std::shared_ptr<store::Store> store;
+  bool thread_safe = false;  // HashStore, FileStore
+  // Opens another connection to the same store (TcpStore::clone); empty
+  // when the store cannot.
+  std::function<std::shared_ptr<store::Store>()> clone;
   std::shared_ptr<void> owned;  // e.g. the store server rank 0 hosts
 };
 
 // Gloo's rendezvous store over a dlaunch Store, with every key under
 // "<prefix>/". Gloo's connectFullMesh calls get() without wait(), so get()
 // blocks until the key exists, bounded by `timeout`. Used by one thread (the
-// one creating a group).
+// one creating a group), through its own connection where SharedStore can
+// make one.
 class StoreAdapter : public ::gloo::rendezvous::Store {
  public:
   StoreAdapter(std::shared_ptr<SharedStore> store, std::string prefix,
@@ -38,7 +47,17 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
  private:
   std::string full(const std::string& key) const;
 
+  // Runs f(store) with whatever exclusion the store needs.
+  template <class F>
+  auto with_store(F&& f) {
+    if (own_) return f(*own_);
+    if (store_->thread_safe) return f(*store_->store);
+    std::lock_guard lock(store_->mu);
+    return f(*store_->store);
+  }
+
   std::shared_ptr<SharedStore> store_;
+  std::shared_ptr<store::Store> own_;  // this adapter's connection, if any
   std::string prefix_;
   std::chrono::milliseconds timeout_;
 };

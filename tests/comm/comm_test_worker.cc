@@ -4,6 +4,7 @@
 //
 //   comm_test_worker collectives [INIT]     every collective once, checked
 //   comm_test_worker allreduce-loop [INIT]  all_reduce until an error
+//   comm_test_worker concurrent-groups [INIT]  sub-groups made on 2 threads
 //
 // Exit 0 on success, 1 on a wrong result, 3 on a CommError (printed).
 #include <unistd.h>
@@ -11,7 +12,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/init.h"
@@ -127,6 +130,45 @@ void collectives(ProcessGroup& pg) {
   std::printf("rank %d of %d: all collectives ok\n", r, n);
 }
 
+// Two threads each create a sub-group of a different parent at the same
+// time and all_reduce on it. Even ranks start with parent `a`, odd ranks
+// with `b`, so each rank's first rendezvous waits for a peer that is busy
+// with the other one: a rendezvous holding a per-process store lock while it
+// waits would deadlock here.
+void concurrent_groups(ProcessGroup& world) {
+  std::vector<int> all(world.size());
+  for (int i = 0; i < world.size(); ++i) all[i] = i;
+  auto a = world.new_group(all);
+  auto b = world.new_group(all);
+  int64_t got[2] = {0, 0};
+  std::exception_ptr err[2];
+  auto body = [&](ProcessGroup* parent, int which, bool late) {
+    try {
+      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      for (int round = 0; round < 3; ++round) {
+        auto g = parent->new_group(all);
+        std::vector<int64_t> v{world.rank() + 1};
+        g->all_reduce(Tensor::of(v));
+        got[which] = v[0];
+      }
+    } catch (...) {
+      err[which] = std::current_exception();
+    }
+  };
+  const bool even = world.rank() % 2 == 0;
+  std::thread t1(body, a.get(), 0, !even);
+  std::thread t2(body, b.get(), 1, even);
+  t1.join();
+  t2.join();
+  for (auto& e : err) {
+    if (e) std::rethrow_exception(e);
+  }
+  const int64_t want = world.size() * (world.size() + 1) / 2;
+  check(got[0] == want && got[1] == want, "concurrent sub-groups");
+  std::printf("rank %d of %d: concurrent groups ok\n", world.rank(),
+              world.size());
+}
+
 int allreduce_loop(ProcessGroup& pg) {
   std::vector<float> v(1 << 20, 1.0f);
   pg.all_reduce(Tensor::of(v));
@@ -176,6 +218,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "allreduce-loop") return allreduce_loop(*pg);
+    if (mode == "concurrent-groups") {
+      concurrent_groups(*pg);
+      return 0;
+    }
     std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
     return 2;
   } catch (const CommError& e) {

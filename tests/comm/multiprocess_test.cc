@@ -92,6 +92,21 @@ TEST(MultiProcessTest, FileInitOnASharedFile) {
   expect_all_ok(procs);
 }
 
+TEST(MultiProcessTest, SubGroupsCreatedFromTwoThreadsAtOnce) {
+  // Over the TCP store: each rendezvous must block on its own connection,
+  // or the two threads' rendezvous would wait for each other across ranks.
+  auto procs = start_workers(3, {"concurrent-groups"},
+                             {{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", std::to_string(free_port())},
+                              {"DLAUNCH_COMM_TIMEOUT", "20"}});
+  for (int r = 0; r < 3; ++r) {
+    CommandResult res = procs[r]->wait(seconds(60));
+    EXPECT_EQ(res.exit_code, 0) << "rank " << r << ": " << res.err;
+    EXPECT_THAT(res.out, HasSubstr("concurrent groups ok"));
+    EXPECT_LT(res.elapsed, seconds(15)) << "rank " << r;
+  }
+}
+
 TEST(MultiProcessTest, EachCollectiveUnderDlaunch) {
   CommandOptions o;
   o.argv = {kDlaunch, "--nproc-per-node", "4", kWorker, "collectives"};
