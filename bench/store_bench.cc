@@ -7,8 +7,16 @@
 //     each client adds to a counter, the last one sets a key and all wait
 //     for it; prints "barrier: C clients in T ms" (median of K rounds)
 //
-// Without --addr it serves an in-process StoreServer on 127.0.0.1.
+// --driver loop drives all C connections from one epoll thread instead
+// (redis-benchmark's model; set/get/add). Without --addr it serves an
+// in-process StoreServer on 127.0.0.1.
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -16,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -23,6 +32,7 @@
 
 #include "comm/store/client.h"
 #include "comm/store/server.h"
+#include "comm/store/wire.h"
 
 namespace {
 
@@ -32,6 +42,7 @@ using dlaunch::comm::store::StoreServerOptions;
 using dlaunch::comm::store::TcpStore;
 using dlaunch::comm::store::TcpStoreOptions;
 using Clock = std::chrono::steady_clock;
+namespace wire = dlaunch::comm::store::wire;
 
 struct Args {
   std::string addr;
@@ -40,6 +51,7 @@ struct Args {
   std::string op = "set";
   int value_bytes = 3;  // redis-benchmark's default -d
   int rounds = 5;
+  std::string driver = "threads";
 };
 
 // A start line all client threads wait behind, released at once.
@@ -82,6 +94,152 @@ double percentile(std::vector<uint32_t>& v, double p) {
   return v[i] / 1000.0;
 }
 
+// Prints "OP: R req/s, p50 X us, p99 Y us" from per-request latencies (ns).
+void report(const std::string& op, std::vector<uint32_t>& all, double secs) {
+  std::printf("%s: %.0f req/s, p50 %.1f us, p99 %.1f us\n", op.c_str(),
+              static_cast<double>(all.size()) / secs, percentile(all, 0.50),
+              percentile(all, 0.99));
+}
+
+uint32_t ns_since(Clock::time_point t0) {
+  return static_cast<uint32_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0)
+          .count());
+}
+
+// One request of `op` on `key`, encoded once and resent as is.
+std::string encode_op(const std::string& op, const std::string& key,
+                      const std::string& value) {
+  wire::Request r;
+  r.keys = {key};
+  if (op == "set") {
+    r.type = wire::MsgType::kSet;
+    r.values = {value};
+  } else if (op == "get") {
+    r.type = wire::MsgType::kGet;
+    r.timeout_ms = 60000;
+  } else {
+    r.type = wire::MsgType::kAdd;
+    r.delta = 1;
+  }
+  std::string out;
+  wire::encode_request(r, out);
+  return out;
+}
+
+// A connected, handshaken socket to the store (blocking), for the loop
+// driver, which speaks the wire protocol itself.
+int raw_connect(const TcpStoreOptions& where) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  std::string port = std::to_string(where.port);
+  if (::getaddrinfo(where.host.c_str(), port.c_str(), &hints, &res) != 0) {
+    throw StoreError("cannot resolve " + where.host);
+  }
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool ok = fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+  ::freeaddrinfo(res);
+  std::string hello;
+  wire::encode_hello(wire::Hello{}, hello);
+  char reply[wire::kHelloBytes];
+  ok = ok && ::send(fd, hello.data(), hello.size(), MSG_NOSIGNAL) ==
+                 static_cast<ssize_t>(hello.size());
+  ok = ok && ::recv(fd, reply, sizeof(reply), MSG_WAITALL) ==
+                 static_cast<ssize_t>(sizeof(reply));
+  if (!ok) {
+    if (fd >= 0) ::close(fd);
+    throw StoreError("cannot connect to store " + where.host + ":" + port +
+                     ": " + std::strerror(errno));
+  }
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+// The --driver loop load: one thread and epoll drive all C connections, one
+// request in flight on each (redis-benchmark's model, so the two servers are
+// measured the same way). Requests are pre-encoded frames sent as raw bytes.
+int run_loop(const Args& args, const TcpStoreOptions& where,
+             const std::string& prefix) {
+  struct Conn {
+    int fd = -1;
+    std::string request;
+    std::string in;
+    int64_t left = 0;
+    Clock::time_point sent;
+  };
+  const int c = args.clients;
+  std::string value(args.value_bytes, 'x');
+  if (args.op == "get") {
+    auto s = TcpStore::connect(where);
+    for (int i = 0; i < c; ++i) s->set(prefix + std::to_string(i), value);
+  }
+  std::vector<Conn> conns(c);
+  int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  for (int i = 0; i < c; ++i) {
+    conns[i].fd = raw_connect(where);
+    conns[i].request = encode_op(args.op, prefix + std::to_string(i), value);
+    conns[i].left = args.requests / c + (i < args.requests % c ? 1 : 0);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u32 = static_cast<uint32_t>(i);
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, conns[i].fd, &ev);
+  }
+  auto send = [&](Conn& k) {
+    k.sent = Clock::now();
+    if (::send(k.fd, k.request.data(), k.request.size(), MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(k.request.size())) {
+      throw StoreError("send failed: " + std::string(std::strerror(errno)));
+    }
+  };
+  std::vector<uint32_t> all;
+  all.reserve(args.requests);
+  int active = 0;
+  auto start = Clock::now();
+  for (Conn& k : conns) {
+    if (k.left > 0) {
+      send(k);
+      ++active;
+    }
+  }
+  std::vector<epoll_event> events(256);
+  char buf[64 * 1024];
+  std::string error;
+  while (active > 0) {
+    int n =
+        ::epoll_wait(ep, events.data(), static_cast<int>(events.size()), 60000);
+    if (n <= 0) throw StoreError("no answer from the store for 60 s");
+    for (int e = 0; e < n; ++e) {
+      Conn& k = conns[events[e].data.u32];
+      ssize_t got = ::recv(k.fd, buf, sizeof(buf), 0);
+      if (got <= 0) throw StoreError("the store closed a connection");
+      k.in.append(buf, static_cast<size_t>(got));
+      wire::Frame f;
+      while (wire::next_frame(k.in, wire::kDefaultMaxFrameBytes, f, error) ==
+             wire::DecodeStatus::kOk) {
+        if (f.type == wire::MsgType::kError ||
+            f.type == wire::MsgType::kTimedOut) {
+          throw StoreError("the store answered " + wire::msg_type_name(f.type));
+        }
+        all.push_back(ns_since(k.sent));
+        k.in.erase(0, f.size);
+        if (--k.left > 0) {
+          send(k);
+        } else {
+          --active;
+        }
+      }
+    }
+  }
+  double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  for (Conn& k : conns) ::close(k.fd);
+  ::close(ep);
+  report(args.op, all, secs);
+  return 0;
+}
+
 int run_ops(const Args& args, std::vector<std::unique_ptr<TcpStore>>& stores,
             const std::string& prefix) {
   const int c = args.clients;
@@ -109,10 +267,7 @@ int run_ops(const Args& args, std::vector<std::unique_ptr<TcpStore>>& stores,
           } else {
             s.add(key, 1);
           }
-          lat[i].push_back(static_cast<uint32_t>(
-              std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  Clock::now() - t0)
-                  .count()));
+          lat[i].push_back(ns_since(t0));
         }
       } catch (const StoreError& e) {
         errors[i] = e.what();
@@ -134,9 +289,7 @@ int run_ops(const Args& args, std::vector<std::unique_ptr<TcpStore>>& stores,
   std::vector<uint32_t> all;
   all.reserve(args.requests);
   for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
-  std::printf("%s: %.0f req/s, p50 %.1f us, p99 %.1f us\n", args.op.c_str(),
-              static_cast<double>(all.size()) / secs, percentile(all, 0.50),
-              percentile(all, 0.99));
+  report(args.op, all, secs);
   return 0;
 }
 
@@ -211,6 +364,12 @@ int main(int argc, char** argv) {
   app.add_option("--value-bytes", args.value_bytes, "value size for set/get")
       ->capture_default_str()
       ->check(CLI::Range(0, 64 << 20));
+  app.add_option("--driver", args.driver,
+                 "threads: one TcpStore per client thread; loop: one epoll "
+                 "thread drives every connection (redis-benchmark's model; "
+                 "set/get/add only)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"threads", "loop"}));
   app.add_option("--rounds", args.rounds, "barrier rounds (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
@@ -220,6 +379,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
+    return 2;
+  }
+
+  if (args.driver == "loop" && args.op == "barrier") {
+    std::cerr << "dl-store-bench: --op barrier needs --driver threads\n";
     return 2;
   }
 
@@ -255,16 +419,17 @@ int main(int argc, char** argv) {
   }
   options.connect_timeout = std::chrono::seconds(10);
 
+  // Keys unique to this run, so runs against one server do not interfere.
+  std::string prefix = "bench/" + std::to_string(::getpid()) + "/" +
+                       std::to_string(Clock::now().time_since_epoch().count()) +
+                       "/";
   try {
+    if (args.driver == "loop") return run_loop(args, options, prefix);
     std::vector<std::unique_ptr<TcpStore>> stores;
     stores.reserve(args.clients);
     for (int i = 0; i < args.clients; ++i) {
       stores.push_back(TcpStore::connect(options));
     }
-    // Keys unique to this run, so runs against one server do not interfere.
-    std::string prefix =
-        "bench/" + std::to_string(::getpid()) + "/" +
-        std::to_string(Clock::now().time_since_epoch().count()) + "/";
     return args.op == "barrier" ? run_barrier(args, stores, prefix)
                                 : run_ops(args, stores, prefix);
   } catch (const StoreError& e) {

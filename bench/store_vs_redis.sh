@@ -2,7 +2,10 @@
 # Compares dl-store with Debian's redis-server on this machine, in one sitting:
 # redis-benchmark and dl-store-bench take turns (3 runs each, interleaved, so
 # background load hits both alike), each server in its own process on
-# loopback. Prints the medians as the markdown table in docs/performance.md.
+# loopback. dl-store-bench runs with both drivers: "loop" (one epoll thread
+# drives all connections, as redis-benchmark does) and "threads" (one
+# TcpStore per client thread, as ranks use the store). Prints the medians as
+# the markdown table in docs/performance.md.
 #
 # Usage: bench/store_vs_redis.sh [BIN_DIR]   (default build/bin; run
 # scripts/build first). Env: RUNS (3), CLIENTS (64), REQUESTS (200000),
@@ -59,31 +62,38 @@ esac
 median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
 : >"$work/redis_set"; : >"$work/redis_get"
-: >"$work/dl_set"; : >"$work/dl_get"; : >"$work/dl_set_p50"; : >"$work/dl_get_p50"
-: >"$work/dl_set_p99"; : >"$work/dl_get_p99"; : >"$work/barrier"
+: >"$work/barrier"
+for d in loop threads; do for op in set get; do for f in "" _p50 _p99; do
+  : >"$work/${d}_${op}${f}"
+done; done; done
 for run in $(seq "$runs"); do
   out="$(redis-benchmark -t set,get -c "$clients" -n "$requests" -p "$redis_port" -q | tr '\r' '\n')"
   echo "$out" | grep -E '^(SET|GET): [0-9.]+ requests per second' | sed 's/^/  redis /' >&2
   echo "$out" | sed -nE 's/^SET: ([0-9.]+) requests per second.*/\1/p' >>"$work/redis_set"
   echo "$out" | sed -nE 's/^GET: ([0-9.]+) requests per second.*/\1/p' >>"$work/redis_get"
-  for op in set get; do
-    line="$("$bin/dl-store-bench" --addr "$store_addr" --clients "$clients" --requests "$requests" --op "$op")"
-    echo "  dl-store $line" >&2
-    echo "$line" | sed -nE 's/^[a-z]+: ([0-9.]+) req\/s.*/\1/p' >>"$work/dl_$op"
-    echo "$line" | sed -nE 's/.*p50 ([0-9.]+) us.*/\1/p' >>"$work/dl_${op}_p50"
-    echo "$line" | sed -nE 's/.*p99 ([0-9.]+) us.*/\1/p' >>"$work/dl_${op}_p99"
+  for d in loop threads; do
+    for op in set get; do
+      line="$("$bin/dl-store-bench" --addr "$store_addr" --clients "$clients" --requests "$requests" --op "$op" --driver "$d")"
+      echo "  dl-store ($d) $line" >&2
+      echo "$line" | sed -nE 's/^[a-z]+: ([0-9.]+) req\/s.*/\1/p' >>"$work/${d}_$op"
+      echo "$line" | sed -nE 's/.*p50 ([0-9.]+) us.*/\1/p' >>"$work/${d}_${op}_p50"
+      echo "$line" | sed -nE 's/.*p99 ([0-9.]+) us.*/\1/p' >>"$work/${d}_${op}_p99"
+    done
   done
   line="$("$bin/dl-store-bench" --addr "$store_addr" --clients "$barrier_clients" --op barrier --rounds 5)"
   echo "  dl-store $line" >&2
   echo "$line" | sed -nE 's/^barrier: [0-9]+ clients in ([0-9.]+) ms.*/\1/p' >>"$work/barrier"
 done
 
-printf '| %s | %s | %s |\n' "operation ($clients clients, $requests requests)" "redis-server req/s" "dl-store req/s (p50 / p99 us)"
-printf '| --- | --- | --- |\n'
+printf '| %s | %s | %s | %s |\n' "$clients clients, $requests requests" \
+  "redis-server req/s" "dl-store req/s, loop driver (p50 / p99 us)" \
+  "dl-store req/s, $clients TcpStore threads (p50 / p99 us)"
+printf '| --- | --- | --- | --- |\n'
 for op in set get; do
-  printf '| %s | %.0f | %.0f (%s / %s) |\n' "$op" \
-    "$(median <"$work/redis_$op")" "$(median <"$work/dl_$op")" \
-    "$(median <"$work/dl_${op}_p50")" "$(median <"$work/dl_${op}_p99")"
+  printf '| %s | %.0f | %.0f (%s / %s) | %.0f (%s / %s) |\n' "$op" \
+    "$(median <"$work/redis_$op")" \
+    "$(median <"$work/loop_$op")" "$(median <"$work/loop_${op}_p50")" "$(median <"$work/loop_${op}_p99")" \
+    "$(median <"$work/threads_$op")" "$(median <"$work/threads_${op}_p50")" "$(median <"$work/threads_${op}_p99")"
 done
 printf '\nbarrier, %s clients: %s ms (median of %s runs, each the median of 5 rounds)\n' \
   "$barrier_clients" "$(median <"$work/barrier")" "$runs"

@@ -24,6 +24,21 @@ TEST(StoreBenchTest, OpsPrintRateAndLatencies) {
   }
 }
 
+TEST(StoreBenchTest, LoopDriverPrintsTheSameLine) {
+  for (const char* op : {"set", "get", "add"}) {
+    Child child({bin("dl-store-bench"), "--driver", "loop", "--clients", "4",
+                 "--requests", "200", "--op", op});
+    EXPECT_THAT(child.read_line(),
+                MatchesRegex(std::string(op) +
+                             ": [0-9]+ req/s, p50 [0-9.]+ us, p99 [0-9.]+ us"));
+    EXPECT_EQ(child.wait(), 0);
+  }
+  Child barrier({bin("dl-store-bench"), "--driver", "loop", "--op", "barrier"});
+  EXPECT_EQ(barrier.wait(), 2);
+  EXPECT_EQ(barrier.read_stderr(),
+            "dl-store-bench: --op barrier needs --driver threads\n");
+}
+
 TEST(StoreBenchTest, BarrierAgainstARunningServer) {
   auto server = testing::start_local_server();
   Child child({bin("dl-store-bench"), "--addr",
