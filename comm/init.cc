@@ -13,6 +13,7 @@
 #include "comm/gloo/process_group.h"
 #include "comm/store/client.h"
 #include "comm/store/hash_store.h"
+#include "comm/store/prefix_store.h"
 #include "comm/store/server.h"
 
 namespace dlaunch::comm {
@@ -241,7 +242,13 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
     }
     resolve_rank(options, false, "init_method " + method, g.rank, g.size);
     try {
-      auto fs = std::make_shared<FileStore>(path);
+      std::shared_ptr<store::Store> fs = std::make_shared<FileStore>(path);
+      // Workers killed by a restart leave their keys in the file; each
+      // attempt of an elastic job keeps to its own key space.
+      if (const char* attempt = env("TORCHELASTIC_RESTART_COUNT")) {
+        fs = std::make_shared<store::PrefixStore>(
+            std::string("attempt") + attempt, fs);
+      }
       fs->set_timeout(timeout);
       g.store = fs;
       g.store_thread_safe = true;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/file_store.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -89,6 +90,24 @@ TEST(MultiProcessTest, FileInitOnASharedFile) {
   auto procs = start_workers(
       3, {"collectives", init},
       {{"DLAUNCH_COMM_TIMEOUT", "60"}, {"DLAUNCH_GLOO_HOST", "127.0.0.1"}});
+  expect_all_ok(procs);
+}
+
+TEST(MultiProcessTest, FileInitIgnoresKeysLeftByAKilledAttempt) {
+  // The previous attempt's workers were killed: their addresses are still in
+  // the file (kept alive here by one open store). The restarted attempt
+  // must not read them.
+  dlaunch::testing::TempDir dir;
+  const std::string path = (dir / "rendezvous").string();
+  auto stale = std::make_shared<FileStore>(path);
+  for (const char* k :
+       {"world/0", "world/1", "attempt0/world/0", "attempt0/world/1"}) {
+    stale->set(k, std::string(64, '\x7f'));
+  }
+  auto procs = start_workers(2, {"collectives", "file://" + path},
+                             {{"DLAUNCH_COMM_TIMEOUT", "20"},
+                              {"DLAUNCH_GLOO_HOST", "127.0.0.1"},
+                              {"TORCHELASTIC_RESTART_COUNT", "1"}});
   expect_all_ok(procs);
 }
 
