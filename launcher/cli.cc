@@ -250,7 +250,19 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
       }
       o.rdzv_backend = v;
     }
-    if (given("rdzv-endpoint")) o.rdzv_endpoint = value("rdzv-endpoint");
+    if (given("rdzv-endpoint")) {
+      const std::string& v = value("rdzv-endpoint");
+      size_t colon = v.rfind(':');
+      if (v.empty() || colon == 0) {
+        throw Bad{"--rdzv-endpoint: '" + v +
+                  "' is not valid; use HOST or HOST:PORT"};
+      }
+      if (colon != std::string::npos) {
+        parse_int_flag("--rdzv-endpoint", v.substr(colon + 1), 0, 65535,
+                       "HOST or HOST:PORT with a port 0..65535");
+      }
+      o.rdzv_endpoint = v;
+    }
     o.standalone = truthy("standalone") || o.rdzv_endpoint.empty();
     if (given("rdzv-id")) o.agent.run_id = value("rdzv-id");
     if (given("nproc-per-node")) {

@@ -85,6 +85,9 @@ TEST(Cli, EverythingAfterTheProgramBelongsToIt) {
   EXPECT_EQ(o.agent.entrypoint,
             (std::vector<std::string>{"prog", "--nproc-per-node", "9", "-x",
                                       "${local_rank}"}));
+  LaunchOptions ep = ok({"--rdzv-endpoint", "node1:29400", "prog"});
+  EXPECT_EQ(ep.rdzv_endpoint, "node1:29400");
+  EXPECT_FALSE(ep.standalone);  // an endpoint was given
   EXPECT_EQ(ok({"--", "prog", "-v"}).agent.entrypoint,
             (std::vector<std::string>{"prog", "-v"}));
   // After "--" even a name starting with '-' is the program.
@@ -160,6 +163,8 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
       {{"--signals-to-handle", "SIGFOO", "true"}, "'SIGFOO' is not valid"},
       {{"--nnodes", "2", "true"}, "--nnodes: '2' is not supported yet"},
       {{"--rdzv-backend", "etcd-v9", "true"}, "use static or c10d"},
+      {{"--rdzv-endpoint", "host:http", "true"}, "HOST or HOST:PORT"},
+      {{"--rdzv-endpoint", ":29400", "true"}, "HOST or HOST:PORT"},
       {{"--start-method", "thread", "true"}, "spawn, fork or forkserver"},
       {{"-m", "--no-python", "x"}, "cannot be used together"},
   };
