@@ -7,7 +7,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <regex>
 #include <thread>
 #include <vector>
 
@@ -82,14 +81,10 @@ TEST(StoreScaleTest, TenThousandConcurrentConnectionsOnOneDlStore) {
   }
   // A separate process, so client and server sockets count against two
   // limits.
-  testing::Child child(
+  auto child = testing::spawn(
       {testing::bin("dl-store"), "--host", "127.0.0.1", "--port", "0"});
-  std::smatch m;
-  std::string line = child.read_line();
-  ASSERT_TRUE(std::regex_match(
-      line, m, std::regex("dl-store listening on 127\\.0\\.0\\.1:([0-9]+)")))
-      << line;
-  uint16_t port = static_cast<uint16_t>(std::stoi(m[1]));
+  uint16_t port = testing::announced_port(*child);
+  ASSERT_NE(port, 0) << child->out();
 
   // hello, add("arrived", 1), wait(["go"]): the add and the wait are handled
   // in one go, so once "arrived" reaches kClients every wait is parked.
@@ -134,9 +129,10 @@ TEST(StoreScaleTest, TenThousandConcurrentConnectionsOnOneDlStore) {
   }
   EXPECT_EQ(answered, kClients);
   conns.clear();
-  child.signal(SIGTERM);
-  EXPECT_EQ(child.wait(10s), 0);
-  EXPECT_EQ(child.read_stderr(), "");
+  child->signal(SIGTERM);
+  auto result = child->wait(10s);
+  EXPECT_EQ(result.exit_code, 0);
+  EXPECT_EQ(result.err, "");
 }
 
 }  // namespace

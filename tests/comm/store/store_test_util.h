@@ -5,24 +5,22 @@
 // the protocol by hand.
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "comm/store/client.h"
 #include "comm/store/server.h"
+#include "tests/testing/subprocess.h"
 
 namespace dlaunch::comm::store::testing {
 
@@ -157,98 +155,39 @@ inline uint16_t unused_port() {
   return l.port();
 }
 
-// A child process with stdout and stderr on pipes; killed and reaped by the
-// destructor if still running. Waits are bounded (pidfd + poll).
-class Child {
- public:
-  explicit Child(const std::vector<std::string>& argv) {
-    int out[2], err[2];
-    EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
-    EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
-    // Built before fork: the child of a threaded parent may only make
-    // async-signal-safe calls.
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      ::dup2(out[1], 1);
-      ::dup2(err[1], 2);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-    ::close(out[1]);
-    ::close(err[1]);
-    out_ = out[0];
-    err_ = err[0];
-    pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
-  }
-  ~Child() {
-    if (pid_ > 0 && status_ < 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    ::close(out_);
-    ::close(err_);
-    if (pidfd_ >= 0) ::close(pidfd_);
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-
-  pid_t pid() const { return pid_; }
-
-  // One line of stdout without its newline; what was read so far when EOF
-  // or `timeout` comes first.
-  std::string read_line(std::chrono::milliseconds timeout = 5s) {
-    std::string line;
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (true) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      pollfd p{out_, POLLIN, 0};
-      if (left.count() <= 0 ||
-          ::poll(&p, 1, static_cast<int>(left.count())) <= 0)
-        return line;
-      char c;
-      if (::read(out_, &c, 1) != 1 || c == '\n') return line;
-      line.push_back(c);
-    }
-  }
-
-  // Everything the child wrote to stderr (call after it exited).
-  std::string read_stderr() {
-    std::string all;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::read(err_, buf, sizeof(buf))) > 0) all.append(buf, n);
-    return all;
-  }
-
-  void signal(int sig) { ::kill(pid_, sig); }
-
-  // The exit code, 128 + signal when killed, or -1 when the child is still
-  // running after `timeout`.
-  int wait(std::chrono::milliseconds timeout = 5s) {
-    if (status_ >= 0) return status_;
-    pollfd p{pidfd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return -1;
-    int st = 0;
-    ::waitpid(pid_, &st, 0);
-    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return status_;
-  }
-
- private:
-  pid_t pid_ = -1;
-  int pidfd_ = -1;
-  int out_ = -1;
-  int err_ = -1;
-  int status_ = -1;
-};
-
 // Path of a built executable.
 inline std::string bin(const std::string& name) {
   return std::string(DLAUNCH_BIN_DIR) + "/" + name;
+}
+
+// Runs a program to its end (tests/testing/subprocess.h).
+inline ::dlaunch::testing::CommandResult run(
+    std::vector<std::string> argv, std::chrono::milliseconds timeout = 60s) {
+  ::dlaunch::testing::CommandOptions o;
+  o.argv = std::move(argv);
+  return ::dlaunch::testing::run_command(o, timeout);
+}
+
+// Starts a program that keeps running (dl-store).
+inline std::unique_ptr<::dlaunch::testing::Subprocess> spawn(
+    std::vector<std::string> argv) {
+  ::dlaunch::testing::CommandOptions o;
+  o.argv = std::move(argv);
+  return std::make_unique<::dlaunch::testing::Subprocess>(o);
+}
+
+// The port dl-store announced ("dl-store listening on 127.0.0.1:P"), 0 when
+// it did not within 5 s.
+inline uint16_t announced_port(::dlaunch::testing::Subprocess& p) {
+  if (!p.wait_for_output("dl-store listening on", 5s)) return 0;
+  p.wait_for_output("\n", 1s);
+  std::smatch m;
+  if (!std::regex_search(
+          p.out(), m,
+          std::regex("dl-store listening on 127\\.0\\.0\\.1:([0-9]+)\n"))) {
+    return 0;
+  }
+  return static_cast<uint16_t>(std::stoi(m[1]));
 }
 
 }  // namespace dlaunch::comm::store::testing
