@@ -107,7 +107,7 @@ TEST_P(Nproc, SgdSubset) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, Nproc, ::testing::Values(2, 4));
 
-// Rank 0 fails after epoch 1; dlaunch restarts the group, which resumes
+// Rank 0 fails after epoch 2; dlaunch restarts the group, which resumes
 // from the checkpoint and ends with the weights of an uninterrupted run.
 TEST(SgdUnderDlaunch, RestartResumesFromCheckpoint) {
   if (!fs::exists(fs::path(kDefaultDataDir) / "train-images-idx3-ubyte.gz")) {
@@ -126,12 +126,12 @@ TEST(SgdUnderDlaunch, RestartResumesFromCheckpoint) {
   auto failing_args = common;
   failing_args.insert(failing_args.end(),
                       {"--checkpoint-dir", (dir / "restarted").string(),
-                       "--exit-after-epoch", "1"});
+                       "--exit-after-epoch", "2"});
   auto restarted = launch(2, failing_args, {"--max-restarts", "1"});
   ASSERT_EQ(restarted.exit_code, 0) << describe(restarted);
   EXPECT_THAT(restarted.err + restarted.out,
-              HasSubstr("--exit-after-epoch 1: exiting"));
-  EXPECT_THAT(restarted.out, HasSubstr("resuming after epoch 1"));
+              HasSubstr("--exit-after-epoch 2: exiting"));
+  EXPECT_THAT(restarted.out, HasSubstr("resuming after epoch 2"));
   EXPECT_THAT(restarted.out, HasSubstr("epoch 3/3"));
 
   auto a = load_checkpoint(dir / "full");
