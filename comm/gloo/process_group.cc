@@ -29,8 +29,10 @@ using std::chrono::milliseconds;
 
 // Slot prefixes (top byte of Gloo's 64-bit slot). Gloo's own collectives use
 // 0x01..0x08; ours stay clear of them. P2P slots carry the user tag in bits
-// 32..55; collective slots carry the group's tag counter in bits 24..55 and a
-// sub-index in the low bits.
+// 40..55 and, for payloads, the dtype (bits 37..39) and byte count (bits
+// 0..36), so that a send only ever matches a recv of the same size and
+// dtype; collective slots carry the group's tag counter in bits 24..55 and
+// a sub-index in the low bits.
 constexpr uint64_t kP2pHeaderToReceiver = 0xA0;
 constexpr uint64_t kP2pHeaderToSender = 0xA1;
 constexpr uint64_t kP2pPayload = 0xA2;
@@ -38,14 +40,19 @@ constexpr uint64_t kCheckSlot = 0xB0;
 constexpr uint64_t kGatherSlot = 0xB1;
 constexpr uint64_t kExchangeSlot = 0xB2;
 constexpr uint64_t kReduceScatterSlot = 0xB3;
-constexpr int kMaxTag = (1 << 24) - 1;
+constexpr int kMaxTag = (1 << 16) - 1;
+constexpr uint64_t kMaxP2pBytes = (uint64_t{1} << 37) - 1;  // 128 GiB
 // An all_reduce whose bytes per rank times (size - 1) stay within this goes
 // in one message per peer (see fused_capacity()); DLAUNCH_COMM_FUSED_BYTES
 // overrides it (0 turns the fused path off).
 constexpr size_t kFusedTrafficBytes = 256 << 10;
 
 uint64_t p2p_slot(uint64_t prefix, int tag) {
-  return (prefix << 56) | (static_cast<uint64_t>(tag) << 32);
+  return (prefix << 56) | (static_cast<uint64_t>(tag) << 40);
+}
+uint64_t payload_slot(int tag, uint32_t dtype, uint64_t nbytes) {
+  return p2p_slot(kP2pPayload, tag) | (static_cast<uint64_t>(dtype) << 37) |
+         (nbytes & kMaxP2pBytes);
 }
 uint64_t coll_slot(uint64_t prefix, uint32_t tag, uint32_t sub = 0) {
   return (prefix << 56) | (static_cast<uint64_t>(tag) << 24) | (sub & 0xffffff);
@@ -120,14 +127,19 @@ struct GroupState {
   }
 };
 
-// The handle of one isend/irecv. Protocol (all on the pair with the peer):
-// each side posts its 16-byte header (byte count, dtype) to the other at
-// once, and the receiver posts the payload recv at once; the sender posts
-// the payload send when the receiver's header arrived and matches, or a
-// zero-byte send when it does not, so that a mismatch never overruns the
-// receiver's buffer and both sides fail with a clear error. A thread owned
-// by the Work drives the protocol (Gloo has no completion callbacks), so
-// progress never depends on the order in which the caller waits.
+// The handle of one isend/irecv. Each side posts, at once, its 16-byte
+// header (byte count, dtype) to the other and its payload on a slot that
+// encodes its own byte count and dtype: when both sides agree the payload
+// moves as soon as both posted (one trip, as Gloo's own send/recv), with the
+// header exchange in parallel. When they disagree the payload slots differ,
+// so nothing overruns a buffer; each side learns the other's size from the
+// header, the receiver drains the sender's payload into scratch, the sender
+// completes the receiver's recv with zero bytes (its buffer untouched), and
+// both report the mismatch, leaving nothing pending for later operations
+// with the same tag. wait() with the group timeout drives this on the
+// caller's thread; is_completed() or a shorter wait() hand it to a thread
+// owned by the Work (Gloo has no callbacks and its own timed waits break the
+// whole context), so neither blocks nor breaks anything.
 class P2pWork : public Work {
  public:
   struct Header {
@@ -150,24 +162,44 @@ class P2pWork : public Work {
                                 : p2p_slot(kP2pHeaderToSender, tag);
     uint64_t in_slot = is_send ? p2p_slot(kP2pHeaderToSender, tag)
                                : p2p_slot(kP2pHeaderToReceiver, tag);
+    const uint64_t data_slot = payload_slot(tag, mine_.dtype, mine_.nbytes);
     // Posted from the caller's thread so that operations with equal tags
     // match in the order the caller issued them.
     try {
       theirs_buf_->recv(peer, in_slot);
       mine_buf_->send(peer, out_slot);
-      if (!is_send) payload_buf_->recv(peer, p2p_slot(kP2pPayload, tag));
+      if (is_send) {
+        payload_buf_->send(peer, data_slot);
+      } else {
+        payload_buf_->recv(peer, data_slot);
+      }
     } catch (const std::exception& e) {
       release();
       throw CommError(op() + ": connection to rank " + std::to_string(peer) +
                       " is unusable: " + e.what());
     }
-    thread_ = std::thread([this] { drive(); });
   }
 
-  ~P2pWork() override { thread_.join(); }
+  ~P2pWork() override {
+    if (thread_.joinable()) {
+      thread_.join();
+    } else if (!driving_) {
+      drive();  // bounded by the group timeout
+    }
+  }
 
   void wait(milliseconds timeout) override {
     std::unique_lock lock(mu_);
+    if (!done_ && !driving_ && timeout >= g_->timeout) {
+      // The common case (send/recv, wait(group timeout)): drive the
+      // protocol on the caller's thread, no thread to start.
+      driving_ = true;
+      lock.unlock();
+      drive();
+      lock.lock();
+    } else if (!driving_) {
+      start_thread();
+    }
     if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
       throw CommTimeoutError(
           op() + ": timed out after " + ms_text(timeout) +
@@ -179,6 +211,7 @@ class P2pWork : public Work {
 
   bool is_completed() override {
     std::lock_guard lock(mu_);
+    if (!done_ && !driving_) start_thread();
     return done_;
   }
 
@@ -189,12 +222,20 @@ class P2pWork : public Work {
            g_->where();
   }
 
+  // A thread that drives the protocol while the caller polls or waits with
+  // a shorter timeout (whose expiry must not break the group). mu_ held.
+  void start_thread() {
+    driving_ = true;
+    thread_ = std::thread([this] { drive(); });
+  }
+
   void set_stage(std::string s) {
     std::lock_guard lock(mu_);
     stage_ = std::move(s);
   }
 
-  // Runs on thread_: every wait is bounded by the group timeout.
+  // Runs once, on thread_ or the caller's thread: every wait is bounded by
+  // the group timeout.
   void drive() {
     std::exception_ptr error;
     try {
@@ -219,14 +260,31 @@ class P2pWork : public Work {
                    describe(t_.dtype, t_.numel) +
                    "; a send and its recv must have the same size and dtype";
       }
-      if (is_send_) {
-        // On a mismatch, zero bytes: the receiver's recv completes without
-        // touching its buffer, and both sides report the mismatch.
-        payload_buf_->send(peer_, p2p_slot(kP2pPayload, tag_), 0,
-                           mismatch.empty() ? t_.nbytes() : 0);
-        payload_buf_->waitSend(left_until(deadline));
-      } else {
-        payload_buf_->waitRecv(left_until(deadline));
+      const bool sizes_known = theirs_.magic == kMagic &&
+                               theirs_.dtype <= mine_max_dtype() &&
+                               theirs_.nbytes <= kMaxP2pBytes;
+      if (!mismatch.empty() && sizes_known) {
+        // Retire the peer's payload operation, which matches none of ours.
+        const uint64_t their_slot =
+            payload_slot(tag_, theirs_.dtype, theirs_.nbytes);
+        if (is_send_) {
+          fix_buf_ = g_->ctx->createUnboundBuffer(kEmpty, 1);
+          fix_buf_->send(peer_, their_slot, 0, 0);
+          fix_buf_->waitSend(left_until(deadline));
+        } else {
+          drain_.resize(std::max<uint64_t>(theirs_.nbytes, 1));
+          fix_buf_ =
+              g_->ctx->createUnboundBuffer(drain_.data(), theirs_.nbytes);
+          fix_buf_->recv(peer_, their_slot);
+          fix_buf_->waitRecv(left_until(deadline));
+        }
+      }
+      if (mismatch.empty() || sizes_known) {
+        if (is_send_) {
+          payload_buf_->waitSend(left_until(deadline));
+        } else {
+          payload_buf_->waitRecv(left_until(deadline));
+        }
       }
       mine_buf_->waitSend(left_until(deadline));
       if (!mismatch.empty()) {
@@ -253,6 +311,10 @@ class P2pWork : public Work {
     cv_.notify_all();
   }
 
+  static uint32_t mine_max_dtype() {
+    return static_cast<uint32_t>(DType::kI64);
+  }
+
   // Frees the (peer, tag) slot for another operation.
   void release() {
     std::lock_guard lock(g_->mu);
@@ -269,10 +331,13 @@ class P2pWork : public Work {
   std::unique_ptr<::gloo::transport::UnboundBuffer> mine_buf_;
   std::unique_ptr<::gloo::transport::UnboundBuffer> theirs_buf_;
   std::unique_ptr<::gloo::transport::UnboundBuffer> payload_buf_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> fix_buf_;  // mismatch
+  std::vector<char> drain_;  // the sender's payload after a mismatch
   std::thread thread_;
 
   std::mutex mu_;  // guards the members below
   std::condition_variable cv_;
+  bool driving_ = false;  // drive() started (inline or on thread_)
   bool done_ = false;
   std::exception_ptr error_;
   std::string stage_ = "no matching operation posted there yet";
@@ -681,6 +746,11 @@ class GlooProcessGroup : public ProcessGroup {
     }
     std::string bad = check_tensor(t, "tensor");
     if (!bad.empty()) throw CommError(op + ": " + bad);
+    if (t.nbytes() > kMaxP2pBytes) {
+      throw CommError(op + ": " + std::to_string(t.nbytes()) +
+                      " bytes; point-to-point tensors are limited to 128 GiB "
+                      "(split the tensor)");
+    }
     {
       std::lock_guard lock(g_->mu);
       if (!g_->inflight.insert({is_send ? 0 : 1, peer, tag}).second) {

@@ -117,7 +117,7 @@ TEST(GlooErrorsTest, PointToPointArgumentErrors) {
     expect_comm_error([&] { pg.irecv(Tensor::of(v), pg.rank()); },
                       {"cannot send to or receive from itself"});
     expect_comm_error([&] { pg.isend(Tensor::of(v), 1 - pg.rank(), -1); },
-                      {"tag must be in 0..16777215"});
+                      {"tag must be in 0..65535"});
   });
 }
 
