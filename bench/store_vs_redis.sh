@@ -62,6 +62,7 @@ esac
 median() { sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 
 : >"$work/redis_set"; : >"$work/redis_get"
+: >"$work/redis_set_p50"; : >"$work/redis_get_p50"
 : >"$work/barrier"
 for d in loop threads; do for op in set get; do for f in "" _p50 _p99; do
   : >"$work/${d}_${op}${f}"
@@ -71,6 +72,11 @@ for run in $(seq "$runs"); do
   echo "$out" | grep -E '^(SET|GET): [0-9.]+ requests per second' | sed 's/^/  redis /' >&2
   echo "$out" | sed -nE 's/^SET: ([0-9.]+) requests per second.*/\1/p' >>"$work/redis_set"
   echo "$out" | sed -nE 's/^GET: ([0-9.]+) requests per second.*/\1/p' >>"$work/redis_get"
+  for op in SET GET; do
+    lower="$(echo "$op" | tr A-Z a-z)"
+    echo "$out" | sed -nE "s/^$op: .*p50=([0-9.]+) msec.*/\1/p" |
+      awk '{print $1 * 1000}' >>"$work/redis_${lower}_p50"
+  done
   for d in loop threads; do
     for op in set get; do
       line="$("$bin/dl-store-bench" --addr "$store_addr" --clients "$clients" --requests "$requests" --op "$op" --driver "$d")"
@@ -86,12 +92,12 @@ for run in $(seq "$runs"); do
 done
 
 printf '| %s | %s | %s | %s |\n' "$clients clients, $requests requests" \
-  "redis-server req/s" "dl-store req/s, loop driver (p50 / p99 us)" \
+  "redis-server req/s (p50 us)" "dl-store req/s, loop driver (p50 / p99 us)" \
   "dl-store req/s, $clients TcpStore threads (p50 / p99 us)"
 printf '| --- | --- | --- | --- |\n'
 for op in set get; do
-  printf '| %s | %.0f | %.0f (%s / %s) | %.0f (%s / %s) |\n' "$op" \
-    "$(median <"$work/redis_$op")" \
+  printf '| %s | %.0f (%s) | %.0f (%s / %s) | %.0f (%s / %s) |\n' "$op" \
+    "$(median <"$work/redis_$op")" "$(median <"$work/redis_${op}_p50")" \
     "$(median <"$work/loop_$op")" "$(median <"$work/loop_${op}_p50")" "$(median <"$work/loop_${op}_p99")" \
     "$(median <"$work/threads_$op")" "$(median <"$work/threads_${op}_p50")" "$(median <"$work/threads_${op}_p99")"
 done
