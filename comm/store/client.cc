@@ -163,6 +163,12 @@ int try_connect(const TcpStoreOptions& o, const std::string& address,
 
 std::unique_ptr<TcpStore> TcpStore::connect(const TcpStoreOptions& options) {
   std::string address = options.host + ":" + std::to_string(options.port);
+  if (options.host.empty() || options.port == 0) {
+    throw std::invalid_argument(
+        "TcpStore::connect: store address '" + address +
+        "' needs a host and a port in 1..65535 (set TcpStoreOptions.host and "
+        ".port)");
+  }
   auto deadline = Clock::now() + options.connect_timeout;
   auto backoff = kFirstBackoff;
   std::string error = "no attempt made";

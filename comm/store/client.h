@@ -38,7 +38,8 @@ class TcpStore : public Store {
   // Connects and handshakes, retrying with bounded back-off until
   // options.connect_timeout passes; then throws StoreError such as
   // "store 127.0.0.1:29400 unreachable after 30 s (connection refused)".
-  // A server speaking another protocol version fails at once.
+  // A server speaking another protocol version fails at once; an empty host
+  // or port 0 throws std::invalid_argument.
   static std::unique_ptr<TcpStore> connect(const TcpStoreOptions& options);
 
   ~TcpStore() override;

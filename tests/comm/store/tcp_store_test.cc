@@ -298,6 +298,17 @@ TEST(TcpStoreConnectTest, UnresolvableHostNamesTheResolverError) {
                   "(cannot resolve host: ")));
 }
 
+TEST(TcpStoreConnectTest, MissingHostOrPortFailsAtOnce) {
+  TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  EXPECT_THAT([&] { TcpStore::connect(o); },
+              ::testing::ThrowsMessage<std::invalid_argument>(HasSubstr(
+                  "store address '127.0.0.1:0' needs a host and a port")));
+  o.host = "";
+  o.port = 29400;
+  EXPECT_THROW(TcpStore::connect(o), std::invalid_argument);
+}
+
 TEST(TcpStoreConnectTest, ConnectRetriesUntilTheServerStarts) {
   uint16_t port = testing::unused_port();
   auto client = std::async(std::launch::async, [&] {
