@@ -148,6 +148,7 @@ class P2pWork : public Work {
     uint32_t magic = kMagic;
   };
   static constexpr uint32_t kMagic = 0x444c5032;  // "DLP2"
+  static constexpr uint32_t kLastDType = static_cast<uint32_t>(DType::kI64);
 
   P2pWork(std::shared_ptr<GroupState> g, bool is_send, Tensor t, int peer,
           int tag)
@@ -244,8 +245,7 @@ class P2pWork : public Work {
       set_stage("payload of " + std::to_string(t_.nbytes()) +
                 " bytes in transfer");
       std::string mismatch;
-      if (theirs_.magic != kMagic ||
-          theirs_.dtype > static_cast<uint32_t>(DType::kI64)) {
+      if (theirs_.magic != kMagic || theirs_.dtype > kLastDType) {
         mismatch = "rank " + std::to_string(peer_) +
                    " sent a corrupt p2p header (is it a dlaunch build with "
                    "the same protocol?)";
@@ -261,7 +261,7 @@ class P2pWork : public Work {
                    "; a send and its recv must have the same size and dtype";
       }
       const bool sizes_known = theirs_.magic == kMagic &&
-                               theirs_.dtype <= mine_max_dtype() &&
+                               theirs_.dtype <= kLastDType &&
                                theirs_.nbytes <= kMaxP2pBytes;
       if (!mismatch.empty() && sizes_known) {
         // Retire the peer's payload operation, which matches none of ours.
@@ -309,10 +309,6 @@ class P2pWork : public Work {
       done_ = true;
     }
     cv_.notify_all();
-  }
-
-  static uint32_t mine_max_dtype() {
-    return static_cast<uint32_t>(DType::kI64);
   }
 
   // Frees the (peer, tag) slot for another operation.
