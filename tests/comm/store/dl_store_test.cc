@@ -60,6 +60,11 @@ TEST(DlStoreTest, PortInUseExitsOneNamingTheAddress) {
 // Out of file descriptors, the server logs once, keeps serving the clients
 // it has, and accepts again once descriptors free up.
 TEST(DlStoreTest, SurvivesRunningOutOfFileDescriptors) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The sanitizer runtimes probe memory through a pipe(); with no
+  // descriptor left they report false errors.
+  GTEST_SKIP() << "not meaningful under sanitizers (they need free fds)";
+#endif
   auto child = spawn({"/bin/sh", "-c",
                       "ulimit -n 32 && exec " + bin("dl-store") +
                           " --host 127.0.0.1 --port 0"});
