@@ -483,11 +483,9 @@ class GlooProcessGroup : public ProcessGroup {
     if (size() == 1 || t.numel == 0) return;
     // Gloo's ring reduce uses the output as scratch on every rank; non-roots
     // reduce into a copy so that their `t` is left as sent.
-    std::vector<char> scratch;
     void* out = t.data;
     if (rank() != root) {
-      scratch.resize(t.nbytes());
-      out = scratch.data();
+      out = work_buffer(0, t.nbytes());
     }
     run(op, [&] {
       ::gloo::ReduceOptions opts(g_->ctx);
@@ -977,6 +975,13 @@ class GlooProcessGroup : public ProcessGroup {
   size_t fused_capacity() const {
     return size() > 1 ? g_->fused_bytes / (size() - 1) / 64 * 64 : 0;
   }
+  // Scratch memory kept across calls (a fresh 64 MiB allocation per call
+  // costs page faults on every call).
+  char* work_buffer(int which, size_t bytes) {
+    if (work_[which].size() < bytes) work_[which].resize(bytes);
+    return work_[which].data();
+  }
+
   // Rank j's fused payload of the last check.
   char* payload_of(int j) {
     const size_t words_bytes = (kFixedWords + 2 * size()) * sizeof(uint64_t);
@@ -1017,12 +1022,13 @@ class GlooProcessGroup : public ProcessGroup {
     const size_t bytes = out.nbytes();
     const uint32_t tag = next_tag();
     ReduceFn fn = reduce_fn(out.dtype, rop);
-    std::vector<char> send_buf(bytes), recv_buf(bytes);
-    auto sbuf = g_->ctx->createUnboundBuffer(send_buf.data(), bytes);
-    auto rbuf = g_->ctx->createUnboundBuffer(recv_buf.data(), bytes);
+    char* send_buf = work_buffer(0, bytes);
+    char* recv_buf = work_buffer(1, bytes);
+    auto sbuf = g_->ctx->createUnboundBuffer(send_buf, bytes);
+    auto rbuf = g_->ctx->createUnboundBuffer(recv_buf, bytes);
     const int right = (r + 1) % n;
     const int left = (r - 1 + n) % n;
-    std::memcpy(send_buf.data(), in[(r - 1 + n) % n].data, bytes);
+    std::memcpy(send_buf, in[(r - 1 + n) % n].data, bytes);
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (int s = 0; s < n - 1; ++s) {
       const int chunk = (r - s - 2 + 2 * n) % n;
@@ -1030,8 +1036,8 @@ class GlooProcessGroup : public ProcessGroup {
       sbuf->send(right, coll_slot(kReduceScatterSlot, tag, s));
       rbuf->waitRecv(left_until(deadline));
       sbuf->waitSend(left_until(deadline));
-      void* dst = (s == n - 2) ? out.data : send_buf.data();
-      fn(dst, in[chunk].data, recv_buf.data(), out.numel);
+      void* dst = (s == n - 2) ? out.data : send_buf;
+      fn(dst, in[chunk].data, recv_buf, out.numel);
     }
   }
 
@@ -1109,7 +1115,8 @@ class GlooProcessGroup : public ProcessGroup {
   std::vector<char> staging_;  // this rank's arguments (+ fused payload)
   // Every rank's arguments (+ fused payload), one slot each.
   std::vector<char> scratch_;
-  uint32_t check_seq_ = 0;  // number of the next argument check
+  std::vector<char> work_[2];  // see work_buffer()
+  uint32_t check_seq_ = 0;     // number of the next argument check
   uint32_t tag_ = 1;
   int children_ = 0;
 };
