@@ -6,18 +6,24 @@
 #include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <random>
 #include <set>
+#include <string_view>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "comm/gloo/shm_segment.h"
 #include "comm/gloo/store_adapter.h"
 #include "comm/reduce.h"
 
@@ -46,6 +52,11 @@ constexpr uint64_t kMaxP2pBytes = (uint64_t{1} << 37) - 1;  // 128 GiB
 // in one message per peer (see fused_capacity()); DLAUNCH_COMM_FUSED_BYTES
 // overrides it (0 turns the fused path off).
 constexpr size_t kFusedTrafficBytes = 256 << 10;
+// All-reduces of at least this many bytes between ranks that share a host
+// go through shared memory (DLAUNCH_COMM_SHM_MIN_BYTES; "off" disables).
+constexpr size_t kShmMinBytes = 1 << 20;
+constexpr size_t kShmSliceBytes = 32 << 20;
+constexpr uint64_t kControlSlot = 0xB4;
 
 uint64_t p2p_slot(uint64_t prefix, int tag) {
   return (prefix << 56) | (static_cast<uint64_t>(tag) << 40);
@@ -71,9 +82,56 @@ std::string ms_text(milliseconds t) {
   return std::to_string(t.count()) + " ms";
 }
 
+// "rank 2", "rank 0 and rank 2", "rank 0, rank 1 and rank 2": each rank
+// named in full, so that messages can be searched for "rank N".
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i > 0) out += i + 1 == ranks.size() ? " and " : ", ";
+    out += "rank " + std::to_string(ranks[i]);
+  }
+  return out;
+}
+
 std::string describe(DType dtype, uint64_t numel) {
   return std::to_string(numel) + " elements of " +
          std::string(dtype_name(dtype));
+}
+
+// A byte count from the environment, or `fallback` when unset; "off" is
+// the largest value (never).
+size_t env_bytes(const char* name, size_t fallback) {
+  const char* f = std::getenv(name);
+  if (f == nullptr || *f == '\0') return fallback;
+  if (std::string_view(f) == "off") return SIZE_MAX;
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(f, &end, 10);
+  if (end == f || *end != '\0' || v > (1ull << 40)) {
+    throw CommError(std::string(name) + " is '" + f +
+                    "'; expected a byte count (e.g. 1048576) or 'off'");
+  }
+  return static_cast<size_t>(v);
+}
+
+// This machine's boot id and host name: ranks with equal identities share
+// /dev/shm.
+std::string host_identity() {
+  std::string id;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof(buf), f)) id = buf;
+    std::fclose(f);
+  }
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return id + "/" + host;
+}
+
+std::string random_token() {
+  std::random_device rd;
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
+  return buf;
 }
 
 // A zero-length tensor still needs a valid pointer for Gloo.
@@ -95,6 +153,9 @@ struct GroupState {
   std::shared_ptr<::gloo::transport::Device> device;
   std::shared_ptr<::gloo::rendezvous::Context> ctx;
   size_t fused_bytes = kFusedTrafficBytes;
+  size_t shm_min_bytes = kShmMinBytes;
+  bool all_local = false;  // every rank on this host (shared memory usable)
+  std::string shm_token;   // names this group's segments, from rank 0
 
   std::mutex mu;  // guards the members below
   // (direction 0 send / 1 recv, peer, tag) of p2p operations in flight.
@@ -510,6 +571,15 @@ class GlooProcessGroup : public ProcessGroup {
     const bool fused = size() > 1 && t.nbytes() <= fused_capacity();
     agree(op, c, fused ? &t : nullptr);
     if (size() == 1 || t.numel == 0) return;
+    if (!fused && g_->all_local && !shm_off_ &&
+        t.nbytes() >= g_->shm_min_bytes) {
+      bool done = false;
+      run(op, [&] { done = shm_all_reduce(t, rop); });
+      if (done) {
+        if (rop == ReduceOp::kAvg) divide_in_place(t, size());
+        return;
+      }
+    }
     if (fused) {
       // Every rank's data came with its arguments: reduce locally, in rank
       // order, so that every rank computes bitwise the same result.
@@ -967,6 +1037,120 @@ class GlooProcessGroup : public ProcessGroup {
     return (kFixedWords + 2 * size()) * sizeof(uint64_t) + fused_capacity();
   }
 
+  // Every rank's `word`, in rank order: a small all-to-all that doubles as
+  // a barrier (Gloo errors propagate to run()).
+  std::vector<uint64_t> control_exchange(uint64_t word) {
+    std::vector<uint64_t> all(size(), 0);
+    all[rank()] = word;
+    const uint64_t slot = coll_slot(kControlSlot, next_tag());
+    const auto deadline = std::chrono::steady_clock::now() + timeout();
+    auto in = g_->ctx->createUnboundBuffer(&word, sizeof(word));
+    auto out = g_->ctx->createUnboundBuffer(all.data(), all.size() * 8);
+    for (int j = 0; j < size(); ++j) {
+      if (j == rank()) continue;
+      out->recv(j, slot, j * sizeof(uint64_t), sizeof(uint64_t));
+      in->send(j, slot);
+    }
+    for (int j = 1; j < size(); ++j) out->waitRecv(left_until(deadline));
+    for (int j = 1; j < size(); ++j) in->waitSend(left_until(deadline));
+    return all;
+  }
+
+  // All-reduce through shared memory between ranks on one host: each rank
+  // copies its tensor into its segment, reduces its 1/n chunk reading every
+  // segment (in rank order, so all ranks agree bitwise), publishes it in its
+  // segment, and copies the others' chunks out. Three barriers, no bulk
+  // data through the kernel. False (on every rank alike) when a segment
+  // cannot be set up; the group then stays on TCP.
+  bool shm_all_reduce(Tensor t, ReduceOp rop) {
+    // Slices bound the shared memory a group holds (size() segments of at
+    // most kShmSliceBytes).
+    const size_t es = dtype_size(t.dtype);
+    const size_t slice = std::max<size_t>(1, kShmSliceBytes / es);
+    for (size_t off = 0; off < t.numel; off += slice) {
+      Tensor part = t;
+      part.data = static_cast<char*>(t.data) + off * es;
+      part.numel = std::min(slice, t.numel - off);
+      if (!shm_all_reduce_slice(part, rop)) {
+        DLAUNCH_CHECK(off == 0, "shared memory turned off mid all_reduce");
+        return false;
+      }
+    }
+    return true;
+  }
+
+  bool shm_all_reduce_slice(Tensor t, ReduceOp rop) {
+    const size_t bytes = t.nbytes();
+    const int n = size();
+    const int r = rank();
+    if (shm_cap_ < bytes && !shm_grow(bytes)) return false;
+    auto seg = [&](int j) {
+      return j == r ? shm_mine_.data() : shm_peers_[j].data();
+    };
+    const size_t es = dtype_size(t.dtype);
+    const size_t per = (t.numel + n - 1) / n;
+    auto chunk = [&](int j) {
+      size_t b = std::min(t.numel, per * j);
+      return std::pair<size_t, size_t>(b, std::min(t.numel, b + per) - b);
+    };
+    std::memcpy(seg(r), t.data, bytes);
+    control_exchange(1);  // every input is in place
+    ReduceFn fn = reduce_fn(t.dtype, rop);
+    auto [b, count] = chunk(r);
+    if (count > 0) {
+      char* out = static_cast<char*>(t.data) + b * es;
+      fn(out, seg(0) + b * es, seg(1) + b * es, count);
+      for (int j = 2; j < n; ++j) fn(out, out, seg(j) + b * es, count);
+      std::memcpy(seg(r) + b * es, out, count * es);
+    }
+    control_exchange(1);  // every chunk is reduced
+    for (int j = 0; j < n; ++j) {
+      auto [jb, jc] = chunk(j);
+      if (j != r && jc > 0) {
+        std::memcpy(static_cast<char*>(t.data) + jb * es, seg(j) + jb * es,
+                    jc * es);
+      }
+    }
+    control_exchange(1);  // nobody reads the segments any more
+    return true;
+  }
+
+  // Replaces the segments with ones of at least `bytes` (rounded up to
+  // 1 MiB). Every rank creates its own, all map all, then names are
+  // unlinked; a failure anywhere turns shared memory off on every rank.
+  bool shm_grow(size_t bytes) {
+    const size_t cap = (bytes + (1 << 20) - 1) / (1 << 20) * (1 << 20);
+    const std::string base =
+        "/dlaunch-" + g_->shm_token + "-" + std::to_string(++shm_gen_) + "-";
+    std::string error;
+    ShmSegment mine =
+        ShmSegment::create(base + std::to_string(rank()), cap, error);
+    auto all_ok = [](const std::vector<uint64_t>& v) {
+      return std::all_of(v.begin(), v.end(), [](uint64_t w) { return w; });
+    };
+    if (!all_ok(control_exchange(mine.ok()))) {
+      shm_off_ = true;
+      return false;
+    }
+    std::vector<ShmSegment> peers(size());
+    bool ok = true;
+    for (int j = 0; j < size(); ++j) {
+      if (j == rank()) continue;
+      peers[j] = ShmSegment::open(base + std::to_string(j), cap, error);
+      ok = ok && peers[j].ok();
+    }
+    bool everyone = all_ok(control_exchange(ok));
+    mine.unlink();  // every rank has mapped it or given up
+    if (!everyone) {
+      shm_off_ = true;
+      return false;
+    }
+    shm_mine_ = std::move(mine);
+    shm_peers_ = std::move(peers);
+    shm_cap_ = cap;
+    return true;
+  }
+
   // Largest all_reduce (bytes per rank) whose data travels with its
   // arguments in one message to each peer: one round trip instead of the
   // ring's 2(n-1), for (n-1) times the traffic, so small totals only.
@@ -1065,20 +1249,14 @@ class GlooProcessGroup : public ProcessGroup {
     const int peer = failed.size() == 1 ? failed[0] : -1;
     std::string msg = std::string(op) + " on " + g_->where() + " failed: ";
     if (!missing.empty()) {
-      std::string list;
-      for (int r : missing)
-        list += (list.empty() ? "" : ",") + std::to_string(r);
-      msg += "timed out after " + ms_text(timeout()) + " waiting for rank" +
-             (missing.size() > 1 ? "s " : " ") + list + " to call " + op +
-             " (" + std::to_string(size() - 1 - missing.size()) + "/" +
+      msg += "timed out after " + ms_text(timeout()) + " waiting for " +
+             rank_list(missing) + " to call " + op + " (" +
+             std::to_string(size() - 1 - missing.size()) + "/" +
              std::to_string(size() - 1) + " peers arrived)";
     } else if (peer >= 0) {
       msg += "connection to rank " + std::to_string(peer) + " lost";
     } else if (!failed.empty()) {
-      std::string list;
-      for (int r : failed)
-        list += (list.empty() ? "" : ",") + std::to_string(r);
-      msg += "connections to ranks " + list + " lost";
+      msg += "connections to " + rank_list(failed) + " lost";
     } else if (timed_out) {
       msg += "timed out after " + ms_text(timeout()) +
              " waiting for the other ranks (none reported a failure)";
@@ -1116,7 +1294,14 @@ class GlooProcessGroup : public ProcessGroup {
   // Every rank's arguments (+ fused payload), one slot each.
   std::vector<char> scratch_;
   std::vector<char> work_[2];  // see work_buffer()
-  uint32_t check_seq_ = 0;     // number of the next argument check
+  // Shared-memory all_reduce (ranks on one host): this rank's segment, the
+  // peers' (index = rank), their size and generation.
+  ShmSegment shm_mine_;
+  std::vector<ShmSegment> shm_peers_;
+  size_t shm_cap_ = 0;
+  uint32_t shm_gen_ = 0;
+  bool shm_off_ = false;
+  uint32_t check_seq_ = 0;  // number of the next argument check
   uint32_t tag_ = 1;
   int children_ = 0;
 };
@@ -1131,15 +1316,8 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
   g->store = std::move(s);
   g->hostname = o.hostname;
   g->iface = o.iface;
-  if (const char* f = std::getenv("DLAUNCH_COMM_FUSED_BYTES")) {
-    char* end = nullptr;
-    unsigned long long v = std::strtoull(f, &end, 10);
-    if (end == f || *end != '\0' || v > (1ull << 30)) {
-      throw CommError(std::string("DLAUNCH_COMM_FUSED_BYTES is '") + f +
-                      "'; expected a byte count in 0..1073741824");
-    }
-    g->fused_bytes = static_cast<size_t>(v);
-  }
+  g->fused_bytes = env_bytes("DLAUNCH_COMM_FUSED_BYTES", kFusedTrafficBytes);
+  g->shm_min_bytes = env_bytes("DLAUNCH_COMM_SHM_MIN_BYTES", kShmMinBytes);
   const std::string where = "creating " + g->where();
   try {
     tcp::attr attr;
@@ -1169,12 +1347,71 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
     throw CommError(where +
                     ": connecting to the other ranks failed: " + e.what());
   }
+  // Rank 0's tuning holds for every rank (their choices must agree), and
+  // ranks that all share this host get a token naming their shared memory.
+  try {
+    auto put = [&](const std::string& k, const std::string& v) {
+      adapter.set(k, std::vector<char>(v.begin(), v.end()));
+    };
+    auto take = [&](const std::string& k) {
+      auto v = adapter.get(k);
+      return std::string(v.begin(), v.end());
+    };
+    const std::string me = host_identity();
+    put("host/" + std::to_string(o.rank), me);
+    if (o.rank == 0) {
+      put("tuning", std::to_string(g->fused_bytes) + " " +
+                        std::to_string(g->shm_min_bytes) + " " +
+                        random_token());
+    }
+    std::string tuning = take("tuning");
+    unsigned long long fused = 0, shm_min = 0;
+    char token[64] = {};
+    if (std::sscanf(tuning.c_str(), "%llu %llu %63s", &fused, &shm_min,
+                    token) != 3) {
+      throw CommError(where + ": rank 0 published bad tuning '" + tuning + "'");
+    }
+    g->fused_bytes = static_cast<size_t>(fused);
+    g->shm_min_bytes = static_cast<size_t>(shm_min);
+    g->shm_token = token;
+    g->all_local = true;
+    for (int j = 0; j < o.size; ++j) {
+      if (j != o.rank && take("host/" + std::to_string(j)) != me) {
+        g->all_local = false;
+      }
+    }
+  } catch (const store::StoreError& e) {
+    throw CommError(where +
+                    ": exchanging host information failed: " + e.what());
+  }
   return g;
 }
 
 }  // namespace
 
+namespace {
+
+// Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that
+// just died raises SIGPIPE, whose default action kills the process without
+// a word, before the error could be reported. Ignore it, as Python (and so
+// torch) does, unless the program installed its own handling.
+void ignore_sigpipe_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction old {};
+    if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+      struct sigaction ign {};
+      ign.sa_handler = SIG_IGN;
+      sigemptyset(&ign.sa_mask);
+      sigaction(SIGPIPE, &ign, nullptr);
+    }
+  });
+}
+
+}  // namespace
+
 std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& o) {
+  ignore_sigpipe_once();
   if (!o.store) throw CommError("gloo::create_process_group: no store given");
   if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
     throw CommError(

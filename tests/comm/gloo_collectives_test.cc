@@ -61,6 +61,7 @@ TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOp) {
 TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpThroughTheRing) {
   const int n = GetParam();
   setenv("DLAUNCH_COMM_FUSED_BYTES", "0", 1);
+  setenv("DLAUNCH_COMM_SHM_MIN_BYTES", "off", 1);
   run_ranks(n, [&](ProcessGroup& pg) {
     for (DType d : kAllDtypes) {
       for (ReduceOp op : kAllOps) {
@@ -77,6 +78,35 @@ TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpThroughTheRing) {
     }
   });
   unsetenv("DLAUNCH_COMM_FUSED_BYTES");
+  unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
+}
+
+// And through shared memory (the path for large all_reduces between ranks
+// on one host), with uneven chunks.
+TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpThroughSharedMemory) {
+  const int n = GetParam();
+  setenv("DLAUNCH_COMM_FUSED_BYTES", "0", 1);
+  setenv("DLAUNCH_COMM_SHM_MIN_BYTES", "1", 1);
+  run_ranks(n, [&](ProcessGroup& pg) {
+    for (size_t numel : {kNumel, size_t{3}, size_t{1031}}) {
+      for (DType d : kAllDtypes) {
+        for (ReduceOp op : kAllOps) {
+          if (!op_applies(d, op)) continue;
+          Buffer b(d, values_for(op, pg.rank(), numel));
+          pg.all_reduce(b.t, op);
+          auto got = b.values();
+          for (size_t i = 0; i < numel; ++i) {
+            expect_close(d, got[i], expected(d, op, n, i),
+                         label(d, op, pg.rank()) + " element " +
+                             std::to_string(i) + " of " +
+                             std::to_string(numel));
+          }
+        }
+      }
+    }
+  });
+  unsetenv("DLAUNCH_COMM_FUSED_BYTES");
+  unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
 }
 
 TEST_P(GlooCollectivesTest, ReduceEveryDtypeAndOpLeavesNonRootsAlone) {
