@@ -39,6 +39,15 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes,
     shm_unlink(name.c_str());
     return s;
   }
+  // Reserve the pages now: tmpfs hands them out lazily, and touching one
+  // past a full /dev/shm (64 MiB in a default container) raises SIGBUS.
+  if (int rc = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
+    error = "reserving " + std::to_string(bytes) +
+            " bytes of shared memory for '" + name + "': " + std::strerror(rc);
+    close(fd);
+    shm_unlink(name.c_str());
+    return s;
+  }
   s.data_ = map_fd(fd, bytes, error, name);
   close(fd);
   if (!s.data_) {
