@@ -5,11 +5,14 @@
 //   comm_test_worker collectives [INIT]     every collective once, checked
 //   comm_test_worker allreduce-loop [INIT]  all_reduce until an error
 //   comm_test_worker concurrent-groups [INIT]  sub-groups made on 2 threads
+//   comm_test_worker big-allreduce [INIT]   one 4 MiB all_reduce, checked
 //
 // Exit 0 on success, 1 on a wrong result, 3 on a CommError (printed).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -169,6 +172,21 @@ void concurrent_groups(ProcessGroup& world) {
               world.size());
 }
 
+// A 4 MiB all_reduce (the shared-memory path between local ranks), checked.
+void big_allreduce(ProcessGroup& pg) {
+  std::vector<float> v(1 << 20);
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = static_cast<float>(i % 1000 + pg.rank());
+  }
+  pg.all_reduce(Tensor::of(v));
+  const int n = pg.size();
+  for (size_t i = 0; i < v.size(); i += 4097) {
+    check(v[i] == static_cast<float>(n * (i % 1000) + n * (n - 1) / 2),
+          "big all_reduce");
+  }
+  std::printf("rank %d of %d: big all_reduce ok\n", pg.rank(), n);
+}
+
 int allreduce_loop(ProcessGroup& pg) {
   std::vector<float> v(1 << 20, 1.0f);
   pg.all_reduce(Tensor::of(v));
@@ -198,6 +216,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[1];
+  // Test hook: a file-size limit makes this rank's shared-memory segments
+  // impossible (ftruncate fails with EFBIG), as a full /dev/shm would.
+  if (const char* limit = std::getenv("COMM_TEST_FSIZE_LIMIT")) {
+    std::signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl {};
+    rl.rlim_cur = rl.rlim_max = std::strtoull(limit, nullptr, 10);
+    setrlimit(RLIMIT_FSIZE, &rl);
+  }
   InitOptions opts;
   if (argc > 2) {
     opts.init_method = argv[2];
@@ -218,6 +244,10 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "allreduce-loop") return allreduce_loop(*pg);
+    if (mode == "big-allreduce") {
+      big_allreduce(*pg);
+      return 0;
+    }
     if (mode == "concurrent-groups") {
       concurrent_groups(*pg);
       return 0;

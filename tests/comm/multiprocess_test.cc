@@ -111,6 +111,31 @@ TEST(MultiProcessTest, FileInitIgnoresKeysLeftByAKilledAttempt) {
   expect_all_ok(procs);
 }
 
+TEST(MultiProcessTest, LargeAllReduceFallsBackToTcpWhenSharedMemoryFails) {
+  // Rank 1 cannot create its segment; every rank must notice and use TCP.
+  for (bool limit : {false, true}) {
+    std::vector<std::unique_ptr<Subprocess>> procs;
+    const std::string port = std::to_string(free_port());
+    for (int r = 0; r < 3; ++r) {
+      CommandOptions o;
+      o.argv = {kWorker, "big-allreduce"};
+      o.env = {{"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", port},
+               {"RANK", std::to_string(r)},
+               {"WORLD_SIZE", "3"},
+               {"DLAUNCH_COMM_TIMEOUT", "20"}};
+      if (limit && r == 1) o.env["COMM_TEST_FSIZE_LIMIT"] = "65536";
+      procs.push_back(std::make_unique<Subprocess>(o));
+    }
+    for (int r = 0; r < 3; ++r) {
+      CommandResult res = procs[r]->wait(seconds(30));
+      EXPECT_EQ(res.exit_code, 0)
+          << "rank " << r << (limit ? " (limited)" : "") << ": " << res.err;
+      EXPECT_THAT(res.out, HasSubstr("big all_reduce ok"));
+    }
+  }
+}
+
 TEST(MultiProcessTest, SubGroupsCreatedFromTwoThreadsAtOnce) {
   // Over the TCP store: each rendezvous must block on its own connection,
   // or the two threads' rendezvous would wait for each other across ranks.
