@@ -238,6 +238,20 @@ struct Worker : std::enable_shared_from_this<Worker> {
   }
 
   void on_exited() {
+    // The reactor can report a pidfd readable while the worker still runs
+    // (seen about once in 200 restarts of 8 workers, a fresh pidfd reusing
+    // the number of one just closed): confirm the exit without reaping
+    // before touching the group, or the kill below hits a live worker.
+    siginfo_t info{};
+    int wr;
+    do {
+      wr = ::waitid(P_PID, static_cast<id_t>(pid), &info,
+                    WEXITED | WNOHANG | WNOWAIT);
+    } while (wr < 0 && errno == EINTR);
+    if (wr == 0 && info.si_pid == 0) {
+      watch_exit();
+      return;
+    }
     // Still a zombie here, so its group id cannot have been reused: kill
     // the children it left behind, then reap it.
     ::kill(-pid, SIGKILL);
@@ -246,7 +260,7 @@ struct Worker : std::enable_shared_from_this<Worker> {
     do {
       r = ::waitpid(pid, &st, WNOHANG);
     } while (r < 0 && errno == EINTR);
-    if (r == 0) {  // not yet reapable (cannot happen after POLLIN); rewait
+    if (r == 0) {  // not reapable after all; wait for the next readiness
       watch_exit();
       return;
     }
