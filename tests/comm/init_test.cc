@@ -93,6 +93,10 @@ TEST_F(InitTest, FileInitWithOneRankAndTimeoutFromTheEnvironment) {
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   std::string path = std::string(tmpl) + "/store";
   setenv("DLAUNCH_COMM_TIMEOUT", "2.5", 1);
+  // file:// has no address to route to, so Gloo would listen on this host's
+  // name, which a minimal machine (a chroot without /etc/hosts) cannot
+  // resolve; this test is about the timeout, not the address.
+  setenv("DLAUNCH_GLOO_HOST", "127.0.0.1", 1);
   InitOptions o;
   o.init_method = "file://" + path;
   o.rank = 0;
@@ -107,6 +111,7 @@ TEST_F(InitTest, FileInitWithOneRankAndTimeoutFromTheEnvironment) {
     pg->all_reduce(Tensor::of(v), ReduceOp::kAvg);
     EXPECT_EQ(v[0], 3.0f);
   }
+  unsetenv("DLAUNCH_GLOO_HOST");
   rmdir(tmpl);
 }
 
