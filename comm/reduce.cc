@@ -270,4 +270,58 @@ uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>((x + rounding) >> 16);
 }
 
+double get_element(const Tensor& t, size_t i) {
+  const char* p = static_cast<const char*>(t.data);
+  switch (t.dtype) {
+    case DType::kF32:
+      return reinterpret_cast<const float*>(p)[i];
+    case DType::kF64:
+      return reinterpret_cast<const double*>(p)[i];
+    case DType::kF16:
+      return half_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16:
+      return bf16_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
+    case DType::kI8:
+      return reinterpret_cast<const int8_t*>(p)[i];
+    case DType::kU8:
+      return reinterpret_cast<const uint8_t*>(p)[i];
+    case DType::kI32:
+      return reinterpret_cast<const int32_t*>(p)[i];
+    case DType::kI64:
+      return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
+  }
+  return 0;
+}
+
+void set_element(const Tensor& t, size_t i, double v) {
+  char* p = static_cast<char*>(t.data);
+  int64_t iv = static_cast<int64_t>(v);
+  switch (t.dtype) {
+    case DType::kF32:
+      reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
+      break;
+    case DType::kF64:
+      reinterpret_cast<double*>(p)[i] = v;
+      break;
+    case DType::kF16:
+      reinterpret_cast<uint16_t*>(p)[i] = float_to_half(static_cast<float>(v));
+      break;
+    case DType::kBF16:
+      reinterpret_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
+      break;
+    case DType::kI8:
+      reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(iv);
+      break;
+    case DType::kU8:
+      reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(iv);
+      break;
+    case DType::kI32:
+      reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(iv);
+      break;
+    case DType::kI64:
+      reinterpret_cast<int64_t*>(p)[i] = iv;
+      break;
+  }
+}
+
 }  // namespace dlaunch::comm

@@ -31,4 +31,9 @@ uint16_t float_to_half(float f);
 float bf16_to_float(uint16_t b);
 uint16_t float_to_bf16(float f);
 
+// Reads and writes element i of a tensor of any dtype as a double (f16 and
+// bf16 rounded to nearest even; integers wrap as a cast from int64 does).
+double get_element(const Tensor& t, size_t i);
+void set_element(const Tensor& t, size_t i, double v);
+
 }  // namespace dlaunch::comm

@@ -1,70 +1,22 @@
 #include "workloads/op_runner.h"
 
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <sstream>
+
+#include "comm/reduce.h"
 
 namespace dlaunch::workloads {
 namespace {
 
 using comm::DType;
+using comm::get_element;
 using comm::ReduceOp;
+using comm::set_element;
 using comm::Tensor;
 
 // Written sentinel for outputs: not a pattern value (those are 1..11).
 constexpr double kSentinel = 99;
-
-uint16_t float_to_half(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  uint32_t sign = (x >> 16) & 0x8000;
-  int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
-  uint32_t mant = x & 0x7fffff;
-  if (((x >> 23) & 0xff) == 0xff) {  // inf / nan
-    return static_cast<uint16_t>(sign | 0x7c00 | (mant ? 0x200 : 0));
-  }
-  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7c00);
-  if (exp <= 0) {
-    if (exp < -10) return static_cast<uint16_t>(sign);
-    mant |= 0x800000;
-    uint32_t shift = static_cast<uint32_t>(14 - exp);
-    uint32_t h = mant >> shift;
-    uint32_t rem = mant & ((1u << shift) - 1);
-    uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1))) ++h;
-    return static_cast<uint16_t>(sign | h);
-  }
-  uint32_t h = (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
-  uint32_t rem = mant & 0x1fff;
-  if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
-  return static_cast<uint16_t>(sign | h);
-}
-
-float half_to_float(uint16_t h) {
-  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
-  uint32_t exp = (h >> 10) & 0x1f;
-  uint32_t mant = h & 0x3ff;
-  if (exp == 0) {
-    float v = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -v : v;
-  }
-  if (exp == 31) {
-    return std::bit_cast<float>(sign | 0x7f800000 | (mant << 13));
-  }
-  return std::bit_cast<float>(sign | ((exp + 112) << 23) | (mant << 13));
-}
-
-uint16_t float_to_bf16(float f) {
-  uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffff) > 0x7f800000)
-    return static_cast<uint16_t>((x >> 16) | 0x40);
-  x += 0x7fff + ((x >> 16) & 1);
-  return static_cast<uint16_t>(x >> 16);
-}
-
-float bf16_to_float(uint16_t b) {
-  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
-}
 
 bool is_float(DType t) {
   return t == DType::kF32 || t == DType::kF64 || t == DType::kF16 ||
@@ -72,60 +24,6 @@ bool is_float(DType t) {
 }
 
 }  // namespace
-
-double get_element(const Tensor& t, size_t i) {
-  const char* p = static_cast<const char*>(t.data);
-  switch (t.dtype) {
-    case DType::kF32:
-      return reinterpret_cast<const float*>(p)[i];
-    case DType::kF64:
-      return reinterpret_cast<const double*>(p)[i];
-    case DType::kF16:
-      return half_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16:
-      return bf16_to_float(reinterpret_cast<const uint16_t*>(p)[i]);
-    case DType::kI8:
-      return reinterpret_cast<const int8_t*>(p)[i];
-    case DType::kU8:
-      return reinterpret_cast<const uint8_t*>(p)[i];
-    case DType::kI32:
-      return reinterpret_cast<const int32_t*>(p)[i];
-    case DType::kI64:
-      return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
-  }
-  return 0;
-}
-
-void set_element(const Tensor& t, size_t i, double v) {
-  char* p = static_cast<char*>(t.data);
-  int64_t iv = static_cast<int64_t>(v);
-  switch (t.dtype) {
-    case DType::kF32:
-      reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
-      break;
-    case DType::kF64:
-      reinterpret_cast<double*>(p)[i] = v;
-      break;
-    case DType::kF16:
-      reinterpret_cast<uint16_t*>(p)[i] = float_to_half(static_cast<float>(v));
-      break;
-    case DType::kBF16:
-      reinterpret_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
-      break;
-    case DType::kI8:
-      reinterpret_cast<int8_t*>(p)[i] = static_cast<int8_t>(iv);
-      break;
-    case DType::kU8:
-      reinterpret_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(iv);
-      break;
-    case DType::kI32:
-      reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(iv);
-      break;
-    case DType::kI64:
-      reinterpret_cast<int64_t*>(p)[i] = iv;
-      break;
-  }
-}
 
 double quantize(DType dtype, double v) {
   uint64_t slot = 0;

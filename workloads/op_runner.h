@@ -11,10 +11,6 @@
 
 namespace dlaunch::workloads {
 
-// Reads and writes element i of a tensor of any dtype as a double (f16 and
-// bf16 rounded to nearest even; integers wrap as a cast from int64 does).
-double get_element(const comm::Tensor& t, size_t i);
-void set_element(const comm::Tensor& t, size_t i, double v);
 // `v` as stored in `dtype` and read back.
 double quantize(comm::DType dtype, double v);
 

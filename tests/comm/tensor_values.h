@@ -24,56 +24,13 @@ inline bool op_applies(DType d, ReduceOp op) {
   return reduce_op_error(d, op).empty();
 }
 
-// Element i of a tensor of dtype d as a double.
+// Element i of a buffer of dtype d as a double (comm's own accessors).
 inline double get(DType d, const void* p, size_t i) {
-  switch (d) {
-    case DType::kF32:
-      return static_cast<const float*>(p)[i];
-    case DType::kF64:
-      return static_cast<const double*>(p)[i];
-    case DType::kF16:
-      return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kBF16:
-      return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::kI8:
-      return static_cast<const int8_t*>(p)[i];
-    case DType::kU8:
-      return static_cast<const uint8_t*>(p)[i];
-    case DType::kI32:
-      return static_cast<const int32_t*>(p)[i];
-    case DType::kI64:
-      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
-  }
-  return 0;
+  return get_element(Tensor{const_cast<void*>(p), i + 1, d, {}}, i);
 }
 
 inline void put(DType d, void* p, size_t i, double v) {
-  switch (d) {
-    case DType::kF32:
-      static_cast<float*>(p)[i] = static_cast<float>(v);
-      return;
-    case DType::kF64:
-      static_cast<double*>(p)[i] = v;
-      return;
-    case DType::kF16:
-      static_cast<uint16_t*>(p)[i] = float_to_half(static_cast<float>(v));
-      return;
-    case DType::kBF16:
-      static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
-      return;
-    case DType::kI8:
-      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
-      return;
-    case DType::kU8:
-      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
-      return;
-    case DType::kI32:
-      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
-      return;
-    case DType::kI64:
-      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
-      return;
-  }
+  set_element(Tensor{p, i + 1, d, {}}, i, v);
 }
 
 // An owning buffer with a Tensor view on it.
