@@ -51,6 +51,8 @@ class Agent {
   void group_stopped();
   void finish(int exit_code);
   void make_run_dir();
+  // Whether --redirects or --tee sends any stream to a log file.
+  bool writes_logs() const;
   void write_summary();
   AttemptRecord& attempt() { return result_.attempts.back(); }
 

@@ -1,11 +1,15 @@
 # All third-party packages, found once. scripts/setup installs every one of
 # them from Debian 12's archive.
 find_package(Threads REQUIRED)
+# Static Boost libraries (libboost-filesystem1.81-dev ships PIC archives):
+# see DLAUNCH_STATIC_RUNTIME.
+set(Boost_USE_STATIC_LIBS ${DLAUNCH_STATIC_RUNTIME})
 find_package(Boost 1.81 EXACT REQUIRED COMPONENTS filesystem)
 find_package(Gloo REQUIRED CONFIG)
 find_package(yaml-cpp REQUIRED CONFIG)
 find_package(CLI11 REQUIRED CONFIG)
 find_package(nlohmann_json 3.10 REQUIRED CONFIG)
+find_package(fmt REQUIRED CONFIG)
 find_package(spdlog REQUIRED CONFIG)
 find_package(ZLIB REQUIRED)
 set(BLA_VENDOR OpenBLAS)

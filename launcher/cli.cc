@@ -1,12 +1,20 @@
 #include "launcher/cli.h"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <array>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/readable_pipe.hpp>
+#include <boost/process/v2/process.hpp>
+#include <boost/process/v2/stdio.hpp>
 #include <charconv>
+#include <chrono>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
+#include <functional>
+#include <stdexcept>
 #include <thread>
 
 namespace dlaunch::launcher {
@@ -42,12 +50,19 @@ double parse_seconds(const std::string& flag, const std::string& v,
   return d;
 }
 
-int resolve_nproc(const std::string& v) {
+int resolve_nproc(const std::string& v, const agent::EnvMap& env) {
   if (v == "cpu") {
     return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
+  auto gpus = [&] {
+    try {
+      return cuda_device_count(env);
+    } catch (const std::exception& e) {
+      throw Bad{"--nproc-per-node " + v + ": " + e.what()};
+    }
+  };
   if (v == "gpu") {
-    int n = cuda_device_count();
+    int n = gpus();
     if (n == 0) {
       throw Bad{
           "--nproc-per-node gpu: no CUDA device is visible; use a "
@@ -56,7 +71,7 @@ int resolve_nproc(const std::string& v) {
     return n;
   }
   if (v == "auto") {
-    int n = cuda_device_count();
+    int n = gpus();
     return n > 0 ? n
                  : static_cast<int>(
                        std::max(1u, std::thread::hardware_concurrency()));
@@ -116,20 +131,53 @@ struct Flag {
 
 }  // namespace
 
-int cuda_device_count() {
-  // The driver API, loaded at run time: it honours CUDA_VISIBLE_DEVICES
-  // and needs no CUDA at build time. Any failure means no usable GPU.
-  void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) return 0;
-  using InitFn = int (*)(unsigned);
-  using CountFn = int (*)(int*);
-  auto init = reinterpret_cast<InitFn>(::dlsym(lib, "cuInit"));
-  auto count = reinterpret_cast<CountFn>(::dlsym(lib, "cuDeviceGetCount"));
-  int n = 0;
-  if (init == nullptr || count == nullptr || init(0) != 0 || count(&n) != 0) {
-    n = 0;
+int cuda_device_count(const agent::EnvMap& env) {
+  namespace asio = boost::asio;
+  namespace bp = boost::process::v2;
+  std::filesystem::path helper;
+  if (auto it = env.find("DLAUNCH_CUDA_DEVICES"); it != env.end()) {
+    helper = it->second;
+  } else {
+    std::error_code ec;
+    helper = std::filesystem::read_symlink("/proc/self/exe", ec)
+                 .replace_filename("dlaunch-cuda-devices");
   }
-  // Not dlclose'd: the driver does not support unloading cleanly.
+  if (::access(helper.c_str(), X_OK) != 0) {
+    throw std::runtime_error(
+        "cannot count CUDA devices: " + helper.string() +
+        " is missing (build or install it beside dlaunch)");
+  }
+  asio::io_context ctx;
+  asio::readable_pipe out(ctx);
+  std::string text;
+  std::array<char, 64> buf;
+  bp::process proc(ctx, helper, {}, bp::process_stdio{{}, out, {}});
+  std::function<void()> read = [&] {
+    out.async_read_some(asio::buffer(buf),
+                        [&](const boost::system::error_code& ec, size_t n) {
+                          text.append(buf.data(), n);
+                          if (!ec) read();
+                        });
+  };
+  read();
+  // A wedged driver must not hang the launch: cuInit takes seconds at most.
+  constexpr auto kTimeout = std::chrono::seconds(60);
+  ctx.run_for(kTimeout);
+  if (!ctx.stopped()) {
+    boost::system::error_code ignored;
+    proc.terminate(ignored);
+    throw std::runtime_error(
+        "cannot count CUDA devices: " + helper.string() +
+        " did not answer within 60 s (is the NVIDIA driver hung?)");
+  }
+  int code = proc.wait();
+  int n = -1;
+  if (!text.empty() && text.back() == '\n') text.pop_back();
+  if (code != 0 || !parse_number(text, n) || n < 0) {
+    throw std::runtime_error("cannot count CUDA devices: " + helper.string() +
+                             " exited with " + std::to_string(code) +
+                             " and printed '" + text + "'");
+  }
   return n;
 }
 
@@ -266,7 +314,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     o.standalone = truthy("standalone") || o.rdzv_endpoint.empty();
     if (given("rdzv-id")) o.agent.run_id = value("rdzv-id");
     if (given("nproc-per-node")) {
-      o.agent.nproc_per_node = resolve_nproc(value("nproc-per-node"));
+      o.agent.nproc_per_node = resolve_nproc(value("nproc-per-node"), env);
     }
     if (given("max-restarts")) {
       o.agent.max_restarts = parse_int_flag(

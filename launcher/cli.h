@@ -31,8 +31,11 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
 // The man-page style text of `dlaunch --help`.
 const std::string& help_text();
 
-// Visible CUDA devices, found by loading libcuda at run time (dlaunch does
-// not link CUDA); 0 when there is no driver or no device.
-int cuda_device_count();
+// Visible CUDA devices (CUDA_VISIBLE_DEVICES honoured); 0 when there is no
+// driver or no device. Asks the dlaunch-cuda-devices helper beside the
+// running program, or at env's DLAUNCH_CUDA_DEVICES, which loads libcuda
+// (dlaunch is static and does not link CUDA). Throws std::runtime_error
+// naming the helper when it is missing, fails or hangs (60 s).
+int cuda_device_count(const agent::EnvMap& env);
 
 }  // namespace dlaunch::launcher

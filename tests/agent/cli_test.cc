@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "tests/testing/temp_dir.h"
@@ -13,6 +15,10 @@ namespace dlaunch::launcher {
 namespace {
 
 using ::testing::HasSubstr;
+
+// The test binaries live in build/tests, not beside the helper.
+const agent::EnvMap kHelperEnv{
+    {"DLAUNCH_CUDA_DEVICES", DLAUNCH_BIN_DIR "/dlaunch-cuda-devices"}};
 
 LaunchOptions ok(std::vector<std::string> args, agent::EnvMap env = {}) {
   ParseResult r = parse_command_line(args, env);
@@ -131,16 +137,36 @@ TEST(Cli, PythonProgramsRunUnderPythonUnbuffered) {
 TEST(Cli, NprocPerNodeKeywords) {
   int cpus = static_cast<int>(std::thread::hardware_concurrency());
   EXPECT_EQ(ok({"--nproc-per-node", "cpu", "true"}).agent.nproc_per_node, cpus);
-  int gpus = cuda_device_count();
-  EXPECT_EQ(ok({"--nproc-per-node", "auto", "true"}).agent.nproc_per_node,
-            gpus > 0 ? gpus : cpus);
+  // The real helper asks the real driver (none here: 0).
+  int gpus = cuda_device_count(kHelperEnv);
+  EXPECT_EQ(
+      ok({"--nproc-per-node", "auto", "true"}, kHelperEnv).agent.nproc_per_node,
+      gpus > 0 ? gpus : cpus);
   if (gpus == 0) {
-    EXPECT_THAT(bad({"--nproc-per-node", "gpu", "true"}).message,
+    EXPECT_THAT(bad({"--nproc-per-node", "gpu", "true"}, kHelperEnv).message,
                 HasSubstr("no CUDA device is visible"));
   } else {
-    EXPECT_EQ(ok({"--nproc-per-node", "gpu", "true"}).agent.nproc_per_node,
+    EXPECT_EQ(ok({"--nproc-per-node", "gpu", "true"}, kHelperEnv)
+                  .agent.nproc_per_node,
               gpus);
   }
+}
+
+TEST(Cli, GpuCountingFailuresNameTheHelper) {
+  agent::EnvMap missing{{"DLAUNCH_CUDA_DEVICES", "/nonexistent/helper"}};
+  EXPECT_THAT(bad({"--nproc-per-node", "gpu", "true"}, missing).message,
+              HasSubstr("--nproc-per-node gpu: cannot count CUDA devices: "
+                        "/nonexistent/helper is missing"));
+  dlaunch::testing::TempDir dir;
+  auto script = dir.path() / "helper";
+  {
+    std::ofstream f(script);
+    f << "#!/bin/sh\necho lots\n";
+  }
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  agent::EnvMap garbled{{"DLAUNCH_CUDA_DEVICES", script.string()}};
+  EXPECT_THAT(bad({"--nproc-per-node", "auto", "true"}, garbled).message,
+              HasSubstr("printed 'lots'"));
 }
 
 TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
