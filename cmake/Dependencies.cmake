@@ -4,7 +4,7 @@ find_package(Threads REQUIRED)
 # Static Boost libraries (libboost-filesystem1.81-dev ships PIC archives):
 # see DLAUNCH_STATIC_RUNTIME.
 set(Boost_USE_STATIC_LIBS ${DLAUNCH_STATIC_RUNTIME})
-find_package(Boost 1.81 EXACT REQUIRED COMPONENTS filesystem)
+find_package(Boost 1.81.0 EXACT REQUIRED COMPONENTS filesystem CONFIG)
 find_package(Gloo REQUIRED CONFIG)
 find_package(yaml-cpp REQUIRED CONFIG)
 find_package(CLI11 REQUIRED CONFIG)

@@ -23,6 +23,7 @@
 #include <tuple>
 #include <vector>
 
+#include "comm/gloo/shm_channel.h"
 #include "comm/gloo/shm_segment.h"
 #include "comm/gloo/store_adapter.h"
 #include "comm/reduce.h"
@@ -58,6 +59,10 @@ constexpr size_t kFusedTrafficBytes = 512 << 10;
 // go through shared memory (DLAUNCH_COMM_SHM_MIN_BYTES; "off" disables).
 constexpr size_t kShmMinBytes = 1 << 20;
 constexpr size_t kShmSliceBytes = 32 << 20;
+// Between ranks on one host the argument check meets in shared memory
+// (ShmChannel), and all_reduces below kShmMinBytes travel with it, up to
+// this many bytes per rank (each rank's channel holds two slots).
+constexpr size_t kChannelPayloadBytes = 1 << 20;
 constexpr uint64_t kControlSlot = 0xB4;
 
 uint64_t p2p_slot(uint64_t prefix, int tag) {
@@ -409,6 +414,15 @@ struct RanksMissing : std::runtime_error {
   std::vector<int> missing;
 };
 
+// Ranks seen to leave (fail, exit or destroy the group) while others waited
+// for them in shared memory.
+struct RanksGone : std::runtime_error {
+  explicit RanksGone(std::vector<int> g)
+      : std::runtime_error("peer left the shared-memory channel"),
+        gone(std::move(g)) {}
+  std::vector<int> gone;
+};
+
 enum class Kind : uint64_t {
   kBroadcast = 1,
   kReduce,
@@ -570,6 +584,8 @@ class GlooProcessGroup : public ProcessGroup {
     const char* op = "all_reduce";
     Call c = make_call(Kind::kAllReduce, t.dtype, t.numel, -1, rop);
     c.local_error = check_tensor(t, "t") + reduce_op_error(t.dtype, rop);
+    check_usable(op);
+    ensure_channel(op);  // the path below depends on it
     const bool fused = size() > 1 && t.nbytes() <= fused_capacity();
     agree(op, c, fused ? &t : nullptr);
     if (size() == 1 || t.numel == 0) return;
@@ -586,7 +602,11 @@ class GlooProcessGroup : public ProcessGroup {
       // Every rank's data came with its arguments: reduce locally, in rank
       // order, so that every rank computes bitwise the same result.
       ReduceFn fn = reduce_fn(t.dtype, rop);
-      std::memcpy(payload_of(rank()), t.data, t.nbytes());
+      if (!channel_) {  // the channel already holds this rank's copy
+        std::memcpy(
+            scratch_.data() + rank() * check_slot_bytes() + words_bytes(),
+            t.data, t.nbytes());
+      }
       fn(t.data, payload_of(0), payload_of(1), t.numel);
       for (int j = 2; j < size(); ++j) {
         fn(t.data, t.data, payload_of(j), t.numel);
@@ -911,7 +931,12 @@ class GlooProcessGroup : public ProcessGroup {
     std::vector<uint64_t> all(words * n, 0);
     std::copy(mine.begin(), mine.end(), all.begin() + rank() * words);
     if (n > 1) {
-      run(op, [&] { all_gather_words(mine, payload, all); });
+      ensure_channel(op);
+      if (channel_) {
+        run(op, [&] { channel_exchange(mine, payload, all); });
+      } else {
+        run(op, [&] { all_gather_words(mine, payload, all); });
+      }
     }
     auto word = [&](size_t r, size_t i) { return all[r * words + i]; };
     std::string prefix = std::string(op) + " on " + g_->where() + ": ";
@@ -1035,8 +1060,78 @@ class GlooProcessGroup : public ProcessGroup {
     }
   }
 
+  // The argument check through the shared-memory channel: post this rank's
+  // words (and payload), wait for every peer's, read their words in place.
+  void channel_exchange(const std::vector<uint64_t>& mine,
+                        const Tensor* payload, std::vector<uint64_t>& all) {
+    const size_t wb = mine.size() * sizeof(uint64_t);
+    channel_->post(
+        {reinterpret_cast<const char*>(mine.data()), wb},
+        payload ? std::span<const char>(static_cast<const char*>(payload->data),
+                                        payload->nbytes())
+                : std::span<const char>());
+    channel_wait();
+    for (int j = 0; j < size(); ++j) {
+      if (j != rank()) {
+        std::memcpy(all.data() + j * mine.size(), channel_->slot(j), wb);
+      }
+    }
+  }
+
+  // Waits for every peer's post of the current channel call, turning the
+  // channel's error into the ones run() reports.
+  void channel_wait() {
+    try {
+      channel_->wait(std::chrono::steady_clock::now() + timeout());
+    } catch (const ShmChannel::WaitError& e) {
+      if (e.timed_out) {
+        throw RanksMissing(e.ranks, "Timed out in shared memory after " +
+                                        ms_text(timeout()) +
+                                        " waiting for peers");
+      }
+      throw RanksGone(e.ranks);
+    }
+  }
+
+  // Sets up the channel on the group's first collective when every rank
+  // shares this host and shared memory is on; every rank ends with one or
+  // every rank without.
+  void ensure_channel(const char* op) {
+    if (channel_tried_) return;
+    channel_tried_ = true;
+    if (size() < 2 || !g_->all_local || g_->shm_min_bytes == SIZE_MAX) return;
+    run(op, [&] {
+      std::string error;
+      auto ch = std::make_unique<ShmChannel>(
+          "/dlaunch-" + g_->shm_token + "-c-", rank(), size(),
+          words_bytes() + channel_fused_capacity(), error);
+      auto all_ok = [](const std::vector<uint64_t>& v) {
+        return std::all_of(v.begin(), v.end(), [](uint64_t w) { return w; });
+      };
+      if (!all_ok(control_exchange(ch->ok()))) return;
+      bool ok = ch->open_peers(error);
+      bool everyone = all_ok(control_exchange(ok));
+      ch->unlink();  // every rank has mapped it or given up
+      if (everyone) channel_ = std::move(ch);
+    });
+  }
+
+  // A barrier between ranks on one host (the shared-memory all_reduce).
+  void local_barrier() {
+    if (channel_) {
+      channel_->post({}, {});
+      channel_wait();
+    } else {
+      control_exchange(1);
+    }
+  }
+
+  size_t words_bytes() const {
+    return (kFixedWords + 2 * size()) * sizeof(uint64_t);
+  }
+
   size_t check_slot_bytes() const {
-    return (kFixedWords + 2 * size()) * sizeof(uint64_t) + fused_capacity();
+    return words_bytes() + tcp_fused_capacity();
   }
 
   // Every rank's `word`, in rank order: a small all-to-all that doubles as
@@ -1096,7 +1191,7 @@ class GlooProcessGroup : public ProcessGroup {
       return std::pair<size_t, size_t>(b, std::min(t.numel, b + per) - b);
     };
     std::memcpy(seg(r), t.data, bytes);
-    control_exchange(1);  // every input is in place
+    local_barrier();  // every input is in place
     ReduceFn fn = reduce_fn(t.dtype, rop);
     auto [b, count] = chunk(r);
     if (count > 0) {
@@ -1105,7 +1200,7 @@ class GlooProcessGroup : public ProcessGroup {
       for (int j = 2; j < n; ++j) fn(out, out, seg(j) + b * es, count);
       std::memcpy(seg(r) + b * es, out, count * es);
     }
-    control_exchange(1);  // every chunk is reduced
+    local_barrier();  // every chunk is reduced
     for (int j = 0; j < n; ++j) {
       auto [jb, jc] = chunk(j);
       if (j != r && jc > 0) {
@@ -1113,7 +1208,7 @@ class GlooProcessGroup : public ProcessGroup {
                     jc * es);
       }
     }
-    control_exchange(1);  // nobody reads the segments any more
+    local_barrier();  // nobody reads the segments any more
     return true;
   }
 
@@ -1158,8 +1253,18 @@ class GlooProcessGroup : public ProcessGroup {
   // ring's 2(n-1), for (n-1) times the traffic, so small totals only.
   // A multiple of 64 bytes, so that every slot's payload stays aligned for
   // any dtype (the words before it are 8-byte multiples too).
-  size_t fused_capacity() const {
+  size_t tcp_fused_capacity() const {
     return size() > 1 ? g_->fused_bytes / (size() - 1) / 64 * 64 : 0;
+  }
+  // Through the channel the payload costs no traffic, only a copy: every
+  // all_reduce below the shared-memory threshold (up to
+  // kChannelPayloadBytes) goes with the check, unless fusing is off.
+  size_t channel_fused_capacity() const {
+    if (g_->fused_bytes == 0 || g_->shm_min_bytes == 0) return 0;
+    return std::min(g_->shm_min_bytes - 1, kChannelPayloadBytes) / 64 * 64;
+  }
+  size_t fused_capacity() const {
+    return channel_ ? channel_fused_capacity() : tcp_fused_capacity();
   }
   // Scratch memory kept across calls (a fresh 64 MiB allocation per call
   // costs page faults on every call).
@@ -1169,9 +1274,9 @@ class GlooProcessGroup : public ProcessGroup {
   }
 
   // Rank j's fused payload of the last check.
-  char* payload_of(int j) {
-    const size_t words_bytes = (kFixedWords + 2 * size()) * sizeof(uint64_t);
-    return scratch_.data() + j * check_slot_bytes() + words_bytes;
+  const char* payload_of(int j) {
+    if (channel_) return channel_->slot(j) + words_bytes();
+    return scratch_.data() + j * check_slot_bytes() + words_bytes();
   }
 
   // Posts point-to-point transfers chosen by `plan` on one fresh tag and
@@ -1237,17 +1342,22 @@ class GlooProcessGroup : public ProcessGroup {
       f();
     } catch (const RanksMissing& e) {
       fail(op, e.what(), e.missing);
+    } catch (const RanksGone& e) {
+      fail(op, e.what(), {}, e.gone);
     } catch (const ::gloo::Exception& e) {
       fail(op, e.what(), {});
     }
   }
 
   [[noreturn]] void fail(const char* op, const std::string& what,
-                         const std::vector<int>& missing) {
+                         const std::vector<int>& missing,
+                         const std::vector<int>& gone = {}) {
     const bool timed_out = what.find("Timed out") != std::string::npos ||
                            what.find("timeout") != std::string::npos;
-    const std::vector<int> failed =
-        missing.empty() && !timed_out ? g_->failed_peers() : std::vector<int>{};
+    const std::vector<int> failed = !gone.empty() ? gone
+                                    : missing.empty() && !timed_out
+                                        ? g_->failed_peers()
+                                        : std::vector<int>{};
     const int peer = failed.size() == 1 ? failed[0] : -1;
     std::string msg = std::string(op) + " on " + g_->where() + " failed: ";
     if (!missing.empty()) {
@@ -1255,6 +1365,10 @@ class GlooProcessGroup : public ProcessGroup {
              rank_list(missing) + " to call " + op + " (" +
              std::to_string(size() - 1 - missing.size()) + "/" +
              std::to_string(size() - 1) + " peers arrived)";
+    } else if (!gone.empty()) {
+      msg += rank_list(gone) + (gone.size() == 1 ? " has" : " have") +
+             " left the group while this rank waited for it (it failed, "
+             "exited or destroyed the group)";
     } else if (peer >= 0) {
       msg += "connection to rank " + std::to_string(peer) + " lost";
     } else if (!failed.empty()) {
@@ -1285,6 +1399,7 @@ class GlooProcessGroup : public ProcessGroup {
       if (g_->broken.empty()) g_->broken = msg;
     }
     g_->ctx->closeConnections();
+    if (channel_) channel_->close();  // peers waiting in shared memory too
     if (!missing.empty() || (timed_out && peer < 0)) {
       throw CommTimeoutError(msg);
     }
@@ -1304,6 +1419,9 @@ class GlooProcessGroup : public ProcessGroup {
   uint32_t shm_gen_ = 0;
   bool shm_off_ = false;
   uint32_t check_seq_ = 0;  // number of the next argument check
+  // The shared-memory meeting point of ranks on one host (ensure_channel).
+  std::unique_ptr<ShmChannel> channel_;
+  bool channel_tried_ = false;
   uint32_t tag_ = 1;
   int children_ = 0;
 };

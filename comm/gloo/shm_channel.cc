@@ -1,0 +1,192 @@
+#include "comm/gloo/shm_channel.h"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+
+#include "comm/check.h"
+
+namespace dlaunch::comm::gloo {
+namespace {
+
+constexpr size_t kHeaderBytes = 64;
+// Spinning first catches a peer that is microseconds behind without a
+// sleep and a wake-up (each costs tens of microseconds).
+constexpr int kSpins = 2000;
+constexpr auto kLivenessSlice = std::chrono::milliseconds(100);
+
+// Non-private futex operations: the word is in a MAP_SHARED mapping, which
+// other processes (and this one, at another address) map too.
+void futex_wake(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX,
+            nullptr, nullptr, 0);
+}
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected,
+                std::chrono::nanoseconds timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
+              static_cast<long>(timeout.count() % 1000000000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected,
+            &ts, nullptr, 0);
+}
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Whether call `seq` has been posted by a rank whose counter reads `v`
+// (counters wrap after 2^32 calls).
+bool reached(uint32_t v, uint32_t seq) {
+  return static_cast<int32_t>(v - seq) >= 0;
+}
+
+}  // namespace
+
+// The start of every rank's segment; the two slots follow it.
+struct ShmChannel::Header {
+  std::atomic<uint32_t> seq;      // calls posted (the futex word)
+  std::atomic<uint32_t> waiters;  // ranks sleeping on `seq`
+  std::atomic<uint32_t> closed;   // 1 once the rank has left
+  int32_t pid;                    // the owner's process
+};
+
+ShmChannel::ShmChannel(const std::string& base, int rank, int size,
+                       size_t slot_bytes, std::string& error)
+    : base_(base),
+      rank_(rank),
+      size_(size),
+      slot_bytes_((slot_bytes + 63) / 64 * 64),
+      segment_bytes_(kHeaderBytes + 2 * slot_bytes_),
+      peers_(static_cast<size_t>(size)),
+      pidfds_(static_cast<size_t>(size), -1) {
+  static_assert(sizeof(Header) <= kHeaderBytes);
+  static_assert(std::atomic<uint32_t>::is_always_lock_free);  // address-free
+  mine_ =
+      ShmSegment::create(base + std::to_string(rank), segment_bytes_, error);
+  if (!mine_.ok()) return;
+  auto* h = new (mine_.data()) Header{};
+  h->pid = static_cast<int32_t>(::getpid());
+}
+
+ShmChannel::~ShmChannel() {
+  close();
+  for (int fd : pidfds_) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+bool ShmChannel::open_peers(std::string& error) {
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    peers_[j] =
+        ShmSegment::open(base_ + std::to_string(j), segment_bytes_, error);
+    if (!peers_[j].ok()) return false;
+    // A process can die without closing its channel: watch it. Ranks that
+    // are threads of this process leave through close() alone.
+    const int pid = header(j)->pid;
+    if (pid != ::getpid()) {
+      pidfds_[j] = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    }
+  }
+  return true;
+}
+
+ShmChannel::Header* ShmChannel::header(int j) const {
+  char* base = j == rank_ ? mine_.data() : peers_[j].data();
+  return std::launder(reinterpret_cast<Header*>(base));
+}
+
+const char* ShmChannel::slot(int j) const {
+  const char* base = j == rank_ ? mine_.data() : peers_[j].data();
+  return base + kHeaderBytes + (seq_ % 2) * slot_bytes_;
+}
+
+void ShmChannel::post(std::span<const char> head,
+                      std::span<const char> payload) {
+  DLAUNCH_CHECK(head.size() + payload.size() <= slot_bytes_,
+                "channel post larger than its slot");
+  ++seq_;
+  char* dst = mine_.data() + kHeaderBytes + (seq_ % 2) * slot_bytes_;
+  if (!head.empty()) std::memcpy(dst, head.data(), head.size());
+  if (!payload.empty()) {
+    std::memcpy(dst + head.size(), payload.data(), payload.size());
+  }
+  Header* h = header(rank_);
+  // seq_cst on both sides: either a sleeper's re-read of `seq` sees this
+  // call, or this load sees the sleeper and wakes it.
+  h->seq.store(seq_, std::memory_order_seq_cst);
+  if (h->waiters.load(std::memory_order_seq_cst) > 0) futex_wake(&h->seq);
+}
+
+bool ShmChannel::gone(int j) const {
+  if (header(j)->closed.load(std::memory_order_acquire) != 0) return true;
+  if (pidfds_[j] < 0) return false;
+  pollfd p{pidfds_[j], POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;  // a pidfd turns readable when it exits
+}
+
+void ShmChannel::wait(std::chrono::steady_clock::time_point deadline) {
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    Header* h = header(j);
+    int spins = 0;
+    while (!reached(h->seq.load(std::memory_order_acquire), seq_) &&
+           spins < kSpins) {
+      cpu_relax();
+      ++spins;
+    }
+    if (reached(h->seq.load(std::memory_order_acquire), seq_)) continue;
+    h->waiters.fetch_add(1, std::memory_order_seq_cst);
+    while (true) {
+      const uint32_t v = h->seq.load(std::memory_order_seq_cst);
+      if (reached(v, seq_)) break;
+      if (gone(j)) {
+        h->waiters.fetch_sub(1, std::memory_order_seq_cst);
+        WaitError e;
+        for (int k = j; k < size_; ++k) {
+          if (k != rank_ && !reached(header(k)->seq.load(), seq_) && gone(k)) {
+            e.ranks.push_back(k);
+          }
+        }
+        throw e;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        h->waiters.fetch_sub(1, std::memory_order_seq_cst);
+        WaitError e;
+        e.timed_out = true;
+        for (int k = 0; k < size_; ++k) {
+          if (k != rank_ && !reached(header(k)->seq.load(), seq_)) {
+            e.ranks.push_back(k);
+          }
+        }
+        throw e;
+      }
+      futex_wait(
+          &h->seq, v,
+          std::min<std::chrono::nanoseconds>(deadline - now, kLivenessSlice));
+    }
+    h->waiters.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+void ShmChannel::close() {
+  if (closed_ || !mine_.ok()) return;
+  closed_ = true;
+  Header* h = header(rank_);
+  h->closed.store(1, std::memory_order_seq_cst);
+  futex_wake(&h->seq);
+}
+
+}  // namespace dlaunch::comm::gloo

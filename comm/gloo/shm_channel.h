@@ -1,0 +1,80 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/gloo/shm_segment.h"
+
+namespace dlaunch::comm::gloo {
+
+// The per-call meeting point of a group whose ranks share a host: each rank
+// posts a call (its argument words and an optional payload) into its own
+// shared-memory segment and waits, spinning briefly and then on a futex,
+// until every peer has posted the same call; then everyone reads the
+// others' posts in place. No message and no thread hop: a call costs a
+// copy of the payload and a wake-up. Two slots per rank alternate, so one
+// meeting per call is enough: a rank reuses a slot only after every peer
+// has posted the next call, that is, after it finished reading this one.
+// Owned by one process group and used by its one calling thread.
+class ShmChannel {
+ public:
+  // Why wait() gave up: the ranks it was still waiting for, and whether
+  // they left (failed, exited or destroyed the group) or were late.
+  struct WaitError {
+    std::vector<int> ranks;
+    bool timed_out = false;
+  };
+
+  // Creates this rank's segment, named `base` + rank, with room for
+  // `slot_bytes` per call. Empty (ok() false) with `error` set on failure.
+  ShmChannel(const std::string& base, int rank, int size, size_t slot_bytes,
+             std::string& error);
+  // Marks this rank gone and wakes its waiters (see close()).
+  ~ShmChannel();
+  ShmChannel(const ShmChannel&) = delete;
+  ShmChannel& operator=(const ShmChannel&) = delete;
+
+  bool ok() const { return mine_.ok(); }
+  size_t slot_bytes() const { return slot_bytes_; }
+  // Maps every peer's segment (call once all ranks have created theirs);
+  // false with `error` set when one cannot be mapped.
+  bool open_peers(std::string& error);
+  // Removes this rank's segment name (the mappings stay).
+  void unlink() { mine_.unlink(); }
+
+  // Starts the next call: copies `head` and then `payload` (together at
+  // most slot_bytes()) into this rank's slot and tells the peers.
+  void post(std::span<const char> head, std::span<const char> payload);
+  // Waits until every peer has posted the current call, at most until
+  // `deadline`; throws WaitError otherwise. Between futex sleeps of at
+  // most 100 ms it checks whether a rank it waits for has left.
+  void wait(std::chrono::steady_clock::time_point deadline);
+  // Rank j's post of the current call (this rank's own included).
+  const char* slot(int j) const;
+  // Marks this rank as gone (idempotent) and wakes peers waiting for it,
+  // so that they fail at once instead of at their timeout.
+  void close();
+
+ private:
+  struct Header;
+  Header* header(int j) const;
+  bool gone(int j) const;
+
+  std::string base_;
+  int rank_;
+  int size_;
+  size_t slot_bytes_;
+  size_t segment_bytes_;
+  uint32_t seq_ = 0;  // number of the current call
+  bool closed_ = false;
+  ShmSegment mine_;
+  std::vector<ShmSegment> peers_;  // index = rank; this rank's stays empty
+  std::vector<int> pidfds_;        // peers in other processes, else -1
+};
+
+}  // namespace dlaunch::comm::gloo
