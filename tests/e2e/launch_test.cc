@@ -347,9 +347,10 @@ TEST(Launch, Usr1IsForwardedAndTheJobContinues) {
 }
 
 TEST(Launch, SigkillOfTheAgentTakesEveryWorkerAndGrandchildWithIt) {
+  TempDir tmp;  // a killed agent cannot remove its run folder: keep it here
   Subprocess p({{kDlaunch, "--nproc-per-node", "3", "sh", "-c",
                  "sleep 100 & sleep 100 & echo ready; wait"},
-                {},
+                {{"TMPDIR", tmp.path().string()}},
                 {},
                 ""});
   for (int i = 0; i < 3; ++i) {

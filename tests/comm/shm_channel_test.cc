@@ -1,0 +1,157 @@
+// The shared-memory meeting point of ranks on one host: every post is read
+// intact by every peer across many calls (the two alternating slots), late
+// ranks are named at the deadline, and ranks that leave (closing, or a
+// process that dies without closing) fail their waiters at once.
+#include "comm/gloo/shm_channel.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+namespace dlaunch::comm::gloo {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+std::string unique_base() {
+  std::random_device rd;
+  return "/dlaunch-channel-test-" + std::to_string(::getpid()) + "-" +
+         std::to_string(rd()) + "-";
+}
+
+// `n` channels of one group, all created and mapped.
+std::vector<std::unique_ptr<ShmChannel>> make_group(const std::string& base,
+                                                    int n, size_t slot) {
+  std::vector<std::unique_ptr<ShmChannel>> out;
+  std::string error;
+  for (int r = 0; r < n; ++r) {
+    out.push_back(std::make_unique<ShmChannel>(base, r, n, slot, error));
+    EXPECT_TRUE(out.back()->ok()) << error;
+  }
+  for (auto& c : out) EXPECT_TRUE(c->open_peers(error)) << error;
+  for (auto& c : out) c->unlink();
+  return out;
+}
+
+TEST(ShmChannelTest, EveryPeerReadsEveryPostIntactAcrossManyCalls) {
+  constexpr int kRanks = 3;
+  constexpr int kCalls = 2000;
+  constexpr size_t kPayload = 4096;
+  auto chans = make_group(unique_base(), kRanks, 8 + kPayload);
+  std::vector<std::thread> threads;
+  std::vector<int> bad(kRanks, 0);
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      ShmChannel& ch = *chans[r];
+      std::vector<char> payload(kPayload);
+      for (int call = 0; call < kCalls; ++call) {
+        const uint64_t word = uint64_t(call) << 8 | uint64_t(r);
+        std::memset(payload.data(), (call * 7 + r) & 0xff, kPayload);
+        ch.post({reinterpret_cast<const char*>(&word), 8}, payload);
+        // Ranks arrive out of step so that some waits sleep.
+        if ((call + r) % 97 == 0) std::this_thread::sleep_for(milliseconds(1));
+        ch.wait(Clock::now() + std::chrono::seconds(20));
+        for (int j = 0; j < kRanks; ++j) {
+          uint64_t got;
+          std::memcpy(&got, ch.slot(j), 8);
+          const char* p = ch.slot(j) + 8;
+          const char want = static_cast<char>((call * 7 + j) & 0xff);
+          if (got != (uint64_t(call) << 8 | uint64_t(j)) || p[0] != want ||
+              p[kPayload - 1] != want) {
+            ++bad[r];
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(bad[r], 0) << "rank " << r;
+}
+
+TEST(ShmChannelTest, LateRanksAreNamedAtTheDeadline) {
+  auto chans = make_group(unique_base(), 3, 64);
+  chans[1]->post({}, {});  // rank 1 arrives, rank 2 never does
+  chans[0]->post({}, {});
+  auto start = Clock::now();
+  try {
+    chans[0]->wait(start + milliseconds(300));
+    ADD_FAILURE() << "wait returned without rank 2";
+  } catch (const ShmChannel::WaitError& e) {
+    EXPECT_TRUE(e.timed_out);
+    EXPECT_EQ(e.ranks, std::vector<int>{2});
+  }
+  EXPECT_GE(Clock::now() - start, milliseconds(290));
+}
+
+TEST(ShmChannelTest, ARankThatClosesFailsItsWaitersAtOnce) {
+  auto chans = make_group(unique_base(), 2, 64);
+  chans[0]->post({}, {});
+  std::thread leaver([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    chans[1]->close();
+  });
+  auto start = Clock::now();
+  try {
+    chans[0]->wait(start + std::chrono::seconds(20));
+    ADD_FAILURE() << "wait returned after rank 1 left";
+  } catch (const ShmChannel::WaitError& e) {
+    EXPECT_FALSE(e.timed_out);
+    EXPECT_EQ(e.ranks, std::vector<int>{1});
+  }
+  leaver.join();
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
+}
+
+TEST(ShmChannelTest, AProcessThatDiesWithoutClosingIsSeen) {
+  const std::string base = unique_base();
+  std::string error;
+  ShmChannel mine(base, 0, 2, 64, error);
+  ASSERT_TRUE(mine.ok()) << error;
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Rank 1 in another process: joins, then is killed mid-job. Its
+    // channel object is never destroyed, so only its death can tell.
+    std::string err;
+    auto* peer = new ShmChannel(base, 1, 2, 64, err);
+    char c = peer->ok() && peer->open_peers(err) ? 1 : 0;
+    if (::write(ready[1], &c, 1) != 1) _exit(1);
+    ::pause();  // until killed
+    _exit(0);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  ASSERT_EQ(c, 1);
+  ASSERT_TRUE(mine.open_peers(error)) << error;
+  mine.unlink();
+  ::shm_unlink((base + "1").c_str());  // the child will not live to do it
+  mine.post({}, {});
+  ::kill(child, SIGKILL);  // not reaped yet: a zombie counts as gone too
+  auto start = Clock::now();
+  try {
+    mine.wait(start + std::chrono::seconds(20));
+    ADD_FAILURE() << "wait returned after rank 1 died";
+  } catch (const ShmChannel::WaitError& e) {
+    EXPECT_FALSE(e.timed_out);
+    EXPECT_EQ(e.ranks, std::vector<int>{1});
+  }
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
+  ::waitpid(child, nullptr, 0);
+}
+
+}  // namespace
+}  // namespace dlaunch::comm::gloo
