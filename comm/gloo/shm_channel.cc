@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -51,6 +52,13 @@ bool reached(uint32_t v, uint32_t seq) {
   return static_cast<int32_t>(v - seq) >= 0;
 }
 
+// Containers may share /dev/shm but not pids: a pid means the same process
+// only within one pid namespace.
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
+}
+
 }  // namespace
 
 // The start of every rank's segment; the two slots follow it.
@@ -59,6 +67,7 @@ struct ShmChannel::Header {
   std::atomic<uint32_t> waiters;  // ranks sleeping on `seq`
   std::atomic<uint32_t> closed;   // 1 once the rank has left
   int32_t pid;                    // the owner's process
+  uint64_t pid_ns;                // ... in this pid namespace
 };
 
 ShmChannel::ShmChannel(const std::string& base, int rank, int size,
@@ -77,6 +86,7 @@ ShmChannel::ShmChannel(const std::string& base, int rank, int size,
   if (!mine_.ok()) return;
   auto* h = new (mine_.data()) Header{};
   h->pid = static_cast<int32_t>(::getpid());
+  h->pid_ns = pid_namespace();
 }
 
 ShmChannel::~ShmChannel() {
@@ -94,9 +104,10 @@ bool ShmChannel::open_peers(std::string& error) {
     if (!peers_[j].ok()) return false;
     // A process can die without closing its channel: watch it. Ranks that
     // are threads of this process leave through close() alone.
-    const int pid = header(j)->pid;
-    if (pid != ::getpid()) {
-      pidfds_[j] = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    const Header* h = header(j);
+    if (h->pid != ::getpid() && h->pid_ns != 0 &&
+        h->pid_ns == pid_namespace()) {
+      pidfds_[j] = static_cast<int>(::syscall(SYS_pidfd_open, h->pid, 0));
     }
   }
   return true;

@@ -74,7 +74,9 @@ class ShmChannel {
   bool closed_ = false;
   ShmSegment mine_;
   std::vector<ShmSegment> peers_;  // index = rank; this rank's stays empty
-  std::vector<int> pidfds_;        // peers in other processes, else -1
+  // Peers in other processes of this pid namespace, else -1 (those leave
+  // through close() alone, or are found at the deadline).
+  std::vector<int> pidfds_;
 };
 
 }  // namespace dlaunch::comm::gloo
