@@ -21,7 +21,9 @@ namespace {
 
 constexpr size_t kHeaderBytes = 64;
 // Spinning first catches a peer that is microseconds behind without a
-// sleep and a wake-up (each costs tens of microseconds).
+// sleep and a wake-up (each costs tens of microseconds). Measured with
+// dl-sgd on 2 cores: 200 spins and yields made 2-rank epochs 1.6x slower,
+// 20000 spins made 4 ranks (oversubscribed) 1.7x slower.
 constexpr int kSpins = 2000;
 constexpr auto kLivenessSlice = std::chrono::milliseconds(100);
 
