@@ -85,6 +85,9 @@ RunResult Agent::run() {
     sink_(result_.error + "\n");
     return result_;
   }
+  // Removed at the end (below) unless it holds logs; if the agent is
+  // killed first, its watchdog removes it.
+  if (temp_run_dir_ && !writes_logs()) env_.remove_if_orphaned(result_.run_dir);
 
   std::vector<int> sigs = options_.signals_to_handle;
   for (int s : {SIGUSR1, SIGUSR2}) {

@@ -96,6 +96,10 @@ class Env {
   virtual std::chrono::system_clock::time_point now() = 0;
   // A TCP port that is free on `host` right now (bind port 0, read, close).
   virtual int free_port(const std::string& host) = 0;
+  // A folder of the agent's own that must not outlive it: removed, with
+  // what it holds, if the agent dies (SIGKILL) without removing it. Call
+  // before the first spawn.
+  virtual void remove_if_orphaned(const std::filesystem::path& dir) = 0;
   // Dispatches callbacks until stop() is called.
   virtual void run() = 0;
   // Makes run() return once the current callback finishes.

@@ -141,6 +141,7 @@ struct PosixEnv::Impl {
   std::optional<asio::signal_set> signals;
   std::function<void(int)> signal_handler;
   Watchdog watchdog;
+  std::filesystem::path orphan_dir;  // the watchdog's to remove
   std::chrono::milliseconds drain_timeout{std::chrono::seconds(2)};
   Fd dev_null;      // write end for discarded streams
   Fd null_in;       // stdin for workers when the agent's is a terminal
@@ -357,7 +358,7 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
   Impl& env = *impl_;
   if (!env.watchdog.started()) {
     try {
-      env.watchdog.start();
+      env.watchdog.start(env.orphan_dir);
     } catch (const std::exception& e) {
       throw SpawnError(std::string("cannot start the watchdog: ") + e.what());
     }
@@ -448,6 +449,10 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
   if (w->out.open) w->read(w->out);
   if (w->err.open) w->read(w->err);
   return std::make_unique<PosixProcess>(std::move(w));
+}
+
+void PosixEnv::remove_if_orphaned(const std::filesystem::path& dir) {
+  impl_->orphan_dir = dir;
 }
 
 std::unique_ptr<Timer> PosixEnv::start_timer(std::chrono::milliseconds delay,

@@ -36,6 +36,7 @@ class PosixEnv : public Env {
                       std::function<void(int)> handler) override;
   std::chrono::system_clock::time_point now() override;
   int free_port(const std::string& host) override;
+  void remove_if_orphaned(const std::filesystem::path& dir) override;
   void run() override;
   void stop() override;
 

@@ -1,6 +1,7 @@
 #include "agent/watchdog.h"
 
 #include <fcntl.h>
+#include <ftw.h>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -14,7 +15,12 @@
 namespace dlaunch::agent {
 namespace {
 
-[[noreturn]] void watchdog_main(int read_fd) {
+int remove_entry(const char* path, const struct stat*, int, FTW*) {
+  ::remove(path);
+  return 0;
+}
+
+[[noreturn]] void watchdog_main(int read_fd, const char* orphan_dir) {
   ::setsid();  // no terminal signals; survives a kill of the agent's group
   for (int s = 1; s < NSIG; ++s) {
     if (s != SIGKILL && s != SIGSTOP && s != SIGCHLD) ::signal(s, SIG_IGN);
@@ -43,12 +49,18 @@ namespace {
     }
   }
   for (int g : groups) ::kill(-g, SIGKILL);
+  // Depth first, links not followed: only what the agent made goes.
+  if (*orphan_dir != '\0') {
+    ::nftw(orphan_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  }
   ::_exit(0);
 }
 
 }  // namespace
 
-void Watchdog::start() {
+void Watchdog::start(const std::filesystem::path& orphan_dir) {
+  // Copied before fork: the child must not allocate for it.
+  const std::string dir = orphan_dir.string();
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
     throw std::system_error(errno, std::generic_category(), "watchdog pipe");
@@ -62,7 +74,7 @@ void Watchdog::start() {
   }
   if (pid == 0) {
     ::close(p[1]);
-    watchdog_main(p[0]);
+    watchdog_main(p[0], dir.c_str());
   }
   ::close(p[0]);
   write_fd_ = p[1];

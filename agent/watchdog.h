@@ -2,12 +2,15 @@
 
 #include <sys/types.h>
 
+#include <filesystem>
+
 namespace dlaunch::agent {
 
 // A tiny process, forked from the agent and in a session of its own, that
 // SIGKILLs every registered process group once the agent is gone (its pipe
 // from the agent reaches end-of-file), so workers' children cannot outlive
-// a SIGKILLed agent (PR_SET_PDEATHSIG only covers the workers themselves).
+// a SIGKILLed agent (PR_SET_PDEATHSIG only covers the workers themselves),
+// and then removes the agent's temporary folder if it was given one.
 // Owned by PosixEnv; single-threaded.
 class Watchdog {
  public:
@@ -18,8 +21,10 @@ class Watchdog {
   // reaps it, waiting at most one second.
   ~Watchdog();
 
-  // Forks the watchdog. Throws std::system_error.
-  void start();
+  // Forks the watchdog; `orphan_dir` (may be empty) is removed with its
+  // contents once the agent is gone (already gone after a clean exit).
+  // Throws std::system_error.
+  void start(const std::filesystem::path& orphan_dir = {});
   bool started() const { return write_fd_ >= 0; }
   void add_group(pid_t pgid) { send(pgid); }
   void remove_group(pid_t pgid) { send(-pgid); }

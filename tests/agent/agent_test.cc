@@ -348,6 +348,21 @@ TEST_F(AgentTest, WithoutLogDirTheTemporaryFolderIsRemoved) {
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_FALSE(std::filesystem::exists(r.run_dir));
   EXPECT_TRUE(r.summary_file.empty());
+  // Should the agent be killed, its watchdog removes the folder instead.
+  EXPECT_EQ(env.orphan_dir, r.run_dir);
+}
+
+TEST_F(AgentTest, FoldersWithLogsAreNeverLeftToTheWatchdog) {
+  options.log_dir.clear();
+  base_env["TMPDIR"] = dir.path().string();
+  options.tee = parse_streams("3");
+  RunResult r = run();
+  EXPECT_TRUE(std::filesystem::exists(r.run_dir));
+  EXPECT_TRUE(env.orphan_dir.empty());
+  options.log_dir = dir.path() / "logs";  // the user's folder: never
+  options.tee = parse_streams("0");
+  run();
+  EXPECT_TRUE(env.orphan_dir.empty());
 }
 
 }  // namespace

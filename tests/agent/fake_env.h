@@ -75,6 +75,10 @@ class FakeEnv : public Env {
     return std::chrono::system_clock::time_point(now_);
   }
   int free_port(const std::string&) override { return next_port_++; }
+  void remove_if_orphaned(const std::filesystem::path& dir) override {
+    orphan_dir = dir;
+  }
+  std::filesystem::path orphan_dir;
   void run() override;
   void stop() override { stopped_ = true; }
 

@@ -373,6 +373,15 @@ TEST(Launch, SigkillOfTheAgentTakesEveryWorkerAndGrandchildWithIt) {
   } while (std::chrono::steady_clock::now() < deadline);
   EXPECT_TRUE(alive.empty())
       << alive.size() << " processes outlived the agent by 1 s";
+  // The watchdog also removed the run's temporary folder.
+  auto left = [&] {
+    return std::distance(std::filesystem::directory_iterator(tmp.path()),
+                         std::filesystem::directory_iterator());
+  };
+  for (int i = 0; i < 100 && left() > 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(left(), 0) << "the temporary run folder outlived the agent by 1 s";
 }
 
 TEST(Launch, ReportsTheWorkersErrorFileMessage) {
