@@ -1,5 +1,6 @@
 #include "launcher/cli.h"
 
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -19,6 +20,19 @@
 
 namespace dlaunch::launcher {
 namespace {
+
+// Boost.Process initializer: the child dies with dlaunch (a driver wedged
+// in cuInit must not keep the GPU-count helper alive after a killed launch).
+struct DieWithParent {
+  pid_t parent = ::getpid();
+  template <typename Launcher, typename Path>
+  boost::system::error_code on_exec_setup(Launcher&, const Path&,
+                                          const char* const*) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::raise(SIGKILL);  // died before the prctl
+    return {};
+  }
+};
 
 // A flag or value we reject; caught in parse_command_line.
 struct Bad {
@@ -151,7 +165,8 @@ int cuda_device_count(const agent::EnvMap& env) {
   asio::readable_pipe out(ctx);
   std::string text;
   std::array<char, 64> buf;
-  bp::process proc(ctx, helper, {}, bp::process_stdio{{}, out, {}});
+  bp::process proc(ctx, helper, {}, bp::process_stdio{{}, out, {}},
+                   DieWithParent{});
   std::function<void()> read = [&] {
     out.async_read_some(asio::buffer(buf),
                         [&](const boost::system::error_code& ec, size_t n) {

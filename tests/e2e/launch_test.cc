@@ -466,6 +466,38 @@ TEST(Launch, AMasterAddressNotOnThisHostFailsTheRendezvousClearly) {
   EXPECT_THAT(r.err, HasSubstr("check --master-addr"));
 }
 
+TEST(Launch, AKilledLaunchTakesTheGpuCountHelperWithIt) {
+  TempDir dir;
+  const auto helper = dir.path() / "helper";
+  const auto pid_file = dir.path() / "pid";
+  {
+    std::ofstream f(helper);
+    f << "#!/bin/sh\necho $$ > " << pid_file.string() << ".tmp && mv "
+      << pid_file.string() << ".tmp " << pid_file.string()
+      << "\nexec sleep 30\n";
+  }
+  std::filesystem::permissions(helper, std::filesystem::perms::owner_all);
+  Subprocess p({{kDlaunch, "--nproc-per-node", "gpu", "true"},
+                {{"DLAUNCH_CUDA_DEVICES", helper.string()}},
+                {},
+                ""});
+  pid_t counting = 0;
+  for (int i = 0; i < 500 && counting == 0; ++i) {
+    std::ifstream f(pid_file);
+    if (!(f >> counting)) std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_GT(counting, 0) << "the helper never started";
+  p.signal(SIGKILL);
+  p.wait(5s);
+  auto deadline = std::chrono::steady_clock::now() + 1s;
+  while (testing::process_alive(counting) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_FALSE(testing::process_alive(counting))
+      << "the GPU-count helper outlived dlaunch by 1 s";
+}
+
 TEST(Launch, BadFlagsGetOneLineAndExit2) {
   for (std::vector<std::string> args :
        {std::vector<std::string>{"--nproc-per-node", "many", "true"},
