@@ -603,9 +603,7 @@ class GlooProcessGroup : public ProcessGroup {
       // order, so that every rank computes bitwise the same result.
       ReduceFn fn = reduce_fn(t.dtype, rop);
       if (!channel_) {  // the channel already holds this rank's copy
-        std::memcpy(
-            scratch_.data() + rank() * check_slot_bytes() + words_bytes(),
-            t.data, t.nbytes());
+        std::memcpy(tcp_payload_of(rank()), t.data, t.nbytes());
       }
       fn(t.data, payload_of(0), payload_of(1), t.numel);
       for (int j = 2; j < size(); ++j) {
@@ -1007,13 +1005,12 @@ class GlooProcessGroup : public ProcessGroup {
   // and from every peer (the lowest latency for small payloads).
   void all_gather_words(const std::vector<uint64_t>& mine,
                         const Tensor* payload, std::vector<uint64_t>& all) {
-    const size_t words_bytes = mine.size() * sizeof(uint64_t);
+    const size_t wb = mine.size() * sizeof(uint64_t);
     const size_t slot = check_slot_bytes();
-    staging_.resize(words_bytes + (payload ? payload->nbytes() : 0));
-    std::memcpy(staging_.data(), mine.data(), words_bytes);
+    staging_.resize(wb + (payload ? payload->nbytes() : 0));
+    std::memcpy(staging_.data(), mine.data(), wb);
     if (payload && payload->nbytes() > 0) {
-      std::memcpy(staging_.data() + words_bytes, payload->data,
-                  payload->nbytes());
+      std::memcpy(staging_.data() + wb, payload->data, payload->nbytes());
     }
     auto& buf = scratch_;
     buf.resize(slot * size());
@@ -1055,8 +1052,7 @@ class GlooProcessGroup : public ProcessGroup {
     for (int j = 1; j < size(); ++j) in->waitSend(left_until(deadline));
     for (int j = 0; j < size(); ++j) {
       if (j == rank()) continue;
-      std::memcpy(all.data() + j * mine.size(), buf.data() + j * slot,
-                  words_bytes);
+      std::memcpy(all.data() + j * mine.size(), buf.data() + j * slot, wb);
     }
   }
 
@@ -1105,12 +1101,9 @@ class GlooProcessGroup : public ProcessGroup {
       auto ch = std::make_unique<ShmChannel>(
           "/dlaunch-" + g_->shm_token + "-c-", rank(), size(),
           words_bytes() + channel_fused_capacity(), error);
-      auto all_ok = [](const std::vector<uint64_t>& v) {
-        return std::all_of(v.begin(), v.end(), [](uint64_t w) { return w; });
-      };
-      if (!all_ok(control_exchange(ch->ok()))) return;
+      if (!every_rank(ch->ok())) return;
       bool ok = ch->open_peers(error);
-      bool everyone = all_ok(control_exchange(ok));
+      bool everyone = every_rank(ok);
       ch->unlink();  // every rank has mapped it or given up
       if (everyone) channel_ = std::move(ch);
     });
@@ -1132,6 +1125,12 @@ class GlooProcessGroup : public ProcessGroup {
 
   size_t check_slot_bytes() const {
     return words_bytes() + tcp_fused_capacity();
+  }
+
+  // Whether `ok` holds on every rank (the same answer everywhere).
+  bool every_rank(bool ok) {
+    auto all = control_exchange(ok);
+    return std::all_of(all.begin(), all.end(), [](uint64_t w) { return w; });
   }
 
   // Every rank's `word`, in rank order: a small all-to-all that doubles as
@@ -1222,10 +1221,7 @@ class GlooProcessGroup : public ProcessGroup {
     std::string error;
     ShmSegment mine =
         ShmSegment::create(base + std::to_string(rank()), cap, error);
-    auto all_ok = [](const std::vector<uint64_t>& v) {
-      return std::all_of(v.begin(), v.end(), [](uint64_t w) { return w; });
-    };
-    if (!all_ok(control_exchange(mine.ok()))) {
+    if (!every_rank(mine.ok())) {
       shm_off_ = true;
       return false;
     }
@@ -1236,7 +1232,7 @@ class GlooProcessGroup : public ProcessGroup {
       peers[j] = ShmSegment::open(base + std::to_string(j), cap, error);
       ok = ok && peers[j].ok();
     }
-    bool everyone = all_ok(control_exchange(ok));
+    bool everyone = every_rank(ok);
     mine.unlink();  // every rank has mapped it or given up
     if (!everyone) {
       shm_off_ = true;
@@ -1275,7 +1271,10 @@ class GlooProcessGroup : public ProcessGroup {
 
   // Rank j's fused payload of the last check.
   const char* payload_of(int j) {
-    if (channel_) return channel_->slot(j) + words_bytes();
+    return channel_ ? channel_->slot(j) + words_bytes() : tcp_payload_of(j);
+  }
+  // Where rank j's fused payload lands in a check over Gloo messages.
+  char* tcp_payload_of(int j) {
     return scratch_.data() + j * check_slot_bytes() + words_bytes();
   }
 
