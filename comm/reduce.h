@@ -1,9 +1,12 @@
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
+#include "comm/check.h"
 #include "comm/tensor.h"
 
 namespace dlaunch::comm {
@@ -35,5 +38,35 @@ uint16_t float_to_bf16(float f);
 // bf16 rounded to nearest even; integers wrap as a cast from int64 does).
 double get_element(const Tensor& t, size_t i);
 void set_element(const Tensor& t, size_t i, double v);
+
+// a op b for a single value, written out plainly and sharing nothing with
+// reduce_fn's loops: the reference that collective results are checked
+// against (the tests, dl-bench's #wrong). AVG folds as SUM (divide once at
+// the end). T is double or int64_t; bitwise ops need int64_t (checked).
+template <class T>
+T reference_fold(ReduceOp op, T a, T b) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return a + b;
+    case ReduceOp::kProduct:
+      return a * b;
+    case ReduceOp::kMin:
+      return std::min(a, b);
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      if constexpr (std::is_integral_v<T>) {
+        return op == ReduceOp::kBand  ? (a & b)
+               : op == ReduceOp::kBor ? (a | b)
+                                      : (a ^ b);
+      }
+      break;
+  }
+  DLAUNCH_CHECK(false, "bitwise reference_fold on a floating-point type");
+  return a;
+}
 
 }  // namespace dlaunch::comm

@@ -82,61 +82,16 @@ double OpRunner::value(int r, size_t i) const {
 }
 
 double OpRunner::reduced(size_t i) const {
-  if (is_float(dtype_)) {
-    double acc = value(0, i);
+  // Floats in double; integers in int64, then wrapped to the dtype (as the
+  // backend wraps).
+  auto over_ranks = [&]<class T>(T acc) {
     for (int r = 1; r < size_; ++r) {
-      double v = value(r, i);
-      switch (redop_) {
-        case ReduceOp::kSum:
-        case ReduceOp::kAvg:
-          acc += v;
-          break;
-        case ReduceOp::kProduct:
-          acc *= v;
-          break;
-        case ReduceOp::kMin:
-          acc = std::min(acc, v);
-          break;
-        case ReduceOp::kMax:
-          acc = std::max(acc, v);
-          break;
-        default:
-          break;  // bitwise ops take integer dtypes only
-      }
+      acc = comm::reference_fold(redop_, acc, static_cast<T>(value(r, i)));
     }
-    return redop_ == ReduceOp::kAvg ? acc / size_ : acc;
-  }
-  // Integers: in int64, then wrapped to the dtype (as the backend wraps).
-  int64_t acc = static_cast<int64_t>(value(0, i));
-  for (int r = 1; r < size_; ++r) {
-    int64_t v = static_cast<int64_t>(value(r, i));
-    switch (redop_) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        acc += v;
-        break;
-      case ReduceOp::kProduct:
-        acc *= v;
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-      case ReduceOp::kBand:
-        acc &= v;
-        break;
-      case ReduceOp::kBor:
-        acc |= v;
-        break;
-      case ReduceOp::kBxor:
-        acc ^= v;
-        break;
-    }
-  }
-  if (redop_ == ReduceOp::kAvg) acc /= size_;
-  return static_cast<double>(acc);
+    return redop_ == ReduceOp::kAvg ? static_cast<T>(acc / size_) : acc;
+  };
+  if (is_float(dtype_)) return over_ranks(value(0, i));
+  return static_cast<double>(over_ranks(static_cast<int64_t>(value(0, i))));
 }
 
 Tensor OpRunner::view(std::vector<uint64_t>& buf, size_t offset,

@@ -68,37 +68,14 @@ inline double value(ReduceOp op, int rank, size_t i) {
 // The reduction of value(op, r, i) over ranks 0..n-1, rounded to dtype d.
 inline double expected(DType d, ReduceOp op, int n, size_t i) {
   double acc = value(op, 0, i);
-  int64_t bits = static_cast<int64_t>(acc);
-  for (int r = 1; r < n; ++r) {
-    double v = value(op, r, i);
-    int64_t b = static_cast<int64_t>(v);
-    switch (op) {
-      case ReduceOp::kSum:
-      case ReduceOp::kAvg:
-        acc += v;
-        break;
-      case ReduceOp::kProduct:
-        acc *= v;
-        break;
-      case ReduceOp::kMin:
-        acc = std::min(acc, v);
-        break;
-      case ReduceOp::kMax:
-        acc = std::max(acc, v);
-        break;
-      case ReduceOp::kBand:
-        bits &= b;
-        break;
-      case ReduceOp::kBor:
-        bits |= b;
-        break;
-      case ReduceOp::kBxor:
-        bits ^= b;
-        break;
-    }
-  }
   if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor) {
+    int64_t bits = static_cast<int64_t>(acc);
+    for (int r = 1; r < n; ++r) {
+      bits = reference_fold(op, bits, static_cast<int64_t>(value(op, r, i)));
+    }
     acc = static_cast<double>(bits);
+  } else {
+    for (int r = 1; r < n; ++r) acc = reference_fold(op, acc, value(op, r, i));
   }
   if (op == ReduceOp::kAvg) {
     acc = dtype_is_integer(d) ? std::trunc(acc / n) : acc / n;
