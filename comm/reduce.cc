@@ -76,52 +76,20 @@ void apply_native(void* c, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = Op::apply(x[i], out[i]);
 }
 
-template <class Op>
-void apply_half(void* c, const void* a, const void* b, size_t n) {
+// 16-bit floats (f16, bf16): computed in float, rounded back.
+template <class Op, float (*to_float)(uint16_t), uint16_t (*from_float)(float)>
+void apply_16bit(void* c, const void* a, const void* b, size_t n) {
   auto* out = static_cast<uint16_t*>(c);
   const auto* x = static_cast<const uint16_t*>(a);
   const auto* y = static_cast<const uint16_t*>(b);
   for (size_t i = 0; i < n; ++i) {
-    out[i] = float_to_half(Op::apply(half_to_float(x[i]), half_to_float(y[i])));
+    out[i] = from_float(Op::apply(to_float(x[i]), to_float(y[i])));
   }
 }
 
+// The integer dtypes, for every op.
 template <class Op>
-void apply_bf16(void* c, const void* a, const void* b, size_t n) {
-  auto* out = static_cast<uint16_t*>(c);
-  const auto* x = static_cast<const uint16_t*>(a);
-  const auto* y = static_cast<const uint16_t*>(b);
-  for (size_t i = 0; i < n; ++i) {
-    out[i] = float_to_bf16(Op::apply(bf16_to_float(x[i]), bf16_to_float(y[i])));
-  }
-}
-
-template <class Op>
-ReduceFn arithmetic_fn(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return &apply_native<float, Op>;
-    case DType::kF64:
-      return &apply_native<double, Op>;
-    case DType::kF16:
-      return &apply_half<Op>;
-    case DType::kBF16:
-      return &apply_bf16<Op>;
-    case DType::kI8:
-      return &apply_native<int8_t, Op>;
-    case DType::kU8:
-      return &apply_native<uint8_t, Op>;
-    case DType::kI32:
-      return &apply_native<int32_t, Op>;
-    case DType::kI64:
-      return &apply_native<int64_t, Op>;
-  }
-  DLAUNCH_CHECK(false, "unknown DType");
-  return nullptr;
-}
-
-template <class Op>
-ReduceFn bitwise_fn(DType dtype) {
+ReduceFn integer_fn(DType dtype) {
   switch (dtype) {
     case DType::kI8:
       return &apply_native<int8_t, Op>;
@@ -134,8 +102,24 @@ ReduceFn bitwise_fn(DType dtype) {
     default:
       break;
   }
-  DLAUNCH_CHECK(false, "bitwise ReduceOp on a non-integer dtype");
+  DLAUNCH_CHECK(false, "integer reduction on a non-integer dtype");
   return nullptr;
+}
+
+template <class Op>
+ReduceFn arithmetic_fn(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return &apply_native<float, Op>;
+    case DType::kF64:
+      return &apply_native<double, Op>;
+    case DType::kF16:
+      return &apply_16bit<Op, half_to_float, float_to_half>;
+    case DType::kBF16:
+      return &apply_16bit<Op, bf16_to_float, float_to_bf16>;
+    default:
+      return integer_fn<Op>(dtype);
+  }
 }
 
 template <class T>
@@ -171,11 +155,11 @@ ReduceFn reduce_fn(DType dtype, ReduceOp op) {
     case ReduceOp::kMax:
       return arithmetic_fn<Max>(dtype);
     case ReduceOp::kBand:
-      return bitwise_fn<Band>(dtype);
+      return integer_fn<Band>(dtype);
     case ReduceOp::kBor:
-      return bitwise_fn<Bor>(dtype);
+      return integer_fn<Bor>(dtype);
     case ReduceOp::kBxor:
-      return bitwise_fn<Bxor>(dtype);
+      return integer_fn<Bxor>(dtype);
   }
   DLAUNCH_CHECK(false, "unknown ReduceOp");
   return nullptr;
