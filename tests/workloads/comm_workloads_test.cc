@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "tests/comm/rank_threads.h"
+#include "tests/workloads/synthetic_data.h"
 #include "workloads/bench.h"
 #include "workloads/collectives.h"
 #include "workloads/op_runner.h"
@@ -149,23 +150,7 @@ TEST(P2pTest, SeedsExamplesAndPingPong) {
   EXPECT_THAT(outs[2], HasSubstr("blocking: rank 2 has data 0"));
 }
 
-// A learnable synthetic set (as in sgd_test.cc).
-TrainData synthetic(size_t n, size_t dim, uint64_t seed) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> noise(0.0f, 0.5f);
-  TrainData t;
-  t.n = n;
-  t.dim = dim;
-  t.x.resize(n * dim);
-  t.y.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    t.y[i] = static_cast<uint8_t>(g() % 10);
-    for (size_t j = 0; j < dim; ++j) {
-      t.x[i * dim + j] = (j % 10 == t.y[i] ? 1.0f : 0.0f) + noise(g);
-    }
-  }
-  return t;
-}
+using testing::synthetic;
 
 // N ranks with global batch B end with the weights of one rank with batch B
 // stepping through the same samples: batch k of the single rank is the
