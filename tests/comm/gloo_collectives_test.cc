@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -37,58 +38,15 @@ std::vector<double> values_for(ReduceOp op, int rank, size_t n) {
 
 class GlooCollectivesTest : public ::testing::TestWithParam<int> {};
 
-TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOp) {
-  const int n = GetParam();
+// all_reduce of every dtype and op, for each of `sizes`, on `n` ranks, with
+// comm's path-choosing knobs set as given for the group's creation.
+void all_reduce_every_dtype_and_op(int n, std::initializer_list<size_t> sizes,
+                                   const char* fused_bytes,
+                                   const char* shm_min_bytes) {
+  if (fused_bytes) setenv("DLAUNCH_COMM_FUSED_BYTES", fused_bytes, 1);
+  if (shm_min_bytes) setenv("DLAUNCH_COMM_SHM_MIN_BYTES", shm_min_bytes, 1);
   run_ranks(n, [&](ProcessGroup& pg) {
-    for (DType d : kAllDtypes) {
-      for (ReduceOp op : kAllOps) {
-        if (!op_applies(d, op)) continue;
-        Buffer b(d, values_for(op, pg.rank(), kNumel));
-        pg.all_reduce(b.t, op);
-        auto got = b.values();
-        for (size_t i = 0; i < kNumel; ++i) {
-          expect_close(
-              d, got[i], expected(d, op, n, i),
-              label(d, op, pg.rank()) + " element " + std::to_string(i));
-        }
-      }
-    }
-  });
-}
-
-// The same through Gloo's ring (small all_reduces normally travel fused
-// with the argument check in one message per peer).
-TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpThroughTheRing) {
-  const int n = GetParam();
-  setenv("DLAUNCH_COMM_FUSED_BYTES", "0", 1);
-  setenv("DLAUNCH_COMM_SHM_MIN_BYTES", "off", 1);
-  run_ranks(n, [&](ProcessGroup& pg) {
-    for (DType d : kAllDtypes) {
-      for (ReduceOp op : kAllOps) {
-        if (!op_applies(d, op)) continue;
-        Buffer b(d, values_for(op, pg.rank(), kNumel));
-        pg.all_reduce(b.t, op);
-        auto got = b.values();
-        for (size_t i = 0; i < kNumel; ++i) {
-          expect_close(
-              d, got[i], expected(d, op, n, i),
-              label(d, op, pg.rank()) + " element " + std::to_string(i));
-        }
-      }
-    }
-  });
-  unsetenv("DLAUNCH_COMM_FUSED_BYTES");
-  unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
-}
-
-// And through shared memory (the path for large all_reduces between ranks
-// on one host), with uneven chunks.
-TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpThroughSharedMemory) {
-  const int n = GetParam();
-  setenv("DLAUNCH_COMM_FUSED_BYTES", "0", 1);
-  setenv("DLAUNCH_COMM_SHM_MIN_BYTES", "1", 1);
-  run_ranks(n, [&](ProcessGroup& pg) {
-    for (size_t numel : {kNumel, size_t{3}, size_t{1031}}) {
+    for (size_t numel : sizes) {
       for (DType d : kAllDtypes) {
         for (ReduceOp op : kAllOps) {
           if (!op_applies(d, op)) continue;
@@ -107,6 +65,31 @@ TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpThroughSharedMemory) {
   });
   unsetenv("DLAUNCH_COMM_FUSED_BYTES");
   unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
+}
+
+// The default between ranks on one host: the data travels with the
+// argument check through the shared-memory channel.
+TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOp) {
+  all_reduce_every_dtype_and_op(GetParam(), {kNumel}, nullptr, nullptr);
+}
+
+// The path between hosts (shared memory off): the data travels with the
+// argument check in one Gloo message per peer.
+TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpFusedOverTcp) {
+  all_reduce_every_dtype_and_op(GetParam(), {kNumel}, nullptr, "off");
+}
+
+// The same through Gloo's ring (the path for large all_reduces between
+// hosts).
+TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpThroughTheRing) {
+  all_reduce_every_dtype_and_op(GetParam(), {kNumel}, "0", "off");
+}
+
+// And through chunked shared memory (the path for large all_reduces between
+// ranks on one host), with uneven chunks.
+TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpThroughSharedMemory) {
+  all_reduce_every_dtype_and_op(GetParam(), {kNumel, size_t{3}, size_t{1031}},
+                                "0", "1");
 }
 
 TEST_P(GlooCollectivesTest, ReduceEveryDtypeAndOpLeavesNonRootsAlone) {

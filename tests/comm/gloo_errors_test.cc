@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <latch>
 #include <thread>
 #include <vector>
@@ -52,6 +53,19 @@ TEST(GlooErrorsTest, SmallAndLargeSizesAcrossRanksFailEveryRank) {
                       {"rank 1 passed 1048576 elements of float32, rank 0 "
                        "passed 4 elements"});
   });
+}
+
+TEST(GlooErrorsTest, SmallAndLargeSizesFailEveryRankOverTcpToo) {
+  // The same between hosts (shared memory off): rank 0's payload goes in
+  // its Gloo message, which rank 1's check receives without overrunning.
+  setenv("DLAUNCH_COMM_SHM_MIN_BYTES", "off", 1);
+  run_ranks(2, [](ProcessGroup& pg) {
+    std::vector<float> v(pg.rank() == 1 ? (1 << 20) : 4, 1.0f);
+    expect_comm_error([&] { pg.all_reduce(Tensor::of(v)); },
+                      {"rank 1 passed 1048576 elements of float32, rank 0 "
+                       "passed 4 elements"});
+  });
+  unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
 }
 
 TEST(GlooErrorsTest, DtypesThatDifferAcrossRanksFailEveryRank) {
@@ -213,7 +227,22 @@ TEST(GlooErrorsTest, WorkWaitTimesOutAndCanBeWaitedAgain) {
   });
 }
 
-TEST(GlooErrorsTest, CollectiveTimeoutNamesTheMissingRank) {
+// Timeouts and departures, on each path the argument check can take: the
+// shared-memory channel (ranks on one host, the default here) and Gloo
+// messages (between hosts; shared memory off).
+class GlooPathErrorsTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (!GetParam()) setenv("DLAUNCH_COMM_SHM_MIN_BYTES", "off", 1);
+  }
+  void TearDown() override { unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES"); }
+};
+INSTANTIATE_TEST_SUITE_P(Paths, GlooPathErrorsTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "SharedMemory" : "Tcp";
+                         });
+
+TEST_P(GlooPathErrorsTest, CollectiveTimeoutNamesTheMissingRank) {
   // The world joins with a generous timeout; the sub-group under test has
   // 500 ms, and rank 2 never calls all_reduce on it.
   std::latch others_failed(2);
@@ -245,7 +274,7 @@ TEST(GlooErrorsTest, CollectiveTimeoutNamesTheMissingRank) {
   });
 }
 
-TEST(GlooErrorsTest, PeerGoneMidAllReduceFailsOthersFastNamingIt) {
+TEST_P(GlooPathErrorsTest, PeerGoneMidAllReduceFailsOthersFastNamingIt) {
   // Rank 2 tears its group down (closing its sockets, as a dying process
   // does) while ranks 0 and 1 are in all_reduce; the timeout is 20 s, the
   // others must fail in well under that.
