@@ -49,6 +49,13 @@ void write_all(int fd, std::string_view data) {
   }
 }
 
+void die_with_parent(pid_t parent) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The parent may have died between fork and prctl: then nobody would send
+  // the death signal, so check who our parent is now.
+  if (::getppid() != parent) ::raise(SIGKILL);
+}
+
 namespace {
 
 class Fd {
@@ -108,10 +115,7 @@ struct WorkerInit {
     // The embedded store raises dlaunch's own limit; workers get the user's.
     ::setrlimit(RLIMIT_NOFILE, &nofile);
     ::setpgid(0, 0);
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    // The agent may have died between fork and prctl: then nobody would
-    // send the death signal, so check who our parent is now.
-    if (::getppid() != parent) ::raise(SIGKILL);
+    die_with_parent(parent);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);

@@ -1,5 +1,7 @@
 #pragma once
 
+#include <sys/types.h>
+
 #include <memory>
 #include <string_view>
 
@@ -11,6 +13,10 @@ namespace dlaunch::agent {
 // a blocking write would); gives up silently on other errors (a console
 // that went away loses the output, never the job).
 void write_all(int fd, std::string_view data);
+
+// For a child between fork and exec (async-signal-safe): SIGKILL it when
+// `parent` dies, or now if `parent` died before this call.
+void die_with_parent(pid_t parent);
 
 // The real Env: one Boost.Asio event loop (epoll) over pidfds (exits),
 // worker output pipes and a signal_set; no polling, so the agent sleeps

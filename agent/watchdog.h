@@ -24,7 +24,7 @@ class Watchdog {
   // Forks the watchdog; `orphan_dir` (may be empty) is removed with its
   // contents once the agent is gone (already gone after a clean exit).
   // Throws std::system_error.
-  void start(const std::filesystem::path& orphan_dir = {});
+  void start(const std::filesystem::path& orphan_dir);
   bool started() const { return write_fd_ >= 0; }
   void add_group(pid_t pgid) { send(pgid); }
   void remove_group(pid_t pgid) { send(-pgid); }

@@ -1,6 +1,5 @@
 #include "launcher/cli.h"
 
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -18,6 +17,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "agent/posix_env.h"
+
 namespace dlaunch::launcher {
 namespace {
 
@@ -28,8 +29,7 @@ struct DieWithParent {
   template <typename Launcher, typename Path>
   boost::system::error_code on_exec_setup(Launcher&, const Path&,
                                           const char* const*) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::raise(SIGKILL);  // died before the prctl
+    agent::die_with_parent(parent);
     return {};
   }
 };
