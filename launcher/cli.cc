@@ -174,18 +174,23 @@ int cuda_device_count(const agent::EnvMap& env) {
                           if (!ec) read();
                         });
   };
+  int code = -1;
+  proc.async_wait([&](const boost::system::error_code& ec, int c) {
+    if (!ec) code = c;
+  });
   read();
-  // A wedged driver must not hang the launch: cuInit takes seconds at most.
-  constexpr auto kTimeout = std::chrono::seconds(60);
+  // A wedged driver must not hang the launch (cuInit takes seconds at
+  // most): the output and the exit both arrive within the bound.
+  constexpr std::chrono::seconds kTimeout(60);
   ctx.run_for(kTimeout);
   if (!ctx.stopped()) {
     boost::system::error_code ignored;
     proc.terminate(ignored);
-    throw std::runtime_error(
-        "cannot count CUDA devices: " + helper.string() +
-        " did not answer within 60 s (is the NVIDIA driver hung?)");
+    throw std::runtime_error("cannot count CUDA devices: " + helper.string() +
+                             " did not finish within " +
+                             std::to_string(kTimeout.count()) +
+                             " s (is the NVIDIA driver hung?)");
   }
-  int code = proc.wait();
   int n = -1;
   if (!text.empty() && text.back() == '\n') text.pop_back();
   if (code != 0 || !parse_number(text, n) || n < 0) {
