@@ -115,14 +115,16 @@ bool ShmChannel::open_peers(std::string& error) {
   return true;
 }
 
+char* ShmChannel::segment(int j) const {
+  return j == rank_ ? mine_.data() : peers_[j].data();
+}
+
 ShmChannel::Header* ShmChannel::header(int j) const {
-  char* base = j == rank_ ? mine_.data() : peers_[j].data();
-  return std::launder(reinterpret_cast<Header*>(base));
+  return std::launder(reinterpret_cast<Header*>(segment(j)));
 }
 
 const char* ShmChannel::slot(int j) const {
-  const char* base = j == rank_ ? mine_.data() : peers_[j].data();
-  return base + kHeaderBytes + (seq_ % 2) * slot_bytes_;
+  return segment(j) + kHeaderBytes + (seq_ % 2) * slot_bytes_;
 }
 
 void ShmChannel::post(std::span<const char> head,
@@ -130,7 +132,7 @@ void ShmChannel::post(std::span<const char> head,
   DLAUNCH_CHECK(head.size() + payload.size() <= slot_bytes_,
                 "channel post larger than its slot");
   ++seq_;
-  char* dst = mine_.data() + kHeaderBytes + (seq_ % 2) * slot_bytes_;
+  char* dst = segment(rank_) + kHeaderBytes + (seq_ % 2) * slot_bytes_;
   if (!head.empty()) std::memcpy(dst, head.data(), head.size());
   if (!payload.empty()) {
     std::memcpy(dst + head.size(), payload.data(), payload.size());
@@ -160,38 +162,35 @@ void ShmChannel::wait(std::chrono::steady_clock::time_point deadline) {
       ++spins;
     }
     if (reached(h->seq.load(std::memory_order_acquire), seq_)) continue;
-    h->waiters.fetch_add(1, std::memory_order_seq_cst);
+    // Counted as a sleeper on `seq` for as long as this scope lasts.
+    struct Sleeper {
+      std::atomic<uint32_t>& n;
+      explicit Sleeper(std::atomic<uint32_t>& w) : n(w) { n.fetch_add(1); }
+      ~Sleeper() { n.fetch_sub(1); }
+    } sleeper(h->waiters);
     while (true) {
       const uint32_t v = h->seq.load(std::memory_order_seq_cst);
       if (reached(v, seq_)) break;
-      if (gone(j)) {
-        h->waiters.fetch_sub(1, std::memory_order_seq_cst);
-        WaitError e;
-        for (int k = j; k < size_; ++k) {
-          if (k != rank_ && !reached(header(k)->seq.load(), seq_) && gone(k)) {
-            e.ranks.push_back(k);
-          }
-        }
-        throw e;
-      }
+      if (gone(j)) throw missing(false);
       const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) {
-        h->waiters.fetch_sub(1, std::memory_order_seq_cst);
-        WaitError e;
-        e.timed_out = true;
-        for (int k = 0; k < size_; ++k) {
-          if (k != rank_ && !reached(header(k)->seq.load(), seq_)) {
-            e.ranks.push_back(k);
-          }
-        }
-        throw e;
-      }
+      if (now >= deadline) throw missing(true);
       futex_wait(
           &h->seq, v,
           std::min<std::chrono::nanoseconds>(deadline - now, kLivenessSlice));
     }
-    h->waiters.fetch_sub(1, std::memory_order_seq_cst);
   }
+}
+
+ShmChannel::WaitError ShmChannel::missing(bool timed_out) const {
+  WaitError e;
+  e.timed_out = timed_out;
+  for (int k = 0; k < size_; ++k) {
+    if (k != rank_ && !reached(header(k)->seq.load(), seq_) &&
+        (timed_out || gone(k))) {
+      e.ranks.push_back(k);
+    }
+  }
+  return e;
 }
 
 void ShmChannel::close() {

@@ -62,8 +62,12 @@ class ShmChannel {
 
  private:
   struct Header;
+  char* segment(int j) const;  // rank j's mapping (this rank's own too)
   Header* header(int j) const;
   bool gone(int j) const;
+  // The ranks that have not posted the current call: every one when
+  // `timed_out`, else those that left.
+  WaitError missing(bool timed_out) const;
 
   std::string base_;
   int rank_;
