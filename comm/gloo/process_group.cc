@@ -584,11 +584,10 @@ class GlooProcessGroup : public ProcessGroup {
     const char* op = "all_reduce";
     Call c = make_call(Kind::kAllReduce, t.dtype, t.numel, -1, rop);
     c.local_error = check_tensor(t, "t") + reduce_op_error(t.dtype, rop);
-    check_usable(op);
-    ensure_channel(op);  // the path below depends on it
-    const bool fused = size() > 1 && t.nbytes() <= fused_capacity();
-    agree(op, c, fused ? &t : nullptr);
+    agree(op, c, &t);
     if (size() == 1 || t.numel == 0) return;
+    // agree()'s own test: whether the data came with the arguments.
+    const bool fused = t.nbytes() <= fused_capacity();
     if (!fused && g_->all_local && !shm_off_ &&
         t.nbytes() >= g_->shm_min_bytes) {
       bool done = false;
@@ -908,9 +907,11 @@ class GlooProcessGroup : public ProcessGroup {
 
   // Exchanges every rank's Call and throws the same CommError on every rank
   // when any rank's arguments are bad or differ from rank 0's.
-  // With `payload`, its bytes travel with the arguments (the fused small
-  // all_reduce); they land at payload_of(j) for each peer j.
-  void agree(const char* op, const Call& c, const Tensor* payload = nullptr) {
+  // With `offer`, its bytes travel with the arguments (the fused small
+  // all_reduce) when they fit fused_capacity() and this rank's arguments
+  // are valid (a bad tensor is never read); they land at payload_of(j) for
+  // each peer j.
+  void agree(const char* op, const Call& c, const Tensor* offer = nullptr) {
     check_usable(op);
     const size_t n = size();
     const size_t words = kFixedWords + 2 * n;
@@ -929,7 +930,11 @@ class GlooProcessGroup : public ProcessGroup {
     std::vector<uint64_t> all(words * n, 0);
     std::copy(mine.begin(), mine.end(), all.begin() + rank() * words);
     if (n > 1) {
-      ensure_channel(op);
+      ensure_channel(op);  // fused_capacity() depends on it
+      const Tensor* payload =
+          offer && c.local_error.empty() && offer->nbytes() <= fused_capacity()
+              ? offer
+              : nullptr;
       if (channel_) {
         run(op, [&] { channel_exchange(mine, payload, all); });
       } else {

@@ -68,6 +68,25 @@ TEST(GlooErrorsTest, SmallAndLargeSizesFailEveryRankOverTcpToo) {
   unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
 }
 
+TEST(GlooErrorsTest, AllReduceOfANullOrGpuTensorIsAnErrorNotACrash) {
+  // Small enough to travel with the argument check: nothing may be read
+  // from the tensor before its check has passed, on either path.
+  for (const char* shm : {"1048576", "off"}) {
+    setenv("DLAUNCH_COMM_SHM_MIN_BYTES", shm, 1);
+    run_ranks(2, [](ProcessGroup& pg) {
+      Tensor null{nullptr, 4, DType::kF32, {}};
+      expect_comm_error([&] { pg.all_reduce(null); },
+                        {"has 4 elements but a null data pointer"});
+      float host[4] = {};
+      Tensor gpu = Tensor::of(host, 4);
+      gpu.device = Device{DeviceType::kCuda, 0};
+      expect_comm_error([&] { pg.all_reduce(gpu); },
+                        {"the gloo backend takes CPU tensors"});
+    });
+  }
+  unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
+}
+
 TEST(GlooErrorsTest, DtypesThatDifferAcrossRanksFailEveryRank) {
   run_ranks(2, [](ProcessGroup& pg) {
     std::vector<int32_t> i(4);
