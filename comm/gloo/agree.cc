@@ -1,0 +1,317 @@
+// Argument agreement: every collective first exchanges each rank's
+// arguments (agree()), over Gloo messages or the shared-memory channel.
+
+#include <gloo/transport/unbound_buffer.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/gloo/gloo_group.h"
+
+namespace dlaunch::comm::gloo {
+namespace {
+
+const char* kind_name(uint64_t k) {
+  switch (static_cast<Kind>(k)) {
+    case Kind::kBroadcast:
+      return "broadcast";
+    case Kind::kReduce:
+      return "reduce";
+    case Kind::kAllReduce:
+      return "all_reduce";
+    case Kind::kScatter:
+      return "scatter";
+    case Kind::kGather:
+      return "gather";
+    case Kind::kAllGather:
+      return "all_gather";
+    case Kind::kReduceScatter:
+      return "reduce_scatter";
+    case Kind::kAllToAll:
+      return "all_to_all";
+    case Kind::kBarrier:
+      return "barrier";
+    case Kind::kNewGroup:
+      return "new_group";
+  }
+  return "an unknown operation";
+}
+
+}  // namespace
+
+void GlooProcessGroup::barrier() {
+  // The argument check is an all-gather: no rank leaves before all came.
+  agree("barrier",
+        make_call(Kind::kBarrier, DType::kF32, 0, -1, ReduceOp::kSum));
+}
+
+std::string GlooProcessGroup::check_tensor(const Tensor& t,
+                                           const std::string& what) {
+  if (t.device.type != DeviceType::kCpu) {
+    return "the gloo backend takes CPU tensors; " + what +
+           " is on cuda:" + std::to_string(t.device.index) +
+           " (use the nccl backend for GPU tensors). ";
+  }
+  if (t.data == nullptr && t.numel > 0) {
+    return what + " has " + std::to_string(t.numel) +
+           " elements but a null data pointer. ";
+  }
+  return {};
+}
+
+std::string GlooProcessGroup::check_root(int root) const {
+  if (root < 0 || root >= size()) {
+    return "root " + std::to_string(root) + " is out of range for " +
+           g_->where() + " (valid: 0.." + std::to_string(size() - 1) + "). ";
+  }
+  return {};
+}
+
+std::string GlooProcessGroup::check_list(std::span<const Tensor> list,
+                                         const char* what,
+                                         const Tensor& like) const {
+  if (list.size() != static_cast<size_t>(size())) {
+    return std::string(what) + " must hold one tensor per rank (" +
+           std::to_string(size()) + "), got " + std::to_string(list.size()) +
+           ". ";
+  }
+  std::string err;
+  for (size_t i = 0; i < list.size(); ++i) {
+    std::string name = std::string(what) + "[" + std::to_string(i) + "]";
+    err += check_tensor(list[i], name);
+    if (list[i].numel != like.numel || list[i].dtype != like.dtype) {
+      err += name + " has " + describe(list[i].dtype, list[i].numel) +
+             ", expected " + describe(like.dtype, like.numel) +
+             " like this rank's tensor. ";
+    }
+  }
+  return err;
+}
+
+// Throws if an earlier failure left the group unusable.
+void GlooProcessGroup::check_usable(const char* op) {
+  std::lock_guard lock(g_->mu);
+  if (!g_->broken.empty()) {
+    throw CommError(std::string(op) + " on " + g_->where() +
+                    ": the group is unusable after an earlier failure (" +
+                    g_->broken + "); destroy it and create a new one");
+  }
+}
+
+// Exchanges every rank's Call and throws the same CommError on every rank
+// when any rank's arguments are bad or differ from rank 0's.
+// With `offer`, its bytes travel with the arguments (the fused small
+// all_reduce) when they fit fused_capacity() and this rank's arguments
+// are valid (a bad tensor is never read); they land at payload_of(j) for
+// each peer j.
+void GlooProcessGroup::agree(const char* op, const Call& c,
+                             const Tensor* offer) {
+  check_usable(op);
+  const size_t n = size();
+  const size_t words = kFixedWords + 2 * n;
+  std::vector<uint64_t> mine(words, 0);
+  mine[0] = static_cast<uint64_t>(c.kind);
+  mine[1] = static_cast<uint64_t>(c.dtype);
+  mine[2] = c.numel;
+  mine[3] = static_cast<uint64_t>(c.root);
+  mine[4] = static_cast<uint64_t>(c.op);
+  mine[5] = c.extra;
+  mine[6] = c.local_error.empty() ? 0 : 1;
+  for (size_t j = 0; j < c.send_counts.size() && j < n; ++j) {
+    mine[kFixedWords + j] = c.send_counts[j];
+    mine[kFixedWords + n + j] = c.recv_counts[j];
+  }
+  std::vector<uint64_t> all(words * n, 0);
+  std::copy(mine.begin(), mine.end(), all.begin() + rank() * words);
+  if (n > 1) {
+    ensure_channel(op);  // fused_capacity() depends on it
+    const Tensor* payload =
+        offer && c.local_error.empty() && offer->nbytes() <= fused_capacity()
+            ? offer
+            : nullptr;
+    if (channel_) {
+      run(op, [&] { channel_exchange(mine, payload, all); });
+    } else {
+      run(op, [&] { all_gather_words(mine, payload, all); });
+    }
+  }
+  auto word = [&](size_t r, size_t i) { return all[r * words + i]; };
+  std::string prefix = std::string(op) + " on " + g_->where() + ": ";
+  if (!c.local_error.empty()) throw CommError(prefix + c.local_error);
+  for (size_t r = 0; r < n; ++r) {
+    if (word(r, 0) != mine[0]) {
+      throw CommError(prefix + "rank " + std::to_string(r) + " called " +
+                      kind_name(word(r, 0)) + " while rank " +
+                      std::to_string(rank()) + " called " + op +
+                      "; every member must call the same collectives in "
+                      "the same order");
+    }
+    if (word(r, 6) != 0) {
+      throw CommError(prefix + "rank " + std::to_string(r) +
+                      " rejected its arguments (its error names the "
+                      "problem); every rank fails this call");
+    }
+  }
+  for (size_t r = 1; r < n; ++r) {
+    std::string vs = "rank " + std::to_string(r) + " passed ";
+    if (word(r, 1) != word(0, 1) || word(r, 2) != word(0, 2)) {
+      throw CommError(prefix + vs +
+                      describe(static_cast<DType>(word(r, 1)), word(r, 2)) +
+                      ", rank 0 passed " +
+                      describe(static_cast<DType>(word(0, 1)), word(0, 2)) +
+                      "; every rank must pass the same size and dtype");
+    }
+    if (word(r, 3) != word(0, 3)) {
+      throw CommError(prefix + vs + "root " +
+                      std::to_string(static_cast<int64_t>(word(r, 3))) +
+                      ", rank 0 passed root " +
+                      std::to_string(static_cast<int64_t>(word(0, 3))) +
+                      "; every rank must name the same root");
+    }
+    if (word(r, 4) != word(0, 4)) {
+      throw CommError(
+          prefix + vs + "ReduceOp " +
+          std::string(reduce_op_name(static_cast<ReduceOp>(word(r, 4)))) +
+          ", rank 0 passed " +
+          std::string(reduce_op_name(static_cast<ReduceOp>(word(0, 4)))) +
+          "; every rank must use the same op");
+    }
+    if (word(r, 5) != word(0, 5)) {
+      throw CommError(prefix + "rank " + std::to_string(r) +
+                      " passed a different rank list than rank 0; every "
+                      "member must pass the same sorted ranks");
+    }
+  }
+  if (c.kind == Kind::kAllToAll) {
+    for (size_t s = 0; s < n; ++s) {
+      for (size_t d = 0; d < n; ++d) {
+        uint64_t sent = word(s, kFixedWords + d);
+        uint64_t expected = word(d, kFixedWords + n + s);
+        if (sent != expected) {
+          throw CommError(prefix + "rank " + std::to_string(s) + " sends " +
+                          std::to_string(sent) + " elements to rank " +
+                          std::to_string(d) + ", which expects " +
+                          std::to_string(expected) +
+                          "; out[i] on each rank must match in[rank] on "
+                          "rank i");
+        }
+      }
+    }
+  }
+}
+
+// All-gather of equal-sized word vectors: direct exchange, one message to
+// and from every peer (the lowest latency for small payloads).
+void GlooProcessGroup::all_gather_words(const std::vector<uint64_t>& mine,
+                                        const Tensor* payload,
+                                        std::vector<uint64_t>& all) {
+  const size_t wb = mine.size() * sizeof(uint64_t);
+  const size_t slot = check_slot_bytes();
+  staging_.resize(wb + (payload ? payload->nbytes() : 0));
+  std::memcpy(staging_.data(), mine.data(), wb);
+  if (payload && payload->nbytes() > 0) {
+    std::memcpy(staging_.data() + wb, payload->data, payload->nbytes());
+  }
+  auto& buf = scratch_;
+  buf.resize(slot * size());
+  const uint64_t this_slot = coll_slot(kCheckSlot, check_seq_++);
+  const auto deadline = std::chrono::steady_clock::now() + timeout();
+  auto in = g_->ctx->createUnboundBuffer(staging_.data(), staging_.size());
+  // One recv per peer, so that a timeout can say who did not arrive. Each
+  // has room for a fused payload: a peer that (wrongly) sends one never
+  // overruns it, and its arguments then fail the check.
+  std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> from(size());
+  for (int j = 0; j < size(); ++j) {
+    if (j == rank()) continue;
+    from[j] = g_->ctx->createUnboundBuffer(buf.data() + j * slot, slot);
+    from[j]->recv(j, this_slot);
+    in->send(j, this_slot);
+  }
+  for (int j = 0; j < size(); ++j) {
+    if (j == rank()) continue;
+    try {
+      from[j]->waitRecv(left_until(deadline));
+    } catch (const ::gloo::Exception& e) {
+      if (std::string(e.what()).find("Timed out") == std::string::npos) {
+        throw;
+      }
+      // A recv that completed before the timeout still reports success;
+      // the others now fail at once (Gloo closed the pairs).
+      std::vector<int> missing{j};
+      for (int k = j + 1; k < size(); ++k) {
+        if (k == rank()) continue;
+        try {
+          from[k]->waitRecv(milliseconds(1));
+        } catch (const ::gloo::Exception&) {
+          missing.push_back(k);
+        }
+      }
+      throw RanksMissing(missing, e.what());
+    }
+  }
+  for (int j = 1; j < size(); ++j) in->waitSend(left_until(deadline));
+  for (int j = 0; j < size(); ++j) {
+    if (j == rank()) continue;
+    std::memcpy(all.data() + j * mine.size(), buf.data() + j * slot, wb);
+  }
+}
+
+size_t GlooProcessGroup::words_bytes() const {
+  return (kFixedWords + 2 * size()) * sizeof(uint64_t);
+}
+
+size_t GlooProcessGroup::check_slot_bytes() const {
+  return words_bytes() + tcp_fused_capacity();
+}
+
+// Whether `ok` holds on every rank (the same answer everywhere).
+bool GlooProcessGroup::every_rank(bool ok) {
+  auto all = control_exchange(ok);
+  return std::all_of(all.begin(), all.end(), [](uint64_t w) { return w; });
+}
+
+// Every rank's `word`, in rank order: a small all-to-all that doubles as
+// a barrier (Gloo errors propagate to run()).
+std::vector<uint64_t> GlooProcessGroup::control_exchange(uint64_t word) {
+  std::vector<uint64_t> all(size(), 0);
+  all[rank()] = word;
+  const uint64_t slot = coll_slot(kControlSlot, next_tag());
+  const auto deadline = std::chrono::steady_clock::now() + timeout();
+  auto in = g_->ctx->createUnboundBuffer(&word, sizeof(word));
+  auto out = g_->ctx->createUnboundBuffer(all.data(), all.size() * 8);
+  for (int j = 0; j < size(); ++j) {
+    if (j == rank()) continue;
+    out->recv(j, slot, j * sizeof(uint64_t), sizeof(uint64_t));
+    in->send(j, slot);
+  }
+  for (int j = 1; j < size(); ++j) out->waitRecv(left_until(deadline));
+  for (int j = 1; j < size(); ++j) in->waitSend(left_until(deadline));
+  return all;
+}
+
+// Largest all_reduce (bytes per rank) whose data travels with its
+// arguments in one message to each peer: one round trip instead of the
+// ring's 2(n-1), for (n-1) times the traffic, so small totals only.
+// A multiple of 64 bytes, so that every slot's payload stays aligned for
+// any dtype (the words before it are 8-byte multiples too).
+size_t GlooProcessGroup::tcp_fused_capacity() const {
+  return size() > 1 ? g_->fused_bytes / (size() - 1) / 64 * 64 : 0;
+}
+
+size_t GlooProcessGroup::fused_capacity() const {
+  return channel_ ? channel_fused_capacity() : tcp_fused_capacity();
+}
+
+// Rank j's fused payload of the last check.
+const char* GlooProcessGroup::payload_of(int j) {
+  return channel_ ? channel_->slot(j) + words_bytes() : tcp_payload_of(j);
+}
+
+// Where rank j's fused payload lands in a check over Gloo messages.
+char* GlooProcessGroup::tcp_payload_of(int j) {
+  return scratch_.data() + j * check_slot_bytes() + words_bytes();
+}
+
+}  // namespace dlaunch::comm::gloo

@@ -1,0 +1,284 @@
+// Point to point: isend/irecv and the protocol of their Works (P2pWork).
+
+#include <gloo/transport/unbound_buffer.h>
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/gloo/gloo_group.h"
+
+namespace dlaunch::comm::gloo {
+namespace {
+
+// A zero-length tensor still needs a valid pointer for Gloo.
+char kEmpty[1];
+void* data_or_dummy(const Tensor& t) {
+  return t.data != nullptr ? t.data : static_cast<void*>(kEmpty);
+}
+
+// The handle of one isend/irecv. Each side posts, at once, its 16-byte
+// header (byte count, dtype) to the other and its payload on a slot that
+// encodes its own byte count and dtype: when both sides agree the payload
+// moves as soon as both posted (one trip, as Gloo's own send/recv), with the
+// header exchange in parallel. When they disagree the payload slots differ,
+// so nothing overruns a buffer; each side learns the other's size from the
+// header, the receiver drains the sender's payload into scratch, the sender
+// completes the receiver's recv with zero bytes (its buffer untouched), and
+// both report the mismatch, leaving nothing pending for later operations
+// with the same tag. wait() with the group timeout drives this on the
+// caller's thread; is_completed() or a shorter wait() hand it to a thread
+// owned by the Work (Gloo has no callbacks and its own timed waits break the
+// whole context), so neither blocks nor breaks anything.
+class P2pWork : public Work {
+ public:
+  struct Header {
+    uint64_t nbytes = 0;
+    uint32_t dtype = 0;
+    uint32_t magic = kMagic;
+  };
+  static constexpr uint32_t kMagic = 0x444c5032;  // "DLP2"
+  static constexpr uint32_t kLastDType = static_cast<uint32_t>(DType::kI64);
+
+  P2pWork(std::shared_ptr<GroupState> g, bool is_send, Tensor t, int peer,
+          int tag)
+      : g_(std::move(g)), is_send_(is_send), t_(t), peer_(peer), tag_(tag) {
+    mine_.nbytes = t.nbytes();
+    mine_.dtype = static_cast<uint32_t>(t.dtype);
+    auto& ctx = g_->ctx;
+    mine_buf_ = ctx->createUnboundBuffer(&mine_, sizeof(mine_));
+    theirs_buf_ = ctx->createUnboundBuffer(&theirs_, sizeof(theirs_));
+    payload_buf_ = ctx->createUnboundBuffer(data_or_dummy(t), t.nbytes());
+    uint64_t out_slot = is_send ? p2p_slot(kP2pHeaderToReceiver, tag)
+                                : p2p_slot(kP2pHeaderToSender, tag);
+    uint64_t in_slot = is_send ? p2p_slot(kP2pHeaderToSender, tag)
+                               : p2p_slot(kP2pHeaderToReceiver, tag);
+    const uint64_t data_slot = payload_slot(tag, mine_.dtype, mine_.nbytes);
+    // Posted from the caller's thread so that operations with equal tags
+    // match in the order the caller issued them.
+    try {
+      theirs_buf_->recv(peer, in_slot);
+      mine_buf_->send(peer, out_slot);
+      if (is_send) {
+        payload_buf_->send(peer, data_slot);
+      } else {
+        payload_buf_->recv(peer, data_slot);
+      }
+    } catch (const std::exception& e) {
+      release();
+      throw CommError(op() + ": connection to rank " + std::to_string(peer) +
+                      " is unusable: " + e.what());
+    }
+  }
+
+  ~P2pWork() override {
+    if (thread_.joinable()) {
+      thread_.join();
+    } else if (!driving_) {
+      drive();  // bounded by the group timeout
+    }
+  }
+
+  void wait(milliseconds timeout) override {
+    std::unique_lock lock(mu_);
+    if (!done_ && !driving_ && timeout >= g_->timeout) {
+      // The common case (send/recv, wait(group timeout)): drive the
+      // protocol on the caller's thread, no thread to start.
+      driving_ = true;
+      lock.unlock();
+      drive();
+      lock.lock();
+    } else if (!driving_) {
+      start_thread();
+    }
+    if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+      throw CommTimeoutError(
+          op() + ": timed out after " + ms_text(timeout) +
+          " waiting for rank " + std::to_string(peer_) + " (" + stage_ +
+          "); the Work stays valid and can be waited on again");
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+
+  bool is_completed() override {
+    std::lock_guard lock(mu_);
+    if (!done_ && !driving_) start_thread();
+    return done_;
+  }
+
+ private:
+  std::string op() const {
+    return std::string(is_send_ ? "send to rank " : "recv from rank ") +
+           std::to_string(peer_) + " (tag " + std::to_string(tag_) + ") on " +
+           g_->where();
+  }
+
+  // A thread that drives the protocol while the caller polls or waits with
+  // a shorter timeout (whose expiry must not break the group). mu_ held.
+  void start_thread() {
+    driving_ = true;
+    thread_ = std::thread([this] { drive(); });
+  }
+
+  void set_stage(std::string s) {
+    std::lock_guard lock(mu_);
+    stage_ = std::move(s);
+  }
+
+  // Runs once, on thread_ or the caller's thread: every wait is bounded by
+  // the group timeout.
+  void drive() {
+    std::exception_ptr error;
+    try {
+      const auto deadline = std::chrono::steady_clock::now() + g_->timeout;
+      theirs_buf_->waitRecv(left_until(deadline));
+      set_stage("payload of " + std::to_string(t_.nbytes()) +
+                " bytes in transfer");
+      std::string mismatch;
+      if (theirs_.magic != kMagic || theirs_.dtype > kLastDType) {
+        mismatch = "rank " + std::to_string(peer_) +
+                   " sent a corrupt p2p header (is it a dlaunch build with "
+                   "the same protocol?)";
+      } else if (theirs_.nbytes != mine_.nbytes ||
+                 theirs_.dtype != mine_.dtype) {
+        auto their_dtype = static_cast<DType>(theirs_.dtype);
+        uint64_t their_numel = theirs_.nbytes / dtype_size(their_dtype);
+        mismatch = std::string(is_send_ ? "the matching recv on rank "
+                                        : "the matching send on rank ") +
+                   std::to_string(peer_) + " has " +
+                   describe(their_dtype, their_numel) + ", this rank has " +
+                   describe(t_.dtype, t_.numel) +
+                   "; a send and its recv must have the same size and dtype";
+      }
+      const bool sizes_known = theirs_.magic == kMagic &&
+                               theirs_.dtype <= kLastDType &&
+                               theirs_.nbytes <= kMaxP2pBytes;
+      if (!mismatch.empty() && sizes_known) {
+        // Retire the peer's payload operation, which matches none of ours.
+        const uint64_t their_slot =
+            payload_slot(tag_, theirs_.dtype, theirs_.nbytes);
+        if (is_send_) {
+          fix_buf_ = g_->ctx->createUnboundBuffer(kEmpty, 1);
+          fix_buf_->send(peer_, their_slot, 0, 0);
+          fix_buf_->waitSend(left_until(deadline));
+        } else {
+          drain_.resize(std::max<uint64_t>(theirs_.nbytes, 1));
+          fix_buf_ =
+              g_->ctx->createUnboundBuffer(drain_.data(), theirs_.nbytes);
+          fix_buf_->recv(peer_, their_slot);
+          fix_buf_->waitRecv(left_until(deadline));
+        }
+      }
+      if (mismatch.empty() || sizes_known) {
+        if (is_send_) {
+          payload_buf_->waitSend(left_until(deadline));
+        } else {
+          payload_buf_->waitRecv(left_until(deadline));
+        }
+      }
+      mine_buf_->waitSend(left_until(deadline));
+      if (!mismatch.empty()) {
+        error = std::make_exception_ptr(CommError(op() + ": " + mismatch));
+      }
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      bool timed_out = what.find("Timed out") != std::string::npos;
+      error = std::make_exception_ptr(CommError(
+          op() +
+          (timed_out
+               ? ": timed out after " + ms_text(g_->timeout) +
+                     " (the group timeout) waiting for rank " +
+                     std::to_string(peer_)
+               : ": connection to rank " + std::to_string(peer_) + " lost") +
+          " [gloo: " + what + "]"));
+    }
+    release();
+    {
+      std::lock_guard lock(mu_);
+      error_ = error;
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Frees the (peer, tag) slot for another operation.
+  void release() {
+    std::lock_guard lock(g_->mu);
+    g_->inflight.erase({is_send_ ? 0 : 1, peer_, tag_});
+  }
+
+  std::shared_ptr<GroupState> g_;
+  const bool is_send_;
+  const Tensor t_;
+  const int peer_;
+  const int tag_;
+  Header mine_;
+  Header theirs_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> mine_buf_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> theirs_buf_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> payload_buf_;
+  std::unique_ptr<::gloo::transport::UnboundBuffer> fix_buf_;  // mismatch
+  std::vector<char> drain_;  // the sender's payload after a mismatch
+  std::thread thread_;
+
+  std::mutex mu_;  // guards the members below
+  std::condition_variable cv_;
+  bool driving_ = false;  // drive() started (inline or on thread_)
+  bool done_ = false;
+  std::exception_ptr error_;
+  std::string stage_ = "no matching operation posted there yet";
+};
+
+}  // namespace
+
+std::unique_ptr<Work> GlooProcessGroup::isend(Tensor t, int dst, int tag) {
+  return post(true, t, dst, tag);
+}
+
+std::unique_ptr<Work> GlooProcessGroup::irecv(Tensor t, int src, int tag) {
+  return post(false, t, src, tag);
+}
+
+std::unique_ptr<Work> GlooProcessGroup::post(bool is_send, Tensor t, int peer,
+                                             int tag) {
+  std::string op =
+      std::string(is_send ? "isend to rank " : "irecv from rank ") +
+      std::to_string(peer) + " (tag " + std::to_string(tag) + ") on " +
+      g_->where();
+  if (peer < 0 || peer >= size()) {
+    throw CommError(op + ": rank " + std::to_string(peer) +
+                    " is out of range; valid ranks are 0.." +
+                    std::to_string(size() - 1));
+  }
+  if (peer == rank()) {
+    throw CommError(op +
+                    ": a rank cannot send to or receive from itself; "
+                    "copy the tensor instead");
+  }
+  if (tag < 0 || tag > kMaxTag) {
+    throw CommError(op + ": tag must be in 0.." + std::to_string(kMaxTag));
+  }
+  std::string bad = check_tensor(t, "tensor");
+  if (!bad.empty()) throw CommError(op + ": " + bad);
+  if (t.nbytes() > kMaxP2pBytes) {
+    throw CommError(op + ": " + std::to_string(t.nbytes()) +
+                    " bytes; point-to-point tensors are limited to 128 GiB "
+                    "(split the tensor)");
+  }
+  {
+    std::lock_guard lock(g_->mu);
+    if (!g_->inflight.insert({is_send ? 0 : 1, peer, tag}).second) {
+      throw CommError(
+          op + ": an earlier " + (is_send ? "isend to" : "irecv from") +
+          " rank " + std::to_string(peer) + " with tag " + std::to_string(tag) +
+          " is still in flight; wait() on its Work first or use another "
+          "tag");
+    }
+  }
+  return std::make_unique<P2pWork>(g_, is_send, t, peer, tag);
+}
+
+}  // namespace dlaunch::comm::gloo

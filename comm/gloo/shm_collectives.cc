@@ -1,0 +1,179 @@
+// The shared-memory paths between ranks on one host: the channel that
+// carries the argument check (and small all-reduces), and the chunked
+// all-reduce through per-rank segments.
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/gloo/gloo_group.h"
+#include "comm/reduce.h"
+
+namespace dlaunch::comm::gloo {
+
+// The argument check through the shared-memory channel: post this rank's
+// words (and payload), wait for every peer's, read their words in place.
+void GlooProcessGroup::channel_exchange(const std::vector<uint64_t>& mine,
+                                        const Tensor* payload,
+                                        std::vector<uint64_t>& all) {
+  const size_t wb = mine.size() * sizeof(uint64_t);
+  channel_->post(
+      {reinterpret_cast<const char*>(mine.data()), wb},
+      payload ? std::span<const char>(static_cast<const char*>(payload->data),
+                                      payload->nbytes())
+              : std::span<const char>());
+  channel_wait();
+  for (int j = 0; j < size(); ++j) {
+    if (j != rank()) {
+      std::memcpy(all.data() + j * mine.size(), channel_->slot(j), wb);
+    }
+  }
+}
+
+// Waits for every peer's post of the current channel call, turning the
+// channel's error into the ones run() reports.
+void GlooProcessGroup::channel_wait() {
+  try {
+    channel_->wait(std::chrono::steady_clock::now() + timeout());
+  } catch (const ShmChannel::WaitError& e) {
+    if (e.timed_out) {
+      throw RanksMissing(e.ranks, "Timed out in shared memory after " +
+                                      ms_text(timeout()) +
+                                      " waiting for peers");
+    }
+    throw RanksGone(e.ranks);
+  }
+}
+
+// Sets up the channel on the group's first collective when every rank
+// shares this host and shared memory is on; every rank ends with one or
+// every rank without.
+void GlooProcessGroup::ensure_channel(const char* op) {
+  if (channel_tried_) return;
+  channel_tried_ = true;
+  if (size() < 2 || !g_->all_local || g_->shm_min_bytes == SIZE_MAX) return;
+  run(op, [&] {
+    std::string error;
+    auto ch = std::make_unique<ShmChannel>(
+        "/dlaunch-" + g_->shm_token + "-c-", rank(), size(),
+        words_bytes() + channel_fused_capacity(), error);
+    if (!every_rank(ch->ok())) return;
+    bool ok = ch->open_peers(error);
+    bool everyone = every_rank(ok);
+    ch->unlink();  // every rank has mapped it or given up
+    if (everyone) channel_ = std::move(ch);
+  });
+}
+
+// A barrier between ranks on one host (the shared-memory all_reduce).
+void GlooProcessGroup::local_barrier() {
+  if (channel_) {
+    channel_->post({}, {});
+    channel_wait();
+  } else {
+    control_exchange(1);
+  }
+}
+
+// All-reduce through shared memory between ranks on one host: each rank
+// copies its tensor into its segment, reduces its 1/n chunk reading every
+// segment (in rank order, so all ranks agree bitwise), publishes it in its
+// segment, and copies the others' chunks out. Three barriers, no bulk
+// data through the kernel. False (on every rank alike) when a segment
+// cannot be set up; the group then stays on TCP.
+bool GlooProcessGroup::shm_all_reduce(Tensor t, ReduceOp rop) {
+  // Slices bound the shared memory a group holds (size() segments of at
+  // most kShmSliceBytes).
+  const size_t es = dtype_size(t.dtype);
+  const size_t slice = std::max<size_t>(1, kShmSliceBytes / es);
+  for (size_t off = 0; off < t.numel; off += slice) {
+    Tensor part = t;
+    part.data = static_cast<char*>(t.data) + off * es;
+    part.numel = std::min(slice, t.numel - off);
+    if (!shm_all_reduce_slice(part, rop)) {
+      DLAUNCH_CHECK(off == 0, "shared memory turned off mid all_reduce");
+      return false;
+    }
+  }
+  return true;
+}
+
+bool GlooProcessGroup::shm_all_reduce_slice(Tensor t, ReduceOp rop) {
+  const size_t bytes = t.nbytes();
+  const int n = size();
+  const int r = rank();
+  if (shm_cap_ < bytes && !shm_grow(bytes)) return false;
+  auto seg = [&](int j) {
+    return j == r ? shm_mine_.data() : shm_peers_[j].data();
+  };
+  const size_t es = dtype_size(t.dtype);
+  const size_t per = (t.numel + n - 1) / n;
+  auto chunk = [&](int j) {
+    size_t b = std::min(t.numel, per * j);
+    return std::pair<size_t, size_t>(b, std::min(t.numel, b + per) - b);
+  };
+  std::memcpy(seg(r), t.data, bytes);
+  local_barrier();  // every input is in place
+  ReduceFn fn = reduce_fn(t.dtype, rop);
+  auto [b, count] = chunk(r);
+  if (count > 0) {
+    char* out = static_cast<char*>(t.data) + b * es;
+    fn(out, seg(0) + b * es, seg(1) + b * es, count);
+    for (int j = 2; j < n; ++j) fn(out, out, seg(j) + b * es, count);
+    std::memcpy(seg(r) + b * es, out, count * es);
+  }
+  local_barrier();  // every chunk is reduced
+  for (int j = 0; j < n; ++j) {
+    auto [jb, jc] = chunk(j);
+    if (j != r && jc > 0) {
+      std::memcpy(static_cast<char*>(t.data) + jb * es, seg(j) + jb * es,
+                  jc * es);
+    }
+  }
+  local_barrier();  // nobody reads the segments any more
+  return true;
+}
+
+// Replaces the segments with ones of at least `bytes` (rounded up to
+// 1 MiB). Every rank creates its own, all map all, then names are
+// unlinked; a failure anywhere turns shared memory off on every rank.
+bool GlooProcessGroup::shm_grow(size_t bytes) {
+  const size_t cap = (bytes + (1 << 20) - 1) / (1 << 20) * (1 << 20);
+  const std::string base =
+      "/dlaunch-" + g_->shm_token + "-" + std::to_string(++shm_gen_) + "-";
+  std::string error;
+  ShmSegment mine =
+      ShmSegment::create(base + std::to_string(rank()), cap, error);
+  if (!every_rank(mine.ok())) {
+    shm_off_ = true;
+    return false;
+  }
+  std::vector<ShmSegment> peers(size());
+  bool ok = true;
+  for (int j = 0; j < size(); ++j) {
+    if (j == rank()) continue;
+    peers[j] = ShmSegment::open(base + std::to_string(j), cap, error);
+    ok = ok && peers[j].ok();
+  }
+  bool everyone = every_rank(ok);
+  mine.unlink();  // every rank has mapped it or given up
+  if (!everyone) {
+    shm_off_ = true;
+    return false;
+  }
+  shm_mine_ = std::move(mine);
+  shm_peers_ = std::move(peers);
+  shm_cap_ = cap;
+  return true;
+}
+
+// Through the channel the payload costs no traffic, only a copy: every
+// all_reduce below the shared-memory threshold (up to
+// kChannelPayloadBytes) goes with the check, unless fusing is off.
+size_t GlooProcessGroup::channel_fused_capacity() const {
+  if (g_->fused_bytes == 0 || g_->shm_min_bytes == 0) return 0;
+  return std::min(g_->shm_min_bytes - 1, kChannelPayloadBytes) / 64 * 64;
+}
+
+}  // namespace dlaunch::comm::gloo
