@@ -18,10 +18,14 @@ int main(int argc, char** argv) {
   using dlaunch::comm::store::StoreServerOptions;
 
   StoreServerOptions options;
+  // Loopback unless told otherwise: serving the network is a choice.
+  options.host = "127.0.0.1";
   options.port = 29400;
   CLI::App app{"Serves a dlaunch TCP key-value store until SIGINT or SIGTERM.",
                "dl-store"};
-  app.add_option("--host", options.host, "address to bind")
+  app.add_option("--host", options.host,
+                 "address to bind; --host 0.0.0.0 serves every IPv4 "
+                 "interface (the network), the default only this machine")
       ->capture_default_str();
   app.add_option("--port", options.port, "port to bind; 0 picks a free one")
       ->capture_default_str();

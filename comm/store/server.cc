@@ -42,8 +42,11 @@ struct KeyHash {
 template <typename V>
 using KeyMap = std::unordered_map<std::string, V, KeyHash, std::equal_to<>>;
 
-// Reads are issued into at least this much free buffer space.
+// Reads are issued into at least this much free buffer space (less only
+// near the connection's budget).
 constexpr size_t kMinReadBytes = 16 * 1024;
+// Every connection's own request buffer; growth past it is charged to the
+// server's budget (StoreServerOptions::max_server_buffer_bytes).
 constexpr size_t kInitialBufferBytes = 64 * 1024;
 // Buffers grown past this by a large frame are given back once drained.
 constexpr size_t kShrinkAboveBytes = size_t{1} << 20;
@@ -87,12 +90,26 @@ class StoreServer::Impl {
   uint16_t port() const { return port_; }
   size_t num_connections() const { return num_connections_.load(); }
   size_t num_waiting() const { return num_waiting_.load(); }
+  size_t buffered_bytes() const { return buffered_bytes_.load(); }
 
   // Called on the event-loop thread by connections.
   void handle(Connection& c, const wire::Request& r);
   void on_closed(Connection& c);
   void on_wait_timeout(Connection& c);
   size_t max_frame_bytes() const { return options_.max_frame_bytes; }
+  const StoreServerOptions& options() const { return options_; }
+  // Charges `bytes` of request buffer growth to the server's budget; false
+  // (nothing charged) when that would exceed it.
+  bool charge(size_t bytes) {
+    if (bytes > options_.max_server_buffer_bytes - buffered_) return false;
+    buffered_ += bytes;
+    buffered_bytes_.store(buffered_, std::memory_order_relaxed);
+    return true;
+  }
+  void release(size_t bytes) {
+    buffered_ -= bytes;
+    buffered_bytes_.store(buffered_, std::memory_order_relaxed);
+  }
 
  private:
   void accept();
@@ -132,17 +149,23 @@ class StoreServer::Impl {
   uint64_t next_wait_id_ = 0;
   bool shutting_down_ = false;
   bool accept_failing_ = false;  // logged the current accept failure
+  size_t buffered_ = 0;          // charged request-buffer growth
   // Written by the event loop, read by any thread.
   std::atomic<size_t> num_connections_{0};
   std::atomic<size_t> num_waiting_{0};
+  std::atomic<size_t> buffered_bytes_{0};
 };
 
 // One client connection. Reads frames into a growing buffer, handles every
 // complete frame in order and batches the responses into one write. While a
 // blocking request (get/wait/multi_get) is parked, later frames stay
 // buffered, so responses keep the order of requests; reading continues so a
-// client that hangs up is noticed. Lives on the event-loop thread; owned by
-// the server's connection table and by pending handlers.
+// client that hangs up is noticed. The buffer grows only with bytes that
+// arrived (never from a length announced in a header), within the
+// connection's and the server's budgets; a deadline closes connections
+// that never finish their hello or stall mid-request. Lives on the
+// event-loop thread; owned by the server's connection table and by pending
+// handlers.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   // A parked blocking request.
@@ -157,7 +180,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
       : server_(server),
         socket_(std::move(socket)),
         timer_(socket_.get_executor()),
-        in_(kInitialBufferBytes) {
+        deadline_(socket_.get_executor()),
+        in_(kInitialBufferBytes),
+        last_received_(std::chrono::steady_clock::now()) {
     boost::system::error_code ec;
     auto ep = socket_.remote_endpoint(ec);
     peer_ = ec ? "unknown peer"
@@ -165,7 +190,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
     socket_.set_option(tcp::no_delay(true), ec);
   }
 
-  void start() { read(); }
+  void start() {
+    arm_deadline(server_.options().handshake_timeout);
+    read();
+  }
 
   // Closes the socket and drops any parked request; pending handlers finish
   // with operation_aborted. Idempotent.
@@ -175,7 +203,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
     closed_ = true;
     boost::system::error_code ec;
     timer_.cancel();
+    deadline_.cancel();
     socket_.close(ec);
+    server_.release(in_.size() - kInitialBufferBytes);
+    std::vector<char>().swap(in_);
+    in_begin_ = in_end_ = 0;
     server_.on_closed(*this);
   }
 
@@ -243,14 +275,21 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   void read() {
     if (reading_ || closed_ || close_after_write_) return;
-    // Back-pressure: parked with a full frame's worth buffered, or output
-    // piling up unread, stops reading until that clears.
-    if (parked_ && in_end_ - in_begin_ > server_.max_frame_bytes()) return;
+    // Back-pressure: the connection's budget buffered (requests behind a
+    // parked one), or output piling up unread, stops reading until that
+    // clears. A frame the server accepts always fits in the budget.
+    const size_t budget = server_.options().max_connection_buffer_bytes;
+    const size_t buffered = in_end_ - in_begin_;
+    if (buffered >= budget) return;
     if (out_.size() >= kOutputHighWaterBytes) return;
-    if (in_.size() - in_end_ < kMinReadBytes) make_room(kMinReadBytes);
+    if (in_.size() - in_end_ < kMinReadBytes &&
+        !make_room(std::min(kMinReadBytes, budget - buffered))) {
+      return;
+    }
     reading_ = true;
+    size_t room = std::min(in_.size() - in_end_, budget - buffered);
     socket_.async_read_some(
-        asio::buffer(in_.data() + in_end_, in_.size() - in_end_),
+        asio::buffer(in_.data() + in_end_, room),
         [self = shared_from_this()](const boost::system::error_code& ec,
                                     size_t n) {
           self->reading_ = false;
@@ -272,22 +311,36 @@ class Connection : public std::enable_shared_from_this<Connection> {
             return self->close();
           }
           self->in_end_ += n;
+          self->last_received_ = std::chrono::steady_clock::now();
           self->process();
           self->read();
         });
   }
 
-  // Ensures `bytes` of free space after in_end_, compacting first. Only while
-  // no read is in flight: the read's buffer points into in_.
-  void make_room(size_t bytes) {
+  // Ensures `bytes` of free space after in_end_, compacting first and
+  // growing (at most doubling, within the connection's budget) only when
+  // the data already received needs it. Only while no read is in flight:
+  // the read's buffer points into in_. False when the server's budget
+  // refused the growth: the connection is closed.
+  bool make_room(size_t bytes) {
     if (in_begin_ > 0) {
       std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
       in_end_ -= in_begin_;
       in_begin_ = 0;
     }
-    if (in_.size() - in_end_ < bytes) {
-      in_.resize(std::max(in_.size() * 2, in_end_ + bytes));
+    if (in_.size() - in_end_ >= bytes) return true;
+    size_t want = std::min(
+        std::max(in_.size() * 2, in_end_ + bytes),
+        std::max(server_.options().max_connection_buffer_bytes, in_.size()));
+    if (!server_.charge(want - in_.size())) {
+      reject("buffered requests would exceed the server's budget of " +
+             std::to_string(server_.options().max_server_buffer_bytes) +
+             " bytes (max_server_buffer_bytes) with " +
+             std::to_string(in_end_) + " bytes of this connection's pending");
+      return false;
     }
+    in_.resize(want);
+    return true;
   }
 
   // Handles every complete frame in the buffer unless a request is parked
@@ -298,11 +351,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
     // Rewind (and shrink) a drained buffer, unless a read in flight is
     // filling it at in_end_.
-    if (!reading_ && in_begin_ == in_end_) {
+    if (!closed_ && !reading_ && in_begin_ == in_end_) {
       in_begin_ = in_end_ = 0;
       if (in_.size() > kShrinkAboveBytes) {
+        server_.release(in_.size() - kInitialBufferBytes);
         std::vector<char>(kInitialBufferBytes).swap(in_);
       }
+    }
+    // Part of a request waits for the client: its idle deadline runs.
+    if (!closed_ && handshaken_ && !parked_ && in_end_ > in_begin_ &&
+        !deadline_armed_) {
+      arm_deadline(server_.options().request_idle_timeout);
     }
     flush();
   }
@@ -322,11 +381,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     wire::Frame frame;
     switch (wire::next_frame(avail, server_.max_frame_bytes(), frame, error_)) {
       case wire::DecodeStatus::kNeedMore:
-        if (avail.size() >= wire::kFrameHeaderBytes && !reading_) {
-          // Room for the whole frame, so the reads that complete it fit.
-          size_t need = frame_size(avail);
-          if (in_.size() - in_begin_ < need) make_room(need - avail.size());
-        }
+        // The buffer grows as the rest arrives (read()), not from the
+        // length in the header: a header alone costs the server nothing.
         return false;
       case wire::DecodeStatus::kBad:
         reject(error_);
@@ -344,12 +400,40 @@ class Connection : public std::enable_shared_from_this<Connection> {
     return true;
   }
 
-  static size_t frame_size(std::string_view avail) {
-    uint32_t body = 0;
-    for (int i = 3; i >= 0; --i) {
-      body = (body << 8) | static_cast<unsigned char>(avail[i]);
+  // Closes a connection that has not said hello within the handshake
+  // timeout, or that holds part of a request and has sent nothing for the
+  // idle timeout (slowloris); otherwise re-arms for what is left.
+  void arm_deadline(std::chrono::milliseconds after) {
+    deadline_armed_ = true;
+    deadline_.expires_after(after);
+    deadline_.async_wait(
+        [self = shared_from_this()](const boost::system::error_code& ec) {
+          if (ec || self->closed_) return;
+          self->deadline_armed_ = false;
+          self->on_deadline();
+        });
+  }
+
+  void on_deadline() {
+    const StoreServerOptions& o = server_.options();
+    const size_t held = in_end_ - in_begin_;
+    if (!handshaken_) {
+      return reject("no handshake within " +
+                    format_duration(o.handshake_timeout) + " (" +
+                    std::to_string(held) + " of its " +
+                    std::to_string(wire::kHelloBytes) + " bytes received)");
     }
-    return wire::kFrameHeaderBytes + body;
+    // Only while the server waits on the client for the rest of a request.
+    if (parked_ || held == 0) return;
+    auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - last_received_);
+    if (!reading_ || idle < o.request_idle_timeout) {
+      return arm_deadline(std::max(o.request_idle_timeout - idle,
+                                   std::chrono::milliseconds(1)));
+    }
+    reject("incomplete request (" + std::to_string(held) +
+           " bytes buffered) and nothing received for " +
+           format_duration(o.request_idle_timeout));
   }
 
   bool handshake(const wire::Hello& hello) {
@@ -370,6 +454,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return false;
     }
     handshaken_ = true;
+    // The handshake deadline is met; an idle one starts when a request is
+    // incomplete (process()).
+    deadline_.cancel();
+    deadline_armed_ = false;
     return true;
   }
 
@@ -381,7 +469,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   StoreServer::Impl& server_;
   tcp::socket socket_;
-  asio::steady_timer timer_;
+  asio::steady_timer timer_;     // a parked request's timeout
+  asio::steady_timer deadline_;  // handshake and idle deadlines
   std::string peer_;
   std::vector<char> in_;
   size_t in_begin_ = 0;
@@ -391,6 +480,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   wire::Request request_;
   std::string error_;
   std::optional<Parked> parked_;
+  std::chrono::steady_clock::time_point last_received_;
+  bool deadline_armed_ = false;
   bool handshaken_ = false;
   bool reading_ = false;
   bool writing_ = false;
@@ -716,6 +807,21 @@ void StoreServer::Impl::unpark(Connection& c) {
 
 std::unique_ptr<StoreServer> StoreServer::start(
     const StoreServerOptions& options) {
+  // The budgets must hold the largest frame the server accepts, or a legal
+  // request could never be read.
+  const size_t frame = options.max_frame_bytes + wire::kFrameHeaderBytes;
+  if (options.max_connection_buffer_bytes < frame) {
+    throw StoreError("max_connection_buffer_bytes (" +
+                     std::to_string(options.max_connection_buffer_bytes) +
+                     ") must be at least max_frame_bytes + 5 (" +
+                     std::to_string(frame) + ")");
+  }
+  if (options.max_server_buffer_bytes < options.max_connection_buffer_bytes) {
+    throw StoreError("max_server_buffer_bytes (" +
+                     std::to_string(options.max_server_buffer_bytes) +
+                     ") must be at least max_connection_buffer_bytes (" +
+                     std::to_string(options.max_connection_buffer_bytes) + ")");
+  }
   raise_fd_limit();
   auto impl = std::make_unique<Impl>(options);
   impl->bind();
@@ -734,5 +840,7 @@ void StoreServer::stop() { impl_->stop(); }
 size_t StoreServer::num_connections() const { return impl_->num_connections(); }
 
 size_t StoreServer::num_waiting() const { return impl_->num_waiting(); }
+
+size_t StoreServer::buffered_bytes() const { return impl_->buffered_bytes(); }
 
 }  // namespace dlaunch::comm::store

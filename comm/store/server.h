@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,23 @@ struct StoreServerOptions {
   // listen() backlog: room for a connect storm of many ranks. Default 4096
   // (the kernel caps it at net.core.somaxconn).
   int backlog = 4096;
+  // Request bytes one connection may have buffered (received, not yet
+  // handled); at the limit the server stops reading it until its requests
+  // are served. At least max_frame_bytes plus its 5-byte header. Default
+  // 65 MiB (one largest frame and room to read around it).
+  size_t max_connection_buffer_bytes =
+      wire::kDefaultMaxFrameBytes + (size_t{1} << 20);
+  // Request bytes all connections together may have buffered beyond each
+  // one's first 64 KiB; a connection whose data would go over it is closed
+  // with a log line. At least max_connection_buffer_bytes. Default 1 GiB.
+  size_t max_server_buffer_bytes = size_t{1} << 30;
+  // A connection that has not completed its hello this long after it was
+  // accepted is closed with a log line. Default 10 s.
+  std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};
+  // A connection holding part of a request (a frame header, part of a body)
+  // that receives nothing for this long is closed with a log line. Default
+  // 30 s.
+  std::chrono::milliseconds request_idle_timeout{std::chrono::seconds(30)};
 };
 
 // The TCP store server (torch's TCPStore master). start() binds and runs one
@@ -33,7 +51,7 @@ class StoreServer {
  public:
   // Binds host:port and starts serving. Raises the RLIMIT_NOFILE soft limit
   // to the hard limit. Throws StoreError naming host:port and the reason when
-  // it cannot bind.
+  // it cannot bind, or naming the option when the budgets are inconsistent.
   static std::unique_ptr<StoreServer> start(const StoreServerOptions& options);
 
   // Stops (see stop()) and joins the event-loop thread.
@@ -49,6 +67,9 @@ class StoreServer {
   // loop).
   size_t num_connections() const;
   size_t num_waiting() const;
+  // Bytes of request buffers all connections hold beyond their first
+  // 64 KiB (what max_server_buffer_bytes bounds).
+  size_t buffered_bytes() const;
 
   // Closes the listening socket and every connection, then joins the event
   // loop. Clients blocked in get/wait see their connection close and throw

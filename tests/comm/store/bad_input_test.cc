@@ -172,6 +172,7 @@ TEST_F(BadInputTest, StalledPartialFrameDoesNotStallOthers) {
   s.send(hello() + frame_header(100, 1) + "abc");
   // The server waits for the rest without blocking anyone: TearDown's
   // clients run while this connection is still half-sent.
+  ASSERT_TRUE(s.read_by_server());
   good_->set("during", "stall");
   EXPECT_EQ(good_->get("during"), "stall");
   EXPECT_EQ(log_.str(), "");
@@ -184,7 +185,13 @@ TEST_F(BadInputTest, ClientHangingUpWhileWaitingIsForgotten) {
                               .keys = {"gone-key"},
                               .timeout_ms = 60000}));
     EXPECT_EQ(s.recv_n(wire::kHelloBytes), hello());
+    // Parked: this wait and the bystander's.
+    ASSERT_TRUE(
+        testing::eventually([&] { return server_->num_waiting() == 2; }, 5s));
   }
+  // The server has seen the hang-up: only the bystander still waits.
+  ASSERT_TRUE(
+      testing::eventually([&] { return server_->num_waiting() == 1; }, 5s));
   // Setting the key must not touch the departed waiter; a normal hang-up is
   // not bad input and logs nothing.
   good_->set("gone-key", "x");
@@ -229,7 +236,7 @@ TEST_F(BadInputTest, FramesArrivingWhileParkedAreServedInOrder) {
   ASSERT_TRUE(
       testing::eventually([&] { return server_->num_waiting() == 2; }, 5s));
   s.send(request({.type = MsgType::kSet, .keys = {"q"}, .values = {"1"}}));
-  std::this_thread::sleep_for(50ms);  // the server reads it while parked
+  ASSERT_TRUE(s.read_by_server());  // read while parked
   good_->set("late2", "L");
   wire::Response value;
   value.type = MsgType::kValue;

@@ -12,8 +12,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -116,6 +118,38 @@ class RawSocket {
   }
 
   int fd() const { return fd_; }
+
+  // Bytes this socket sent that the server has not read yet (the rx queue
+  // of its end in /proc/net/tcp); -1 when that end is not found.
+  long unread_by_server() const {
+    sockaddr_in self{}, peer{};
+    socklen_t len = sizeof self;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&self), &len);
+    len = sizeof peer;
+    ::getpeername(fd_, reinterpret_cast<sockaddr*>(&peer), &len);
+    std::ifstream in("/proc/net/tcp");
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      // "sl local rem st tx_queue:rx_queue ...", addresses as HEX:PORT.
+      std::istringstream fields(line);
+      std::string sl, local, remote, state, queues;
+      fields >> sl >> local >> remote >> state >> queues;
+      auto port_of = [](const std::string& a) {
+        return std::stoul(a.substr(a.find(':') + 1), nullptr, 16);
+      };
+      if (port_of(local) == ntohs(peer.sin_port) &&
+          port_of(remote) == ntohs(self.sin_port)) {
+        return std::stol(queues.substr(queues.find(':') + 1), nullptr, 16);
+      }
+    }
+    return -1;
+  }
+
+  // True once the server has read everything sent on this socket (5 s).
+  bool read_by_server() const {
+    return eventually([&] { return unread_by_server() == 0; }, 5s);
+  }
 
  private:
   int fd_ = -1;

@@ -258,7 +258,9 @@ TEST_F(TcpStoreTest, StopReleasesBlockedClientsWithAnError) {
   blocked.push_back(expect_error([](TcpStore& c) {
     c.multi_get({"never", "x"});
   }));
-  std::this_thread::sleep_for(200ms);  // let all three block
+  // All three are parked in the server (the fixture's client is not).
+  ASSERT_TRUE(
+      testing::eventually([&] { return server_->num_waiting() == 3; }, 10s));
   auto start = Clock::now();
   server_->stop();
   server_->stop();  // idempotent
