@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "agent/posix_env.h"
+#include "launcher/flags.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -34,114 +35,10 @@ struct DieWithParent {
   }
 };
 
-// A flag or value we reject; caught in parse_command_line.
-struct Bad {
-  std::string message;
-};
-
-template <typename T>
-bool parse_number(const std::string& s, T& out) {
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
-  return !s.empty() && ec == std::errc() && p == s.data() + s.size();
+// "--term-timeout: '0' is not valid; ..." (or "--nproc-per-node gpu: ...").
+std::string bad_value_text(const std::string& where, const BadValue& b) {
+  return where + (b.about.empty() ? "" : " " + b.about) + ": " + b.message;
 }
-
-int parse_int_flag(const std::string& flag, const std::string& v, int lo,
-                   int hi, const std::string& forms) {
-  int n = 0;
-  if (!parse_number(v, n) || n < lo || n > hi) {
-    throw Bad{flag + ": '" + v + "' is not valid; use " + forms};
-  }
-  return n;
-}
-
-double parse_seconds(const std::string& flag, const std::string& v,
-                     bool allow_zero) {
-  double d = 0;
-  if (!parse_number(v, d) || d < 0 || (!allow_zero && d == 0)) {
-    throw Bad{flag + ": '" + v + "' is not valid; use a number of seconds " +
-              (allow_zero ? ">= 0" : "> 0") + " like 0.5 or 30"};
-  }
-  return d;
-}
-
-int resolve_nproc(const std::string& v, const agent::EnvMap& env) {
-  if (v == "cpu") {
-    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  }
-  auto gpus = [&] {
-    try {
-      return cuda_device_count(env);
-    } catch (const std::exception& e) {
-      throw Bad{"--nproc-per-node " + v + ": " + e.what()};
-    }
-  };
-  if (v == "gpu") {
-    int n = gpus();
-    if (n == 0) {
-      throw Bad{
-          "--nproc-per-node gpu: no CUDA device is visible; use a "
-          "number, cpu or auto"};
-    }
-    return n;
-  }
-  if (v == "auto") {
-    int n = gpus();
-    return n > 0 ? n
-                 : static_cast<int>(
-                       std::max(1u, std::thread::hardware_concurrency()));
-  }
-  return parse_int_flag("--nproc-per-node", v, 1, 1 << 16,
-                        "a positive number, cpu, gpu or auto");
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    size_t p = s.find(sep, start);
-    out.push_back(s.substr(start, p - start));
-    if (p == std::string::npos) break;
-    start = p + 1;
-  }
-  return out;
-}
-
-std::vector<int> parse_signals(const std::string& v) {
-  static const std::pair<const char*, int> kKnown[] = {
-      {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},
-      {"SIGQUIT", SIGQUIT}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}};
-  std::vector<int> out;
-  for (const std::string& name : split(v, ',')) {
-    int sig = 0;
-    for (const auto& [n, s] : kKnown) {
-      if (name == n) sig = s;
-    }
-    if (sig == 0) {
-      throw Bad{"--signals-to-handle: '" + name +
-                "' is not valid; use a comma-separated list of SIGTERM, "
-                "SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2"};
-    }
-    out.push_back(sig);
-  }
-  return out;
-}
-
-agent::StreamsSpec parse_streams_flag(const std::string& flag,
-                                      const std::string& v) {
-  try {
-    return agent::parse_streams(v);
-  } catch (const std::invalid_argument& e) {
-    throw Bad{flag + ": " + e.what()};
-  }
-}
-
-// One command-line option taken as text; PET_<NAME> fills it when absent.
-struct Flag {
-  CLI::Option* opt = nullptr;
-  std::string pet;
-  std::string value;
-  bool given = false;
-};
 
 }  // namespace
 
@@ -208,46 +105,21 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   app.prefix_command();  // everything after PROG belongs to PROG
   app.allow_extras();
 
-  bool help = false;
-  app.add_flag("-h,--help", help);
-  std::map<std::string, Flag> f;
-  // `key` is the flag's dash name; its variable is PET_KEY_IN_CAPITALS.
-  auto register_flag = [&](const std::string& key, CLI::Option* o) {
-    Flag& fl = f[key];
-    fl.opt = o;
-    fl.pet = "PET_" + key;
-    for (char& c : fl.pet)
-      c = c == '-' ? '_' : static_cast<char>(std::toupper(c));
+  // Every flag of the table, taken as text; validated by its apply().
+  struct Given {
+    CLI::Option* opt = nullptr;
+    std::string value;
   };
-  auto opt = [&](const std::string& key, const std::string& names) {
-    register_flag(key, app.add_option(names, f[key].value));
-  };
-  auto flag = [&](const std::string& key, const std::string& names) {
-    register_flag(key, app.add_flag(names));
-  };
-  opt("nnodes", "--nnodes");
-  opt("nproc-per-node", "--nproc-per-node,--nproc_per_node");
-  opt("node-rank", "--node-rank,--node_rank");
-  opt("rdzv-backend", "--rdzv-backend,--rdzv_backend");
-  opt("rdzv-endpoint", "--rdzv-endpoint,--rdzv_endpoint");
-  opt("rdzv-id", "--rdzv-id,--rdzv_id,--run-id,--run_id");
-  opt("rdzv-conf", "--rdzv-conf,--rdzv_conf");
-  flag("standalone", "--standalone");
-  opt("max-restarts", "--max-restarts,--max_restarts");
-  opt("monitor-interval", "--monitor-interval,--monitor_interval");
-  opt("start-method", "--start-method,--start_method");
-  opt("role", "--role");
-  flag("module", "-m,--module");
-  flag("no-python", "--no-python,--no_python");
-  opt("python", "--python");
-  opt("log-dir", "--log-dir,--log_dir");
-  opt("redirects", "-r,--redirects");
-  opt("tee", "-t,--tee");
-  opt("local-ranks-filter", "--local-ranks-filter,--local_ranks_filter");
-  opt("master-addr", "--master-addr,--master_addr");
-  opt("master-port", "--master-port,--master_port");
-  opt("term-timeout", "--term-timeout,--term_timeout");
-  opt("signals-to-handle", "--signals-to-handle,--signals_to_handle");
+  std::map<std::string_view, Given> given;
+  for (const FlagSpec& f : flags()) {
+    std::string names;
+    for (const std::string& s : spellings(f)) {
+      names += (names.empty() ? "" : ",") + s;
+    }
+    Given& g = given[f.name];
+    g.opt = f.type == ValueType::kSwitch ? app.add_flag(names)
+                                         : app.add_option(names, g.value);
+  }
 
   // CLI11 wants argv order reversed in a vector<string>.
   std::vector<std::string> rev(args.rbegin(), args.rend());
@@ -260,26 +132,11 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     return UsageError{"dlaunch: " + msg +
                       "; run 'dlaunch --help' for the valid forms"};
   }
-  if (help) return HelpRequested{};
-
-  for (auto& [key, fl] : f) {
-    fl.given = fl.opt->count() > 0;
-    if (fl.given) {
-      if (fl.value.empty() && fl.opt->get_expected_min() == 0) fl.value = "1";
-      continue;
-    }
-    auto it = env.find(fl.pet);
-    if (it != env.end()) {
-      fl.value = it->second;
-      fl.given = true;
-    }
-  }
-  auto given = [&](const char* k) { return f[k].given; };
-  auto value = [&](const char* k) -> const std::string& { return f[k].value; };
-  auto truthy = [&](const char* k) {
-    const std::string& v = value(k);
-    return given(k) && v != "0" && v != "false" && v != "False" && v != "";
+  auto has = [&](std::string_view name) {
+    return given.at(name).opt->count() > 0;
   };
+  if (has("help")) return HelpRequested{};
+  if (has("version")) return VersionRequested{};
 
   std::vector<std::string> rest = app.remaining();
   const bool separated = !rest.empty() && rest[0] == "--";
@@ -295,109 +152,35 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   }
 
   LaunchOptions o;
-  try {
-    o.program = rest[0];
-    o.program_args.assign(rest.begin() + 1, rest.end());
-    if (given("nnodes")) {
-      const std::string& v = value("nnodes");
-      if (v != "1" && v != "1:1") {
-        throw Bad{"--nnodes: '" + v +
-                  "' is not supported yet; this version runs one node (use "
-                  "--nnodes 1)"};
-      }
+  o.program = rest[0];
+  o.program_args.assign(rest.begin() + 1, rest.end());
+  if (auto it = env.find("PYTHON"); it != env.end() && !it->second.empty()) {
+    o.python = it->second;
+  }
+  // Each job flag from the command line, else its PET_* variable, in the
+  // table's order.
+  for (const FlagSpec& f : flags()) {
+    if (f.action) continue;
+    std::string value;
+    if (has(f.name)) {
+      value = f.type == ValueType::kSwitch ? "1" : given.at(f.name).value;
+    } else if (auto it = env.find(pet_variable(f)); it != env.end()) {
+      value = it->second;
+    } else {
+      continue;
     }
-    if (given("node-rank")) {
-      o.node_rank = parse_int_flag("--node-rank", value("node-rank"), 0, 0,
-                                   "0 (one node)");
+    try {
+      f.apply(f, value, o, env);
+    } catch (const BadValue& b) {
+      return UsageError{"dlaunch: " +
+                        bad_value_text("--" + std::string(f.name), b)};
     }
-    if (given("rdzv-backend")) {
-      const std::string& v = value("rdzv-backend");
-      if (v != "static" && v != "c10d") {
-        throw Bad{"--rdzv-backend: '" + v +
-                  "' is not valid; use static or c10d"};
-      }
-      o.rdzv_backend = v;
-    }
-    if (given("rdzv-endpoint")) {
-      const std::string& v = value("rdzv-endpoint");
-      size_t colon = v.rfind(':');
-      if (v.empty() || colon == 0) {
-        throw Bad{"--rdzv-endpoint: '" + v +
-                  "' is not valid; use HOST or HOST:PORT"};
-      }
-      if (colon != std::string::npos) {
-        parse_int_flag("--rdzv-endpoint", v.substr(colon + 1), 0, 65535,
-                       "HOST or HOST:PORT with a port 0..65535");
-      }
-      o.rdzv_endpoint = v;
-    }
-    o.standalone = truthy("standalone") || o.rdzv_endpoint.empty();
-    if (given("rdzv-id")) o.agent.run_id = value("rdzv-id");
-    if (given("nproc-per-node")) {
-      o.agent.nproc_per_node = resolve_nproc(value("nproc-per-node"), env);
-    }
-    if (given("max-restarts")) {
-      o.agent.max_restarts = parse_int_flag(
-          "--max-restarts", value("max-restarts"), 0, 1 << 20, "a number >= 0");
-    }
-    if (given("monitor-interval")) {
-      o.monitor_interval_s =
-          parse_seconds("--monitor-interval", value("monitor-interval"), true);
-    }
-    if (given("start-method")) {
-      const std::string& v = value("start-method");
-      if (v != "spawn" && v != "fork" && v != "forkserver") {
-        throw Bad{"--start-method: '" + v +
-                  "' is not valid; use spawn, fork or forkserver (all start "
-                  "workers the same way in dlaunch)"};
-      }
-    }
-    if (given("role")) {
-      if (value("role").empty()) throw Bad{"--role: must not be empty"};
-      o.agent.role = value("role");
-    }
-    o.module = truthy("module");
-    o.no_python = truthy("no-python");
-    if (o.module && o.no_python) {
-      throw Bad{"--module and --no-python cannot be used together; drop one"};
-    }
-    if (given("python")) {
-      o.python = value("python");
-    } else if (auto it = env.find("PYTHON");
-               it != env.end() && !it->second.empty()) {
-      o.python = it->second;
-    }
-    if (given("log-dir")) o.agent.log_dir = value("log-dir");
-    if (given("redirects")) {
-      o.agent.redirects = parse_streams_flag("--redirects", value("redirects"));
-    }
-    if (given("tee")) o.agent.tee = parse_streams_flag("--tee", value("tee"));
-    if (given("local-ranks-filter")) {
-      std::set<int> ranks;
-      for (const std::string& r : split(value("local-ranks-filter"), ',')) {
-        ranks.insert(parse_int_flag("--local-ranks-filter", r, 0, 1 << 16,
-                                    "comma-separated local ranks like 0,2"));
-      }
-      o.agent.local_ranks_filter = std::move(ranks);
-    }
-    if (given("master-addr")) {
-      if (value("master-addr").empty())
-        throw Bad{"--master-addr: must not be empty"};
-      o.agent.master_addr = value("master-addr");
-    }
-    if (given("master-port")) {
-      o.agent.master_port = parse_int_flag(
-          "--master-port", value("master-port"), 0, 65535, "a port 0..65535");
-    }
-    if (given("term-timeout")) {
-      o.agent.term_timeout = std::chrono::milliseconds(static_cast<int64_t>(
-          parse_seconds("--term-timeout", value("term-timeout"), false) * 1e3));
-    }
-    if (given("signals-to-handle")) {
-      o.agent.signals_to_handle = parse_signals(value("signals-to-handle"));
-    }
-  } catch (const Bad& b) {
-    return UsageError{"dlaunch: " + b.message};
+  }
+  o.standalone = o.standalone || o.rdzv_endpoint.empty();
+  if (o.module && o.no_python) {
+    return UsageError{
+        "dlaunch: --module and --no-python cannot be used together; drop "
+        "one"};
   }
 
   // The worker command.

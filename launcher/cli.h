@@ -12,6 +12,9 @@ namespace dlaunch::launcher {
 // The user asked for --help.
 struct HelpRequested {};
 
+// The user asked for --version.
+struct VersionRequested {};
+
 // A bad flag or value: one line naming it and the valid forms. The command
 // exits with `exit_code` (2 for bad usage, 127 for a missing program).
 struct UsageError {
@@ -19,7 +22,8 @@ struct UsageError {
   int exit_code = 2;
 };
 
-using ParseResult = std::variant<LaunchOptions, HelpRequested, UsageError>;
+using ParseResult =
+    std::variant<LaunchOptions, HelpRequested, VersionRequested, UsageError>;
 
 // Parses `dlaunch [options] PROG [ARGS...]` (torchrun's flags, both
 // --dash-names and --under_score names; PET_<FLAG> variables in `env` fill
@@ -28,7 +32,8 @@ using ParseResult = std::variant<LaunchOptions, HelpRequested, UsageError>;
 ParseResult parse_command_line(const std::vector<std::string>& args,
                                const agent::EnvMap& env);
 
-// The man-page style text of `dlaunch --help`.
+// The man-page style text of `dlaunch --help`, its options read from the
+// flag table (flags.h).
 const std::string& help_text();
 
 // Visible CUDA devices (CUDA_VISIBLE_DEVICES honoured); 0 when there is no

@@ -1,9 +1,12 @@
+#include <sstream>
+
 #include "launcher/cli.h"
+#include "launcher/flags.h"
 
 namespace dlaunch::launcher {
+namespace {
 
-const std::string& help_text() {
-  static const std::string kText = R"(NAME
+constexpr std::string_view kHead = R"(NAME
     dlaunch - start, watch and restart a group of distributed workers
     (a torchrun equivalent)
 
@@ -24,67 +27,20 @@ DESCRIPTION
     (SIGTERM, SIGKILL after --term-timeout) and the group restarts while
     --max-restarts allows. Each worker runs in its own process group and
     dies with dlaunch, children included.
+)";
 
-WORKERS
-    --nproc-per-node, --nproc_per_node N|cpu|gpu|auto
-        Workers on this node (default 1). cpu: one per CPU; gpu: one per
-        visible CUDA device; auto: gpu if any, else cpu.
-    --max-restarts N
-        Restarts of the whole group after a failure (default 0).
-    --role NAME
-        Role name (ROLE_NAME, console prefix; default "default").
-    --rdzv-id, --run-id ID
-        Run id (TORCHELASTIC_RUN_ID, log folder; default random).
-    --master-addr HOST
-        MASTER_ADDR (default 127.0.0.1).
-    --master-port PORT
-        MASTER_PORT (default: a free port, new for every restart).
-    --term-timeout SECONDS
-        Grace period between SIGTERM (or a forwarded signal) and SIGKILL
-        (default 30).
-
-PROGRAMS
-    -m, --module
-        Run PROG as a Python module (python3 -u -m PROG).
-    --no-python
-        Execute PROG directly, even when it ends in .py.
-    --python PATH
-        Interpreter for .py programs and modules (default $PYTHON, else
-        python3).
-
-OUTPUT
-    --log-dir DIR
-        Write logs to DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log
-        and the run summary to DIR/RUN_ID/summary.json.
-    -r, --redirects V
-        Streams sent only to the log files: 0 none, 1 stdout, 2 stderr,
-        3 both, or per local rank like 0:3,1:0 (default 0).
-    -t, --tee V
-        Streams sent to the log files and the console; same values.
-    --local-ranks-filter R[,R...]
-        Show only these local ranks on the console (files keep all).
+constexpr std::string_view kTail = R"(
+ENVIRONMENT
+    PET_<KEY>
+        Every flag that configures the job may come from a PET_ variable
+        named after its key in capitals (--nproc-per-node: PET_NPROC_PER_NODE);
+        the command line wins.
     TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
         Console prefix with ${role_name}, ${local_rank} and ${rank}.
 
-SIGNALS
-    --signals-to-handle LIST
-        Signals that stop the job (default SIGTERM,SIGINT,SIGHUP,SIGQUIT):
-        forwarded to every worker's process group, SIGKILL after
-        --term-timeout, then dlaunch exits 128+signal. A second one kills
-        at once. SIGUSR1 and SIGUSR2 are forwarded and the job goes on.
-
-RENDEZVOUS (one node for now)
-    --standalone            Host the rendezvous store locally (default on
-                            one node without --rdzv-endpoint).
-    --nnodes 1, --node-rank 0, --rdzv-backend static|c10d,
-    --rdzv-endpoint HOST:PORT, --rdzv-conf K=V,...
-                            Accepted as torchrun does.
-    --monitor-interval S, --start-method M
-                            Accepted for compatibility; dlaunch detects
-                            exits through events, without polling.
-
-    Every flag may be spelled with '-' or '_' and may come from a
-    PET_<FLAG> variable (PET_NPROC_PER_NODE=4); the command line wins.
+    Every flag may be spelled with '-' or '_' (--max-restarts,
+    --max_restarts). Durations are seconds: finite, from 0.001 to the
+    flag's maximum (604800, 7 days, unless said otherwise).
 
 EXIT STATUS
     0      every worker of the last attempt exited 0
@@ -102,6 +58,75 @@ EXAMPLES
     dlaunch --nproc-per-node gpu --max-restarts 3 --log-dir logs -t 3 train.py
     dlaunch --nproc-per-node 8 --no-python ./worker --shard ${local_rank}
 )";
+
+// The sections of the options, in order, with their titles.
+constexpr std::pair<std::string_view, std::string_view> kSections[] = {
+    {"WORKERS", "WORKERS"},
+    {"PROGRAMS", "PROGRAMS"},
+    {"OUTPUT", "OUTPUT"},
+    {"SIGNALS", "SIGNALS"},
+    {"RENDEZVOUS", "RENDEZVOUS (one node for now)"},
+    {"JOB FILES", "JOB FILES"},
+    {"OTHER", "OTHER"},
+};
+
+// `text` wrapped at 78 columns, each line indented by 8 spaces.
+std::string wrap(const std::string& text) {
+  std::istringstream words(text);
+  std::string out, line, word;
+  while (words >> word) {
+    if (!line.empty() && 8 + line.size() + 1 + word.size() > 78) {
+      out += "        " + line + "\n";
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty()) out += "        " + line + "\n";
+  return out;
+}
+
+// "-m, --module" or "--rdzv-id, --run-id ID": short spellings first, the
+// '_' twins left out (the page says every flag has them).
+std::string title(const FlagSpec& f) {
+  std::string shorts, longs;
+  for (const std::string& s : spellings(f)) {
+    if (s.find('_') != std::string::npos) continue;
+    std::string& to = s[1] == '-' ? longs : shorts;
+    to += (to.empty() ? "" : ", ") + s;
+  }
+  std::string t = shorts.empty() ? longs : shorts + ", " + longs;
+  if (!f.placeholder.empty()) t += " " + std::string(f.placeholder);
+  return "    " + t + "\n";
+}
+
+std::string make_help() {
+  std::string out(kHead);
+  for (const auto& [section, heading] : kSections) {
+    std::string body;
+    for (const FlagSpec& f : flags()) {
+      if (f.section != section) continue;
+      std::string text(f.help);
+      if (!f.default_text.empty()) {
+        text += " Default: " + std::string(f.default_text) + ".";
+      }
+      if (f.type == ValueType::kSeconds && f.max_seconds != kMaxSeconds) {
+        text += " At most " +
+                format_seconds(std::chrono::milliseconds(
+                    static_cast<int64_t>(f.max_seconds * 1e3))) +
+                ".";
+      }
+      body += title(f) + wrap(text);
+    }
+    if (!body.empty()) out += "\n" + std::string(heading) + "\n" + body;
+  }
+  out += kTail;
+  return out;
+}
+
+}  // namespace
+
+const std::string& help_text() {
+  static const std::string kText = make_help();
   return kText;
 }
 

@@ -1,5 +1,8 @@
 #pragma once
 
+#include <chrono>
+#include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -7,10 +10,18 @@
 
 namespace dlaunch::launcher {
 
+// One host of a job: a name and how many workers it runs (0: the job's
+// nproc_per_node).
+struct Host {
+  std::string name;
+  int slots = 0;
+  bool operator==(const Host&) const = default;
+};
+
 // Everything `dlaunch` was asked to do, with documented defaults: the
-// command line (cli.h) fills it, and a YAML job config will fill the same
-// struct. The agent's part is `agent`; the rest is about where and how the
-// agent runs. Plain data.
+// command line (cli.h) and a YAML job file (job_file.h) fill it; the
+// flag table (flags.h) maps each flag and key to a field. The agent's part is
+// `agent`; the rest is about where and how the agent runs. Plain data.
 struct LaunchOptions {
   // The node agent's options (workers, restarts, logs, signals).
   agent::AgentOptions agent;
@@ -26,9 +37,15 @@ struct LaunchOptions {
   // --standalone). Default: on exactly when nnodes is 1 and no endpoint
   // was given.
   bool standalone = false;
+  // Rendezvous settings (--rdzv-conf K=V,...); accepted as torchrun does.
+  // Default empty.
+  std::map<std::string, std::string> rdzv_conf;
   // Accepted for torchrun compatibility (dlaunch detects exits through
   // events, not polling). Default 0.1 s.
-  double monitor_interval_s = 0.1;
+  std::chrono::milliseconds monitor_interval{100};
+  // Accepted for torchrun compatibility (every method starts workers the
+  // same way). Default "spawn".
+  std::string start_method = "spawn";
   // The program as given (before python wrapping) and its arguments.
   std::string program;
   std::vector<std::string> program_args;
@@ -39,6 +56,24 @@ struct LaunchOptions {
   // Interpreter for .py programs and modules. Default: --python, else
   // $PYTHON, else "python3".
   std::string python = "python3";
+  // Set in every worker's environment on top of dlaunch's own (a job
+  // file's `env` map); the worker contract (RANK, ...) still wins. Default
+  // empty.
+  std::map<std::string, std::string> env;
+  // The job's hosts (a job file's `hosts`: a list or a hostfile), parsed
+  // and validated. Multi-node launch is not implemented yet: a run refuses
+  // hosts other than this one, --dry-run shows them. Default empty: this
+  // node only.
+  std::vector<Host> hosts;
+  // Reserved for failure injection: a job file's `faults` entries as YAML
+  // text, carried into --print-config and job.yaml but not applied yet
+  // (--dry-run and a run say so). Default empty.
+  std::vector<std::string> faults;
+  // The job file read with --config (absolute); empty when none.
+  std::filesystem::path config_file;
+  // What to do with the job: run it (default), print the plan
+  // (--dry-run) or print the job as YAML (--print-config).
+  enum class Mode { kRun, kDryRun, kPrintConfig } mode = Mode::kRun;
 };
 
 }  // namespace dlaunch::launcher

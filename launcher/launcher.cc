@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
     agent::write_all(STDOUT_FILENO, help_text());
     return 0;
   }
+  if (std::holds_alternative<VersionRequested>(parsed)) {
+    agent::write_all(STDOUT_FILENO, "dlaunch " DLAUNCH_VERSION "\n");
+    return 0;
+  }
   if (auto* e = std::get_if<UsageError>(&parsed)) {
     write_stderr(e->message + "\n");
     return e->exit_code;

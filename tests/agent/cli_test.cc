@@ -9,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "launcher/flags.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dlaunch::launcher {
@@ -211,6 +212,108 @@ TEST(Cli, HelpReadsLikeAManPage) {
         "--max-restarts", "--tee", "--signals-to-handle", "EXAMPLES"}) {
     EXPECT_THAT(help_text(), HasSubstr(section));
   }
+}
+
+TEST(FlagTable, EveryJobFlagHasAKeyAndEveryActionNone) {
+  std::set<std::string> keys, names;
+  for (const FlagSpec& f : flags()) {
+    SCOPED_TRACE(std::string(f.name));
+    if (f.action) {
+      EXPECT_TRUE(f.key.empty()) << "an action configures no job";
+      EXPECT_EQ(f.apply, nullptr);
+      EXPECT_EQ(pet_variable(f), "");
+    } else {
+      EXPECT_FALSE(f.key.empty()) << "a job flag needs a YAML key";
+      EXPECT_NE(f.apply, nullptr);
+      EXPECT_NE(f.print, nullptr);
+      EXPECT_TRUE(keys.insert(std::string(f.key)).second) << "duplicate key";
+      // The help page's rule: PET_ + the key in capitals.
+      std::string pet = "PET_";
+      for (char c : f.key) pet += static_cast<char>(std::toupper(c));
+      EXPECT_EQ(pet_variable(f), pet);
+      EXPECT_EQ(find_flag(f.key), &f);
+    }
+    EXPECT_FALSE(f.help.empty());
+    EXPECT_FALSE(f.section.empty());
+    EXPECT_EQ(f.placeholder.empty(), f.type == ValueType::kSwitch);
+    for (const std::string& s : spellings(f)) {
+      EXPECT_TRUE(names.insert(s).second) << "spelling used twice: " << s;
+      EXPECT_THAT(help_text(), HasSubstr(s.find('_') == std::string::npos
+                                             ? s
+                                             : std::string(f.name)));
+    }
+  }
+  for (const char* action : {"help", "version"}) {
+    ASSERT_NE(find_flag(action), nullptr) << action;
+    EXPECT_TRUE(find_flag(action)->action);
+  }
+}
+
+TEST(FlagTable, PrintedValuesReadBackTheSame) {
+  // What --print-config writes for each flag parses to the same options.
+  LaunchOptions o = ok({"--nproc-per-node",
+                        "3",
+                        "--max-restarts",
+                        "2",
+                        "--term-timeout",
+                        "0.25",
+                        "-t",
+                        "0:3,1:1",
+                        "--local-ranks-filter",
+                        "0,2",
+                        "--signals-to-handle",
+                        "SIGINT,SIGUSR1",
+                        "--rdzv-conf",
+                        "a=1,b=x",
+                        "--monitor-interval",
+                        "1.5",
+                        "--log-dir",
+                        "/tmp/l",
+                        "--rdzv-id",
+                        "abc",
+                        "-m",
+                        "pkg"});
+  for (const FlagSpec& f : flags()) {
+    if (f.action) continue;
+    SCOPED_TRACE(std::string(f.name));
+    std::optional<std::string> text = f.print(o);
+    if (!text) continue;
+    LaunchOptions again = o;
+    f.apply(f, *text, again, kHelperEnv);
+    EXPECT_EQ(f.print(again), text);
+  }
+}
+
+TEST(Cli, EveryDurationIsFinitePositiveAndBounded) {
+  int durations = 0;
+  for (const FlagSpec& f : flags()) {
+    if (f.type != ValueType::kSeconds) continue;
+    ++durations;
+    std::string flag = "--" + std::string(f.name);
+    for (const char* v : {"nan", "inf", "-inf", "1e308", "-1", "0", "0.0001",
+                          "604801", "x", ""}) {
+      SCOPED_TRACE(flag + " " + v);
+      UsageError e = bad({flag, v, "true"});
+      EXPECT_EQ(e.exit_code, 2);
+      EXPECT_THAT(e.message, HasSubstr(flag + ": '" + v + "' is not valid"));
+      EXPECT_THAT(e.message, HasSubstr("from 0.001 to 604800 (7 days)"));
+      // The same check for the PET_* variable.
+      EXPECT_THAT(bad({"true"}, {{pet_variable(f), v}}).message,
+                  HasSubstr(flag + ": '" + v + "'"));
+    }
+    EXPECT_TRUE(std::holds_alternative<LaunchOptions>(
+        parse_command_line({flag, "604800", "true"}, {})));
+  }
+  EXPECT_GE(durations, 2);  // --term-timeout, --monitor-interval
+  EXPECT_EQ(ok({"--term-timeout", "0.001", "true"}).agent.term_timeout,
+            std::chrono::milliseconds(1));
+  EXPECT_EQ(ok({"--term-timeout", "604800", "true"}).agent.term_timeout,
+            std::chrono::hours(24 * 7));
+}
+
+TEST(Cli, VersionPrintsTheVersion) {
+  EXPECT_TRUE(std::holds_alternative<VersionRequested>(
+      parse_command_line({"--version"}, {})));
 }
 
 }  // namespace

@@ -1,0 +1,120 @@
+#pragma once
+
+#include <charconv>
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "agent/worker_env.h"
+#include "launcher/launch_options.h"
+
+namespace dlaunch::launcher {
+
+// How a flag's value is written. The YAML loader checks a key's node
+// against it (a list may be a YAML sequence, a map a YAML mapping) and
+// --print-config writes the value back in the same form.
+enum class ValueType {
+  kSwitch,   // no value on the command line; true/false in a file
+  kInt,      // an integer, or one of `choices`
+  kSeconds,  // a duration in seconds: finite, > 0, <= max_seconds
+  kString,   // text, or one of `choices` when there are any
+  kPath,     // a file or folder; relative paths in a file resolve against
+             // the file's folder
+  kList,     // comma-separated on the command line, a sequence in a file
+  kMap,      // K=V,... on the command line, a mapping in a file
+};
+
+// A value a flag rejects. `message` names the value and the valid forms
+// but not the flag: the caller prefixes the flag ("--term-timeout") or the
+// file position ("job.yaml:3:15: term_timeout").
+struct BadValue {
+  std::string message;
+  // When set, the value the message is about, written right after the
+  // flag instead ("--nproc-per-node gpu: cannot count CUDA devices: ...").
+  std::string about = {};
+};
+
+// Parses all of `s` as a number (std::from_chars); false when any of it is
+// not one.
+template <typename T>
+bool parse_number(const std::string& s, T& out) {
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+  return !s.empty() && ec == std::errc() && p == s.data() + s.size();
+}
+
+// The largest duration any flag or key accepts, and its words for messages.
+inline constexpr double kMaxSeconds = 7 * 24 * 3600.0;
+inline constexpr std::string_view kMaxSecondsText = "604800 (7 days)";
+
+// One flag of `dlaunch`, defined once: the command-line parser, `--help`,
+// the PET_* fallbacks, the YAML job loader and --print-config all read the
+// table of these (flags()); a man page or shell completion can be generated
+// from it. Plain data with two function pointers; the table is immutable.
+struct FlagSpec {
+  // Dash name without "--": "nproc-per-node". --NAME and, when different,
+  // --NAME_WITH_UNDERSCORES are its spellings.
+  std::string_view name = {};
+  // Further spellings, dashes included: {"-m"}, {"--run-id", "--run_id"}.
+  std::vector<std::string_view> aliases = {};
+  // What follows the flag in --help: "N|cpu|gpu|auto"; empty for switches.
+  std::string_view placeholder = {};
+  ValueType type = ValueType::kString;
+  // An action (--help, --version, --config, --dry-run, --print-config)
+  // says what to do with the job rather than configuring it: it has no
+  // key, no PET_* variable, and comes from the command line only.
+  bool action = false;
+  // Key in a YAML job file ("nproc_per_node"); its PET_* variable is
+  // PET_ + the key in capitals. Every flag that is not an action has one
+  // (tests/agent/cli_test.cc checks).
+  std::string_view key = {};
+  // The default as --help shows it; empty when there is none to show.
+  std::string_view default_text = {};
+  // The --help paragraph, one sentence or a few, unwrapped.
+  std::string_view help = {};
+  // The --help section: "WORKERS", "PROGRAMS", "OUTPUT", "SIGNALS",
+  // "RENDEZVOUS", "JOB FILES".
+  std::string_view section = {};
+  // The literal values it accepts besides numbers (completion, YAML type
+  // checks): {"cpu", "gpu", "auto"}; empty when free-form.
+  std::vector<std::string_view> choices = {};
+  // kSeconds: the largest value accepted.
+  double max_seconds = kMaxSeconds;
+  // Parses `value` (a switch's is "1"/"true"/"0"/"false") into `options`;
+  // throws BadValue. `env` is the launching environment (for
+  // --nproc-per-node gpu). Null for actions.
+  void (*apply)(const FlagSpec& self, const std::string& value,
+                LaunchOptions& options, const agent::EnvMap& env) = nullptr;
+  // The effective value as text in the command-line form (lists
+  // comma-separated, maps K=V,...); nullopt when it has none to write.
+  // Null for actions.
+  std::optional<std::string> (*print)(const LaunchOptions& options) = nullptr;
+};
+
+// Every flag, in --help order.
+const std::vector<FlagSpec>& flags();
+
+// The spellings of `flag`: "--NAME", "--NAME_UNDERSCORED" when different,
+// then its aliases.
+std::vector<std::string> spellings(const FlagSpec& flag);
+
+// PET_ + the key in capitals ("PET_NPROC_PER_NODE"); empty for actions.
+std::string pet_variable(const FlagSpec& flag);
+
+// The flag whose YAML key or dash name is `key_or_name`; nullptr if none.
+const FlagSpec* find_flag(std::string_view key_or_name);
+
+// True for "1", "true", "True", "TRUE", "yes", "on" (switch values);
+// false for "0", "false", "no", "off", "". Throws BadValue otherwise.
+bool parse_switch(const std::string& value);
+
+// A duration of `flag`: finite, > 0 and <= flag.max_seconds. Throws
+// BadValue naming the value and the range.
+std::chrono::milliseconds parse_duration(const FlagSpec& flag,
+                                         const std::string& value);
+
+// "0.5", "30": seconds as the shortest text that reads back the same.
+std::string format_seconds(std::chrono::milliseconds d);
+
+}  // namespace dlaunch::launcher
