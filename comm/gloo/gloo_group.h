@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "comm/check.h"
+#include "comm/gloo/connection_watch.h"
 #include "comm/gloo/process_group.h"
 #include "comm/gloo/shm_channel.h"
 #include "comm/gloo/shm_segment.h"
@@ -62,6 +64,7 @@ constexpr size_t kShmSliceBytes = 32 << 20;
 // this many bytes per rank (each rank's channel holds two slots).
 constexpr size_t kChannelPayloadBytes = 1 << 20;
 constexpr uint64_t kControlSlot = 0xB4;
+constexpr uint64_t kWatchSlot = 0xB5;  // see ConnectionWatch
 
 inline uint64_t p2p_slot(uint64_t prefix, int tag) {
   return (prefix << 56) | (static_cast<uint64_t>(tag) << 40);
@@ -103,6 +106,15 @@ inline std::string describe(DType dtype, uint64_t numel) {
          std::string(dtype_name(dtype));
 }
 
+// An operation waiting on one peer, which the connection watch can stop.
+class PeerWaiter {
+ public:
+  virtual ~PeerWaiter() = default;
+  virtual int peer() const = 0;
+  // Makes the operation's waits return at once (under GroupState::mu).
+  virtual void abort() = 0;
+};
+
 // The state a group shares with its outstanding Works; the last owner
 // closes the TCP pairs.
 struct GroupState {
@@ -130,25 +142,29 @@ struct GroupState {
     return "group '" + name + "' (rank " + std::to_string(rank) + " of " +
            std::to_string(size) + ")";
   }
-  // Peers whose connection has failed. Gloo's errors name the socket
-  // address, which for accepted connections is the peer's ephemeral port, so
-  // ask each pair instead: posting on a failed pair throws at once. (A
-  // posted probe on a healthy pair is harmless: the caller closes the
-  // connections next.)
+  // Peers whose connection has failed (see gloo::failed_peers).
   std::vector<int> failed_peers() const {
-    static char probe[1];
-    std::vector<int> out;
-    for (int j = 0; j < size; ++j) {
-      if (j == rank) continue;
-      try {
-        auto b = ctx->createUnboundBuffer(probe, sizeof(probe));
-        b->send(j, ~uint64_t{0}, 0, 0);
-      } catch (const std::exception&) {
-        out.push_back(j);
-      }
-    }
-    return out;
+    return gloo::failed_peers(*ctx, rank, size);
   }
+
+  // Called by `watch` when connections fail: remembers the ranks and aborts
+  // the point-to-point operations waiting on them.
+  void connections_lost(const std::vector<int>& ranks,
+                        const std::string& what) {
+    std::lock_guard lock(mu);
+    for (int r : ranks) lost.emplace(r, what);
+    for (PeerWaiter* w : waiters) {
+      if (lost.count(w->peer())) w->abort();
+    }
+  }
+
+  // Ranks whose connection failed, with Gloo's message (under mu).
+  std::map<int, std::string> lost;
+  // Point-to-point operations now waiting (under mu).
+  std::set<PeerWaiter*> waiters;
+  // Tells connections_lost() at once when a connection fails. Last, so
+  // that it stops before anything it uses goes away.
+  std::unique_ptr<ConnectionWatch> watch;
 };
 
 // The argument check timed out: these ranks never sent theirs.
@@ -316,23 +332,27 @@ class GlooProcessGroup : public ProcessGroup {
   // and closes this rank's connections so that peers blocked on it fail now
   // rather than at their timeout, then throws a CommError naming the
   // operation, the group and the peer.
+  // A Gloo error counts as a timeout when the group timeout has passed since
+  // `f` started (every wait inside shares a deadline at least that far).
   template <class F>
   void run(const char* op, F&& f) {
+    const auto start = std::chrono::steady_clock::now();
     try {
       f();
     } catch (const RanksMissing& e) {
-      fail(op, e.what(), e.missing);
+      fail(op, e.what(), e.missing, {}, true);
     } catch (const RanksGone& e) {
-      fail(op, e.what(), {}, e.gone);
+      fail(op, e.what(), {}, e.gone, false);
     } catch (const ::gloo::Exception& e) {
-      fail(op, e.what(), {});
+      fail(op, e.what(), {}, {},
+           std::chrono::steady_clock::now() - start >= timeout());
     }
   }
 
   // process_group.cc
   [[noreturn]] void fail(const char* op, const std::string& what,
                          const std::vector<int>& missing,
-                         const std::vector<int>& gone = {});
+                         const std::vector<int>& gone, bool timed_out);
 
   std::shared_ptr<GroupState> g_;
   std::vector<char> staging_;  // this rank's arguments (+ fused payload)

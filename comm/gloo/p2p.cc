@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,7 +34,7 @@ void* data_or_dummy(const Tensor& t) {
 // caller's thread; is_completed() or a shorter wait() hand it to a thread
 // owned by the Work (Gloo has no callbacks and its own timed waits break the
 // whole context), so neither blocks nor breaks anything.
-class P2pWork : public Work {
+class P2pWork : public Work, public PeerWaiter {
  public:
   struct Header {
     uint64_t nbytes = 0;
@@ -132,9 +133,10 @@ class P2pWork : public Work {
   // the group timeout.
   void drive() {
     std::exception_ptr error;
+    const auto deadline = std::chrono::steady_clock::now() + g_->timeout;
     try {
-      const auto deadline = std::chrono::steady_clock::now() + g_->timeout;
-      theirs_buf_->waitRecv(left_until(deadline));
+      watched();
+      wait_recv(*theirs_buf_, deadline);
       set_stage("payload of " + std::to_string(t_.nbytes()) +
                 " bytes in transfer");
       std::string mismatch;
@@ -161,31 +163,32 @@ class P2pWork : public Work {
         const uint64_t their_slot =
             payload_slot(tag_, theirs_.dtype, theirs_.nbytes);
         if (is_send_) {
-          fix_buf_ = g_->ctx->createUnboundBuffer(kEmpty, 1);
+          set_fix_buf(g_->ctx->createUnboundBuffer(kEmpty, 1));
           fix_buf_->send(peer_, their_slot, 0, 0);
-          fix_buf_->waitSend(left_until(deadline));
+          wait_send(*fix_buf_, deadline);
         } else {
           drain_.resize(std::max<uint64_t>(theirs_.nbytes, 1));
-          fix_buf_ =
-              g_->ctx->createUnboundBuffer(drain_.data(), theirs_.nbytes);
+          set_fix_buf(
+              g_->ctx->createUnboundBuffer(drain_.data(), theirs_.nbytes));
           fix_buf_->recv(peer_, their_slot);
-          fix_buf_->waitRecv(left_until(deadline));
+          wait_recv(*fix_buf_, deadline);
         }
       }
       if (mismatch.empty() || sizes_known) {
         if (is_send_) {
-          payload_buf_->waitSend(left_until(deadline));
+          wait_send(*payload_buf_, deadline);
         } else {
-          payload_buf_->waitRecv(left_until(deadline));
+          wait_recv(*payload_buf_, deadline);
         }
       }
-      mine_buf_->waitSend(left_until(deadline));
+      wait_send(*mine_buf_, deadline);
       if (!mismatch.empty()) {
         error = std::make_exception_ptr(CommError(op() + ": " + mismatch));
       }
     } catch (const std::exception& e) {
-      std::string what = e.what();
-      bool timed_out = what.find("Timed out") != std::string::npos;
+      // A timeout is told from a failure by the deadline this operation
+      // keeps, not by Gloo's wording.
+      const bool timed_out = std::chrono::steady_clock::now() >= deadline;
       error = std::make_exception_ptr(CommError(
           op() +
           (timed_out
@@ -193,8 +196,9 @@ class P2pWork : public Work {
                      " (the group timeout) waiting for rank " +
                      std::to_string(peer_)
                : ": connection to rank " + std::to_string(peer_) + " lost") +
-          " [gloo: " + what + "]"));
+          " [gloo: " + e.what() + "]"));
     }
+    unwatched();
     release();
     {
       std::lock_guard lock(mu_);
@@ -202,6 +206,62 @@ class P2pWork : public Work {
       done_ = true;
     }
     cv_.notify_all();
+  }
+
+  int peer() const override { return peer_; }
+
+  void abort() override {
+    aborted_ = true;
+    for (auto* b : {theirs_buf_.get(), mine_buf_.get(), payload_buf_.get(),
+                    fix_buf_.get()}) {
+      if (b) {
+        b->abortWaitRecv();
+        b->abortWaitSend();
+      }
+    }
+  }
+
+  // The connection watch's verdict: thrown when it aborted a wait (the
+  // connection to the peer failed, possibly with bytes in transfer, which
+  // Gloo does not report to the waiting buffer).
+  struct Lost : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+
+  // Registers with the group's connection watch for the waits to come, or
+  // throws Lost if the peer's connection already failed.
+  void watched() {
+    std::lock_guard lock(g_->mu);
+    throw_if_lost();
+    g_->waiters.insert(this);
+  }
+  void unwatched() {
+    std::lock_guard lock(g_->mu);
+    g_->waiters.erase(this);
+  }
+  void throw_if_lost() {  // g_->mu held
+    auto it = g_->lost.find(peer_);
+    if (it != g_->lost.end()) throw Lost(it->second);
+  }
+  // fix_buf_ is created during drive(): set it where abort() sees it.
+  void set_fix_buf(std::unique_ptr<::gloo::transport::UnboundBuffer> b) {
+    std::lock_guard lock(g_->mu);
+    fix_buf_ = std::move(b);
+    if (aborted_) throw_if_lost();
+  }
+  // Gloo's waits, turning an abort by the watch into Lost.
+  void wait_recv(::gloo::transport::UnboundBuffer& b,
+                 std::chrono::steady_clock::time_point deadline) {
+    if (!b.waitRecv(nullptr, left_until(deadline))) lost();
+  }
+  void wait_send(::gloo::transport::UnboundBuffer& b,
+                 std::chrono::steady_clock::time_point deadline) {
+    if (!b.waitSend(nullptr, left_until(deadline))) lost();
+  }
+  [[noreturn]] void lost() {
+    std::lock_guard lock(g_->mu);
+    throw_if_lost();
+    throw Lost("the wait was aborted");  // not reached: aborts name a rank
   }
 
   // Frees the (peer, tag) slot for another operation.
@@ -222,6 +282,7 @@ class P2pWork : public Work {
   std::unique_ptr<::gloo::transport::UnboundBuffer> payload_buf_;
   std::unique_ptr<::gloo::transport::UnboundBuffer> fix_buf_;  // mismatch
   std::vector<char> drain_;  // the sender's payload after a mismatch
+  bool aborted_ = false;     // by the connection watch (under g_->mu)
   std::thread thread_;
 
   std::mutex mu_;  // guards the members below

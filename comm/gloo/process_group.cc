@@ -118,9 +118,7 @@ std::unique_ptr<ProcessGroup> GlooProcessGroup::new_group(
 
 void GlooProcessGroup::fail(const char* op, const std::string& what,
                             const std::vector<int>& missing,
-                            const std::vector<int>& gone) {
-  const bool timed_out = what.find("Timed out") != std::string::npos ||
-                         what.find("timeout") != std::string::npos;
+                            const std::vector<int>& gone, bool timed_out) {
   const std::vector<int> failed = !gone.empty() ? gone
                                   : missing.empty() && !timed_out
                                       ? g_->failed_peers()
@@ -223,6 +221,15 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
   } catch (const std::exception& e) {
     throw CommError(where +
                     ": connecting to the other ranks failed: " + e.what());
+  }
+  if (o.size > 1) {
+    // Destroyed first among g's members (declared last), so `raw` outlives it.
+    GroupState* raw = g.get();
+    g->watch = std::make_unique<ConnectionWatch>(
+        g->ctx, o.rank, o.size, kWatchSlot << 56,
+        [raw](const std::vector<int>& ranks, const std::string& what) {
+          raw->connections_lost(ranks, what);
+        });
   }
   // Rank 0's tuning holds for every rank (their choices must agree), and
   // ranks that all share this host get a token naming their shared memory.

@@ -6,6 +6,8 @@
 //   comm_test_worker allreduce-loop [INIT]  all_reduce until an error
 //   comm_test_worker concurrent-groups [INIT]  sub-groups made on 2 threads
 //   comm_test_worker big-allreduce [INIT]   one 4 MiB all_reduce, checked
+//   comm_test_worker p2p-from-last [INIT]   the last rank sends 64 MiB to
+//                                           every other rank
 //
 // Exit 0 on success, 1 on a wrong result, 3 on a CommError (printed).
 #include <sys/resource.h>
@@ -16,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -187,6 +190,27 @@ void big_allreduce(ProcessGroup& pg) {
   std::printf("rank %d of %d: big all_reduce ok\n", pg.rank(), n);
 }
 
+// The last rank isends 64 MiB to every other rank, which irecv it; each
+// prints "rank R waiting" (receivers) or "rank R sending" once its
+// operations are posted, then waits on them.
+void p2p_from_last(ProcessGroup& pg) {
+  const int last = pg.size() - 1;
+  std::vector<uint8_t> v(64 << 20, static_cast<uint8_t>(pg.rank()));
+  std::vector<std::unique_ptr<dlaunch::comm::Work>> works;
+  if (pg.rank() == last) {
+    for (int j = 0; j < last; ++j) works.push_back(pg.isend(Tensor::of(v), j));
+  } else {
+    works.push_back(pg.irecv(Tensor::of(v), last));
+  }
+  std::printf("rank %d %s\n", pg.rank(),
+              pg.rank() == last ? "sending" : "waiting");
+  std::fflush(stdout);
+  for (auto& w : works) w->wait(pg.timeout());
+  check(pg.rank() == last || v[12345] == static_cast<uint8_t>(last),
+        "p2p payload");
+  std::printf("rank %d: p2p ok\n", pg.rank());
+}
+
 int allreduce_loop(ProcessGroup& pg) {
   std::vector<float> v(1 << 20, 1.0f);
   pg.all_reduce(Tensor::of(v));
@@ -246,6 +270,10 @@ int main(int argc, char** argv) {
     if (mode == "allreduce-loop") return allreduce_loop(*pg);
     if (mode == "big-allreduce") {
       big_allreduce(*pg);
+      return 0;
+    }
+    if (mode == "p2p-from-last") {
+      p2p_from_last(*pg);
       return 0;
     }
     if (mode == "concurrent-groups") {

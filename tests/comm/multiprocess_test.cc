@@ -8,8 +8,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <set>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/file_store.h"
@@ -57,6 +62,59 @@ std::vector<std::unique_ptr<Subprocess>> start_workers(
     procs.push_back(std::make_unique<Subprocess>(o));
   }
   return procs;
+}
+
+// Polls `ok` every 10 ms for at most `timeout` (for state only /proc shows).
+template <class F>
+bool eventually(F&& ok, milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!ok()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return true;
+}
+
+// The state letter of /proc/PID/stat ('S' sleeping, 'T' stopped, ...).
+char process_state(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  std::getline(f, line);
+  size_t paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size()
+             ? '?'
+             : line[paren + 2];
+}
+
+// How many of `pid`'s TCP sockets have at least `bytes` written and not yet
+// taken by the peer (the tx_queue of /proc/net/tcp).
+int sockets_with_queued_bytes(pid_t pid, uint64_t bytes) {
+  std::set<std::string> inodes;
+  const std::string fds = "/proc/" + std::to_string(pid) + "/fd";
+  for (const auto& e : std::filesystem::directory_iterator(fds)) {
+    std::error_code ec;
+    std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (!ec && target.rfind("socket:[", 0) == 0) {
+      inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  int n = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(table);
+    std::string line;
+    std::getline(f, line);  // header
+    while (std::getline(f, line)) {
+      std::istringstream in(line);
+      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
+      in >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >>
+          timeout >> inode;
+      if (!inodes.count(inode)) continue;
+      uint64_t tx =
+          std::stoull(queues.substr(0, queues.find(':')), nullptr, 16);
+      if (tx >= bytes) ++n;
+    }
+  }
+  return n;
 }
 
 void expect_all_ok(std::vector<std::unique_ptr<Subprocess>>& procs) {
@@ -221,6 +279,46 @@ TEST(MultiProcessTest, PeerKilledMidAllReduceFailsTheOthersFast) {
     EXPECT_THAT(res.err, HasSubstr("rank 2"));
   }
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, seconds(10));
+}
+
+TEST(MultiProcessTest, PeerKilledMidTransferFailsPendingReceivesFast) {
+  // Ranks 0 and 1 each receive 64 MiB from rank 2, over TCP (shared memory
+  // off, so that this keeps testing TCP once point to point has a
+  // shared-memory path). The receivers are stopped once their receive is
+  // posted, so rank 2 fills the sockets and blocks mid-payload; it is killed
+  // there. Gloo tells a failed connection only to operations still queued
+  // on it, not to a receive whose bytes are in transfer: the survivors must
+  // notice the death themselves, not wait out the 120 s timeout.
+  auto procs = start_workers(3, {"p2p-from-last"},
+                             {{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", std::to_string(free_port())},
+                              {"DLAUNCH_COMM_TIMEOUT", "120"},
+                              {"DLAUNCH_COMM_SHM_MIN_BYTES", "off"}});
+  for (int r : {0, 1}) {
+    ASSERT_TRUE(procs[r]->wait_for_output(
+        "rank " + std::to_string(r) + " waiting", seconds(30)))
+        << "rank " << r << ": " << procs[r]->err();
+    procs[r]->signal(SIGSTOP);
+    ASSERT_TRUE(eventually(
+        [&] { return process_state(procs[r]->pid()) == 'T'; }, seconds(10)));
+  }
+  ASSERT_TRUE(procs[2]->wait_for_output("rank 2 sending", seconds(30)))
+      << procs[2]->err();
+  // Payload bytes queued towards both receivers: both are mid-transfer.
+  ASSERT_TRUE(eventually(
+      [&] { return sockets_with_queued_bytes(procs[2]->pid(), 64 << 10) >= 2; },
+      seconds(10)));
+  procs[2]->signal(SIGKILL);
+  EXPECT_EQ(procs[2]->wait(seconds(10)).signal, SIGKILL);
+  for (int r : {0, 1}) procs[r]->signal(SIGCONT);
+  for (int r : {0, 1}) {
+    CommandResult res = procs[r]->wait(seconds(20));
+    EXPECT_FALSE(res.timed_out) << "rank " << r << " waited for the timeout";
+    EXPECT_EQ(res.exit_code, 3) << "rank " << r << ": " << res.out << res.err;
+    EXPECT_THAT(res.err,
+                HasSubstr("recv from rank 2 (tag 0) on group 'world'"));
+    EXPECT_THAT(res.err, HasSubstr("connection to rank 2 lost"));
+  }
 }
 
 }  // namespace
