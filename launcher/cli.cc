@@ -90,6 +90,10 @@ int cuda_device_count(const agent::EnvMap& env) {
   }
   int n = -1;
   if (!text.empty() && text.back() == '\n') text.pop_back();
+  // The helper's own account of a driver error.
+  if (code == 1 && text.starts_with("error: ")) {
+    throw std::runtime_error("cannot count CUDA devices: " + text.substr(7));
+  }
   if (code != 0 || !parse_number(text, n) || n < 0) {
     throw std::runtime_error("cannot count CUDA devices: " + helper.string() +
                              " exited with " + std::to_string(code) +

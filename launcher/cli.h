@@ -37,10 +37,11 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
 const std::string& help_text();
 
 // Visible CUDA devices (CUDA_VISIBLE_DEVICES honoured); 0 when there is no
-// driver or no device. Asks the dlaunch-cuda-devices helper beside the
-// running program, or at env's DLAUNCH_CUDA_DEVICES, which loads libcuda
-// (dlaunch is static and does not link CUDA). Throws std::runtime_error
-// naming the helper when it is missing, fails or hangs (60 s).
+// driver or no device; any other driver error throws, naming it. Asks the
+// dlaunch-cuda-devices helper beside the running program, or at env's
+// DLAUNCH_CUDA_DEVICES, which loads libcuda (dlaunch is static and does not
+// link CUDA). Throws std::runtime_error naming the helper when it is missing,
+// fails or hangs (60 s).
 int cuda_device_count(const agent::EnvMap& env);
 
 }  // namespace dlaunch::launcher

@@ -153,6 +153,56 @@ TEST(Cli, NprocPerNodeKeywords) {
   }
 }
 
+// The real helper over a fake driver (tests/agent/fake_libcuda.cc): only
+// "no device" and the toolkit's stub mean zero GPUs; other errors are loud.
+class FakeDriver {
+ public:
+  explicit FakeDriver(int cuinit_rc, int devices = 0) {
+    ::setenv("LD_LIBRARY_PATH", DLAUNCH_FAKE_CUDA_DIR, 1);
+    ::setenv("FAKE_CUINIT", std::to_string(cuinit_rc).c_str(), 1);
+    ::setenv("FAKE_CUDA_DEVICES", std::to_string(devices).c_str(), 1);
+  }
+  ~FakeDriver() {
+    ::unsetenv("LD_LIBRARY_PATH");
+    ::unsetenv("FAKE_CUINIT");
+    ::unsetenv("FAKE_CUDA_DEVICES");
+  }
+};
+
+TEST(Cli, GpuCountFromTheDriver) {
+  FakeDriver three(0, 3);
+  EXPECT_EQ(cuda_device_count(kHelperEnv), 3);
+}
+
+TEST(Cli, NoDeviceAndTheStubDriverMeanZeroGpus) {
+  {
+    FakeDriver no_device(100);  // CUDA_ERROR_NO_DEVICE
+    EXPECT_EQ(cuda_device_count(kHelperEnv), 0);
+  }
+  {
+    FakeDriver stub(34);  // CUDA_ERROR_STUB_LIBRARY
+    EXPECT_EQ(cuda_device_count(kHelperEnv), 0);
+  }
+}
+
+TEST(Cli, OtherDriverErrorsAreReportedNotTakenForNoGpu) {
+  FakeDriver broken(999);
+  EXPECT_THAT(
+      [] { cuda_device_count(kHelperEnv); },
+      ::testing::ThrowsMessage<std::runtime_error>(HasSubstr(
+          "cannot count CUDA devices: cuInit failed with CUDA_ERROR_UNKNOWN "
+          "(999); check the NVIDIA driver")));
+  // `auto` must not quietly fall back to one worker per CPU.
+  UsageError e = bad({"--nproc-per-node", "auto", "true"}, kHelperEnv);
+  EXPECT_THAT(e.message, HasSubstr("--nproc-per-node auto: cannot count CUDA "
+                                   "devices: cuInit failed with "
+                                   "CUDA_ERROR_UNKNOWN (999)"));
+  FakeDriver unnamed(35);
+  EXPECT_THAT([] { cuda_device_count(kHelperEnv); },
+              ::testing::ThrowsMessage<std::runtime_error>(
+                  HasSubstr("cuInit failed with unknown CUDA error (35)")));
+}
+
 TEST(Cli, GpuCountingFailuresNameTheHelper) {
   agent::EnvMap missing{{"DLAUNCH_CUDA_DEVICES", "/nonexistent/helper"}};
   EXPECT_THAT(bad({"--nproc-per-node", "gpu", "true"}, missing).message,
