@@ -1,9 +1,12 @@
 #include "agent/agent.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <system_error>
@@ -86,26 +89,21 @@ RunResult Agent::run() {
     return result_;
   }
   // Removed at the end (below) unless it holds logs; if the agent is
-  // killed first, its watchdog removes it.
-  if (temp_run_dir_ && !writes_logs()) env_.remove_if_orphaned(result_.run_dir);
-
-  std::vector<int> sigs = options_.signals_to_handle;
-  for (int s : {SIGUSR1, SIGUSR2}) {
-    if (std::find(sigs.begin(), sigs.end(), s) == sigs.end()) sigs.push_back(s);
+  // killed first, its watchdog removes it; if something throws, the catch
+  // below does.
+  const bool keep_dir = !temp_run_dir_ || writes_logs();
+  try {
+    if (!keep_dir) env_.remove_if_orphaned(result_.run_dir);
+    run_job();
+  } catch (...) {
+    if (!keep_dir) {
+      std::error_code ec;
+      std::filesystem::remove_all(result_.run_dir, ec);
+    }
+    throw;
   }
-  env_.handle_signals(sigs, [this](int sig) { on_signal(sig); });
-
-  if (options_.nproc_per_node > 1 && !base_env_.contains("OMP_NUM_THREADS")) {
-    sink_("dlaunch: note: OMP_NUM_THREADS=1 for each of the " +
-          std::to_string(options_.nproc_per_node) +
-          " workers (set it yourself to tune)\n");
-  }
-
-  start_attempt();
-  if (state_ != State::kDone) env_.run();
 
   // A temporary run folder that holds no logs is removed, summary and all.
-  const bool keep_dir = !temp_run_dir_ || writes_logs();
   if (keep_dir) {
     write_summary();
   } else {
@@ -121,6 +119,23 @@ RunResult Agent::run() {
     std::filesystem::remove_all(result_.run_dir, ec);
   }
   return result_;
+}
+
+void Agent::run_job() {
+  std::vector<int> sigs = options_.signals_to_handle;
+  for (int s : {SIGUSR1, SIGUSR2}) {
+    if (std::find(sigs.begin(), sigs.end(), s) == sigs.end()) sigs.push_back(s);
+  }
+  env_.handle_signals(sigs, [this](int sig) { on_signal(sig); });
+
+  if (options_.nproc_per_node > 1 && !base_env_.contains("OMP_NUM_THREADS")) {
+    sink_("dlaunch: note: OMP_NUM_THREADS=1 for each of the " +
+          std::to_string(options_.nproc_per_node) +
+          " workers (set it yourself to tune)\n");
+  }
+
+  start_attempt();
+  if (state_ != State::kDone) env_.run();
 }
 
 bool Agent::writes_logs() const {
@@ -286,6 +301,7 @@ void Agent::on_exit(size_t i, ExitStatus status) {
   WorkerRecord& w = attempt().workers[i];
   w.status = status;
   w.end_time = env_.now();
+  w.log_error = procs_[i]->log_error();
   --alive_;
   if (!status.ok()) w.error_message = read_error_file(w.error_file);
   if (w.failed_on_its_own() && attempt().root_cause < 0) {
@@ -425,13 +441,35 @@ void Agent::write_summary() {
   if (result_.run_dir.empty()) return;
   std::filesystem::path path = result_.run_dir / "summary.json";
   result_.summary_file = path;  // the report names it
-  std::ofstream out(path);
-  if (!out) {
-    sink_("dlaunch: cannot write " + path.string() + "\n");
-    result_.summary_file.clear();
-    return;
+  // Whole or not at all: a full disk must not leave a cut-off file that
+  // readers take for the summary.
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  std::string text = summary_json(result_).dump(2) + "\n";
+  std::string why;
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    why = std::strerror(errno);
+  } else {
+    std::string_view rest = text;
+    while (!rest.empty() && why.empty()) {
+      ssize_t n = ::write(fd, rest.data(), rest.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) why = std::strerror(errno);
+      if (n > 0) rest.remove_prefix(static_cast<size_t>(n));
+    }
+    if (::close(fd) != 0 && why.empty()) why = std::strerror(errno);
   }
-  out << summary_json(result_).dump(2) << "\n";
+  std::error_code ec;
+  if (why.empty()) {
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) why = ec.message();
+  }
+  if (why.empty()) return;
+  std::filesystem::remove(tmp, ec);
+  sink_("dlaunch: cannot write " + path.string() + ": " + why +
+        "; the run summary is lost\n");
+  result_.summary_file.clear();
 }
 
 }  // namespace dlaunch::agent

@@ -37,6 +37,8 @@ class Agent {
  private:
   enum class State { kRunning, kStopping, kDone };
 
+  // Signals, the first attempt and the event loop until the job is over.
+  void run_job();
   void start_attempt();
   // False when the worker could not be started.
   bool spawn_worker(size_t i, const rendezvous::RendezvousResult& round);

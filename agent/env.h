@@ -62,6 +62,9 @@ class Process {
   // Sends `sig` to the worker's whole process group (itself and its
   // children). A group already gone is not an error.
   virtual void signal_group(int sig) = 0;
+  // Why a log file of this worker is incomplete: the first failed write,
+  // "PATH: No space left on device"; empty when every byte was written.
+  virtual std::string log_error() const = 0;
 };
 
 // A pending callback; destroying it cancels the callback.

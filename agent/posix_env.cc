@@ -21,8 +21,12 @@
 #include <boost/process/v2/process.hpp>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <optional>
+#include <random>
+#include <set>
 
+#include "agent/console.h"
 #include "agent/line_buffer.h"
 #include "agent/watchdog.h"
 
@@ -31,7 +35,7 @@ namespace dlaunch::agent {
 namespace asio = boost::asio;
 namespace bp = boost::process::v2;
 
-void write_all(int fd, std::string_view data) {
+bool write_all(int fd, std::string_view data) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());
     if (n < 0) {
@@ -43,10 +47,11 @@ void write_all(int fd, std::string_view data) {
         ::poll(&p, 1, -1);
         continue;
       }
-      return;
+      return false;
     }
     data.remove_prefix(static_cast<size_t>(n));
   }
+  return true;
 }
 
 void die_with_parent(pid_t parent) {
@@ -88,6 +93,17 @@ Fd open_log(const std::filesystem::path& path) {
   return Fd(fd);
 }
 
+// Whether process `pid`'s environment holds the entry `entry` ("K=V").
+bool environ_has(pid_t pid, const std::string& entry) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ",
+                   std::ios::binary);
+  std::string var;
+  while (std::getline(in, var, '\0')) {
+    if (var == entry) return true;
+  }
+  return false;
+}
+
 // Runs in the vforked child before execve (async-signal-safe calls only,
 // and nothing that allocates: the memory is the agent's):
 // stdio, a process group of its own, death with the agent.
@@ -98,6 +114,8 @@ struct WorkerInit {
   int err_fd;
   pid_t parent;
   rlimit nofile;  // the open-file limit dlaunch itself was started with
+  // Set by the child (vfork: the agent's memory) to the step that failed.
+  const char* failed_step = nullptr;
 
   template <typename Launcher, typename Path>
   bp::error_code on_setup(Launcher& launcher, const Path&, const char* const*) {
@@ -107,15 +125,30 @@ struct WorkerInit {
 
   template <typename Launcher, typename Path>
   bp::error_code on_exec_setup(Launcher&, const Path&, const char* const*) {
+    auto fail = [&](const char* step) {
+      failed_step = step;
+      return bp::error_code(errno, boost::system::system_category());
+    };
     if ((in_fd >= 0 && ::dup2(in_fd, STDIN_FILENO) < 0) ||
         ::dup2(out_fd, STDOUT_FILENO) < 0 ||
         ::dup2(err_fd, STDERR_FILENO) < 0) {
-      return bp::error_code(errno, boost::system::system_category());
+      return fail("redirecting its output");
     }
     // The embedded store raises dlaunch's own limit; workers get the user's.
-    ::setrlimit(RLIMIT_NOFILE, &nofile);
-    ::setpgid(0, 0);
+    if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
+      return fail("restoring its open-file limit (setrlimit)");
+    }
+    // A group of its own is what stopping the worker signals; without it
+    // the agent could not stop the worker's children.
+    if (::setpgid(0, 0) != 0)
+      return fail("giving it a process group (setpgid)");
     die_with_parent(parent);
+    // The agent ignores SIGPIPE (a vanished console must not kill it);
+    // an ignored signal stays ignored across exec, so give workers the
+    // default back.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(SIGPIPE, &dfl, nullptr);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -150,6 +183,21 @@ struct PosixEnv::Impl {
   Fd dev_null;      // write end for discarded streams
   Fd null_in;       // stdin for workers when the agent's is a terminal
   rlimit nofile{};  // RLIMIT_NOFILE when the env was made
+  // "DLAUNCH_AGENT_TAG=<random>", in every worker's environment and so in
+  // their descendants': how strays are found (see end_strays()).
+  std::string tag;
+  std::optional<asio::signal_set> sigchld;  // reaps adopted strays
+  std::set<pid_t> workers;                  // spawned, not yet reaped
+  size_t running = 0;      // workers neither reaped nor abandoned
+  std::set<pid_t> strays;  // children of ours seen carrying the tag
+  bool watchdog_warned = false;
+  // Declared last: destroyed (their writers stopped) before the loop.
+  Console console_out{STDOUT_FILENO};
+  Console console_err{STDERR_FILENO};
+
+  Console& console(int fd) {
+    return fd == STDERR_FILENO ? console_err : console_out;
+  }
 
   void wait_signal() {
     signals->async_wait([this](const boost::system::error_code& ec, int sig) {
@@ -158,23 +206,157 @@ struct PosixEnv::Impl {
       signal_handler(sig);
     });
   }
+
+  void start_watchdog() {
+    if (watchdog.started()) return;
+    try {
+      watchdog.start(orphan_dir, tag);
+    } catch (const std::exception& e) {
+      throw SpawnError(std::string("cannot start the watchdog: ") + e.what());
+    }
+  }
+
+  // Makes the agent the reaper of its workers' orphans, so a child that
+  // leaves its process group (setsid) stays below the agent.
+  void become_subreaper() {
+    if (sigchld) return;
+    if (::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+      console_err.write(std::string("dlaunch: warning: cannot become the ") +
+                        "reaper of the workers' children (" +
+                        std::strerror(errno) +
+                        "); a child that leaves its process group may "
+                        "outlive its worker\n");
+    }
+    sigchld.emplace(io, SIGCHLD);
+    wait_sigchld();
+  }
+
+  void wait_sigchld() {
+    sigchld->async_wait([this](const boost::system::error_code& ec, int) {
+      if (ec) return;
+      wait_sigchld();
+      note_strays();
+      reap_strays();
+    });
+  }
+
+  void worker_gone(pid_t pid, bool reaped) {
+    if (reaped) workers.erase(pid);
+    if (--running == 0) end_strays();
+  }
+
+  // The agent's own children right now (threads each have a list).
+  static std::vector<pid_t> own_children() {
+    std::vector<pid_t> out;
+    std::error_code ec;
+    for (const auto& task :
+         std::filesystem::directory_iterator("/proc/self/task", ec)) {
+      std::ifstream in(task.path() / "children");
+      pid_t pid;
+      while (in >> pid) out.push_back(pid);
+    }
+    return out;
+  }
+
+  // Every descendant of `root` (not `root` itself), read from /proc.
+  static void add_descendants(pid_t root, std::vector<pid_t>& out) {
+    std::error_code ec;
+    std::string base = "/proc/" + std::to_string(root) + "/task";
+    for (const auto& task : std::filesystem::directory_iterator(base, ec)) {
+      std::ifstream in(task.path() / "children");
+      pid_t pid;
+      while (in >> pid) {
+        out.push_back(pid);
+        add_descendants(pid, out);
+      }
+    }
+  }
+
+  // Children of ours that are not workers nor the watchdog and carry the
+  // tag: workers' descendants adopted after their parent died.
+  std::vector<pid_t> tagged_children() {
+    std::vector<pid_t> out;
+    for (pid_t c : own_children()) {
+      if (c == watchdog.pid() || workers.contains(c)) continue;
+      if (strays.contains(c) || environ_has(c, tag)) out.push_back(c);
+    }
+    return out;
+  }
+
+  void note_strays() {
+    if (workers.empty() && strays.empty()) return;
+    for (pid_t c : tagged_children()) strays.insert(c);
+  }
+
+  // Reaps the strays that have exited (never a worker or another child).
+  void reap_strays() {
+    for (auto it = strays.begin(); it != strays.end();) {
+      pid_t r;
+      do {
+        r = ::waitpid(*it, nullptr, WNOHANG);
+      } while (r < 0 && errno == EINTR);
+      it = r == 0 ? std::next(it) : strays.erase(it);
+    }
+  }
+
+  // The group has stopped: SIGKILLs every process that descends from a
+  // worker and left its process group (their groups are already killed),
+  // found as adopted children carrying the tag, with their descendants.
+  // Repeated while a pass finds any, for children forked meanwhile.
+  void end_strays() {
+    for (int pass = 0; pass < 8; ++pass) {
+      std::vector<pid_t> doomed;
+      for (pid_t c : tagged_children()) {
+        strays.insert(c);
+        if (alive(c)) {
+          doomed.push_back(c);
+          add_descendants(c, doomed);
+        }
+      }
+      if (doomed.empty()) break;
+      for (pid_t pid : doomed) ::kill(pid, SIGKILL);
+    }
+    reap_strays();
+  }
+
+  // Whether `pid` runs (a zombie does not).
+  static bool alive(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(in, line)) return false;
+    size_t close = line.rfind(')');
+    return close != std::string::npos && close + 2 < line.size() &&
+           line[close + 2] != 'Z' && line[close + 2] != 'X';
+  }
 };
 
 namespace {
 
 // One output stream of a worker being pumped: whole prefixed lines to the
-// console, raw bytes to the log file (tee).
+// console's writer, raw bytes to the log file (tee). While the console has
+// `backlog->limit` of this stream's bytes queued, the pipe is not read
+// (back-pressure on this worker only).
 struct Pump {
   explicit Pump(asio::io_context& io, std::string prefix)
       : pipe(io), lines(std::move(prefix)) {}
   asio::posix::stream_descriptor pipe;
-  int console_fd = -1;
+  Console* console = nullptr;
+  std::shared_ptr<Backlog> backlog;
   Fd file;
+  std::filesystem::path file_path;
   LineBuffer lines;
   std::array<char, 64 * 1024> buf;
   std::string out;
   bool open = false;
+  bool paused = false;  // waiting for the console to drain
 };
+
+// Console bytes one worker stream may have queued before its pipe is no
+// longer read.
+constexpr size_t kConsoleBacklogBytes = size_t{1} << 20;
+// What is still read from a pipe when it is closed (the worker is gone):
+// its capacity and then some, so the log file misses nothing it held.
+constexpr size_t kFinalDrainBytes = size_t{4} << 20;
 
 // A worker's shared state: kept alive by pending handlers after the
 // Process handle is gone.
@@ -194,45 +376,86 @@ struct Worker : std::enable_shared_from_this<Worker> {
   Pump err;
   Env::ExitCallback on_exit;
   ExitStatus status;
+  std::string log_error;  // the first failed log write, "" if none
   bool reaped = false;
   bool done = false;  // callback delivered or cancelled
+
+  // Tees bytes read from a worker: the log file, then the console.
+  void take(Pump& p, std::string_view data) {
+    if (p.file.get() >= 0 && !write_all(p.file.get(), data)) {
+      // Once per file: say so, stop writing (a log with a hole in it
+      // would be worse than one cut short), and tell the report.
+      std::string why = std::strerror(errno);
+      if (log_error.empty()) log_error = p.file_path.string() + ": " + why;
+      env.console_err.write("dlaunch: cannot write " + p.file_path.string() +
+                            ": " + why + "; the rest of this log is lost\n");
+      p.file.reset();
+    }
+    if (p.console != nullptr) {
+      p.out.clear();
+      p.lines.feed(data, p.out);
+      if (!p.out.empty()) p.console->write(p.out, p.backlog);
+    }
+  }
 
   void read(Pump& p) {
     auto self = shared_from_this();
     p.pipe.async_read_some(
         asio::buffer(p.buf),
         [self, &p](const boost::system::error_code& ec, size_t n) {
-          if (n > 0) {
-            std::string_view data(p.buf.data(), n);
-            if (p.file.get() >= 0) write_all(p.file.get(), data);
-            if (p.console_fd >= 0) {
-              p.out.clear();
-              p.lines.feed(data, p.out);
-              if (!p.out.empty()) write_all(p.console_fd, p.out);
-            }
-          }
+          if (n > 0) self->take(p, std::string_view(p.buf.data(), n));
           if (ec) {
             if (ec != asio::error::operation_aborted) self->close(p);
             return;
+          }
+          if (!p.open) return;
+          if (Backlog* b = p.backlog.get(); b && b->queued >= b->limit) {
+            // Set before the second look, so the writer cannot drain
+            // between the look and the flag without waking us.
+            b->waiting = true;
+            if (b->queued >= b->limit) {
+              p.paused = true;
+              return;
+            }
+            b->waiting = false;
           }
           self->read(p);
         });
   }
 
+  // The console drained this stream's backlog: read on.
+  void resume(Pump& p) {
+    if (!p.paused || !p.open) return;
+    p.paused = false;
+    read(p);
+  }
+
   void close(Pump& p) {
     if (!p.open) return;
     p.open = false;
+    p.paused = false;
+    // What the worker wrote while reading was paused is still in the pipe:
+    // the log file gets all of it; the console queue takes it beyond its
+    // limit (the worker is gone; nothing more comes).
+    int fd = p.pipe.native_handle();
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    for (size_t got = 0; got < kFinalDrainBytes;) {
+      ssize_t n = ::read(fd, p.buf.data(), p.buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      take(p, std::string_view(p.buf.data(), static_cast<size_t>(n)));
+      got += static_cast<size_t>(n);
+    }
     boost::system::error_code ignored;
     p.pipe.close(ignored);
-    if (p.console_fd >= 0) {
+    if (p.console != nullptr) {
       p.out.clear();
       p.lines.flush(p.out);
-      if (!p.out.empty()) write_all(p.console_fd, p.out);
+      if (!p.out.empty()) p.console->write(p.out, p.backlog);
     }
     p.file.reset();
     maybe_deliver();
   }
-
   void watch_exit() {
     auto self = shared_from_this();
     pidfd.async_wait(asio::posix::stream_descriptor::wait_read,
@@ -272,6 +495,7 @@ struct Worker : std::enable_shared_from_this<Worker> {
     status = r == pid ? ExitStatus::from_wait_status(st) : ExitStatus{255, 0};
     reaped = true;
     env.watchdog.remove_group(pid);
+    env.worker_gone(pid, true);
     boost::system::error_code ignored;
     pidfd.close(ignored);
     if (out.open || err.open) {
@@ -296,6 +520,7 @@ struct Worker : std::enable_shared_from_this<Worker> {
   }
 
   void cancel() {
+    if (!reaped && !done) env.worker_gone(pid, false);
     done = true;
     boost::system::error_code ignored;
     pidfd.close(ignored);
@@ -316,6 +541,7 @@ class PosixProcess : public Process {
   explicit PosixProcess(std::shared_ptr<Worker> w) : w_(std::move(w)) {}
   ~PosixProcess() override { w_->cancel(); }
   int pid() const override { return w_->pid; }
+  std::string log_error() const override { return w_->log_error; }
   void signal_group(int sig) override {
     if (w_->reaped) return;  // its group id may be reused now
     ::kill(-w_->pid, sig);
@@ -350,8 +576,23 @@ class AsioTimer : public Timer {
 
 PosixEnv::PosixEnv() : impl_(std::make_unique<Impl>()) {
   ::getrlimit(RLIMIT_NOFILE, &impl_->nofile);
+  // A console that went away (`dlaunch ... | head`) must end console
+  // output, not the agent: writes fail with EPIPE instead.
+  ::signal(SIGPIPE, SIG_IGN);
+  std::random_device rd;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "DLAUNCH_AGENT_TAG=%d-%08x%08x", ::getpid(),
+                rd(), rd());
+  impl_->tag = buf;
 }
-PosixEnv::~PosixEnv() = default;
+
+PosixEnv::~PosixEnv() {
+  if (impl_->running == 0) impl_->watchdog.stopped_cleanly();
+  // Whatever the console has not taken by now is dropped after the bound,
+  // so dlaunch exits even when nobody reads its output.
+  impl_->console_out.finish(impl_->drain_timeout);
+  impl_->console_err.finish(impl_->drain_timeout);
+}
 
 void PosixEnv::set_drain_timeout(std::chrono::milliseconds t) {
   impl_->drain_timeout = t;
@@ -360,13 +601,8 @@ void PosixEnv::set_drain_timeout(std::chrono::milliseconds t) {
 std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
                                          ExitCallback on_exit) {
   Impl& env = *impl_;
-  if (!env.watchdog.started()) {
-    try {
-      env.watchdog.start(env.orphan_dir);
-    } catch (const std::exception& e) {
-      throw SpawnError(std::string("cannot start the watchdog: ") + e.what());
-    }
-  }
+  env.start_watchdog();
+  env.become_subreaper();
   if (env.dev_null.get() < 0) {
     env.dev_null.reset(::open("/dev/null", O_WRONLY | O_CLOEXEC));
   }
@@ -387,10 +623,22 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
       if (::pipe2(p, O_CLOEXEC) != 0) {
         throw SpawnError(std::string("pipe: ") + std::strerror(errno));
       }
-      pumps[k]->pipe.assign(p[0]);
-      pumps[k]->open = true;
-      pumps[k]->console_fd = t.console_fd;
-      pumps[k]->file = std::move(file);
+      Pump& pump = *pumps[k];
+      pump.pipe.assign(p[0]);
+      pump.open = true;
+      pump.console = &env.console(t.console_fd);
+      pump.backlog = std::make_shared<Backlog>();
+      pump.backlog->limit = kConsoleBacklogBytes;
+      pump.backlog->log = t.file;
+      // Called on a console's writer thread.
+      pump.backlog->wake = [&io = env.io, weak = std::weak_ptr<Worker>(w),
+                            &pump] {
+        asio::post(io, [weak, &pump] {
+          if (auto self = weak.lock()) self->resume(pump);
+        });
+      };
+      pump.file = std::move(file);
+      pump.file_path = t.file;
       child_ends[k].reset(p[1]);
     } else if (file.get() >= 0) {
       child_ends[k] = std::move(file);
@@ -402,6 +650,7 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
   argv.push_back(nullptr);
   std::vector<const char*> envp;
   for (const auto& e : spec.env) envp.push_back(e.c_str());
+  envp.push_back(env.tag.c_str());
   envp.push_back(nullptr);
   // A worker in a process group of its own is in the terminal's
   // background: reading a terminal stdin would stop it (SIGTTIN) for good.
@@ -431,17 +680,31 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
   if (ec) {
     // The child has already _exit()ed (vfork resumes us only then).
     if (launcher.pid > 0) ::waitpid(launcher.pid, nullptr, 0);
+    if (init.failed_step != nullptr) {
+      throw SpawnError("cannot start '" + spec.executable +
+                       "': " + init.failed_step + " failed: " + ec.message());
+    }
     throw SpawnError("cannot execute '" + spec.executable +
                      "': " + ec.message());
   }
   w->pid = proc.id();
+  env.workers.insert(w->pid);
+  ++env.running;
   // Our own pidfd, so that we can kill the group between exit and reaping.
   int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, w->pid, 0));
   proc.detach();
-  env.watchdog.add_group(w->pid);
+  if (!env.watchdog.add_group(w->pid) && !env.watchdog_warned) {
+    env.watchdog_warned = true;
+    env.console_err.write(
+        "dlaunch: warning: the watchdog (pid " +
+        std::to_string(env.watchdog.pid()) + ") cannot be told about " +
+        "workers (" + std::strerror(errno) +
+        "); if dlaunch is killed, workers' children may outlive it\n");
+  }
   if (pidfd < 0) {
     int e = errno;
     ::kill(-w->pid, SIGKILL);
+    env.worker_gone(w->pid, false);
     throw SpawnError(std::string("pidfd_open: ") + std::strerror(e) +
                      " (dlaunch needs Linux >= 5.3)");
   }
@@ -457,6 +720,13 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
 
 void PosixEnv::remove_if_orphaned(const std::filesystem::path& dir) {
   impl_->orphan_dir = dir;
+  // Started now, not at the first spawn: a dlaunch killed before its
+  // workers start must not leave the folder behind either.
+  impl_->start_watchdog();
+}
+
+void PosixEnv::write_console(int fd, std::string_view text) {
+  impl_->console(fd).write(text);
 }
 
 std::unique_ptr<Timer> PosixEnv::start_timer(std::chrono::milliseconds delay,

@@ -10,9 +10,8 @@
 namespace dlaunch::agent {
 
 // Writes all of `data` to `fd`, retrying short writes, EINTR and EAGAIN (as
-// a blocking write would); gives up silently on other errors (a console
-// that went away loses the output, never the job).
-void write_all(int fd, std::string_view data);
+// a blocking write would); false (errno set) on any other error.
+bool write_all(int fd, std::string_view data);
 
 // For a child between fork and exec (async-signal-safe): SIGKILL it when
 // `parent` dies, or now if `parent` died before this call.
@@ -21,17 +20,23 @@ void die_with_parent(pid_t parent);
 // The real Env: one Boost.Asio event loop (epoll) over pidfds (exits),
 // worker output pipes and a signal_set; no polling, so the agent sleeps
 // while its workers run. Workers are started with Boost.Process v2, each in
-// its own process group with PR_SET_PDEATHSIG=SIGKILL; a watchdog process
-// (forked on the first spawn, in its own session) SIGKILLs every worker's
-// process group -- grandchildren too -- if the agent dies without stopping
-// them. Output is pumped as whole, prefixed lines to the console and teed to
-// log files as it arrives. Single-threaded: call everything from the thread
-// that calls run().
+// its own process group with PR_SET_PDEATHSIG=SIGKILL and
+// DLAUNCH_AGENT_TAG=<unique> in its environment; the agent is their
+// children's subreaper, and when no worker is left running it SIGKILLs
+// every adopted process carrying the tag (children that left their group).
+// A watchdog process (forked on the first spawn, in its own session)
+// SIGKILLs every worker's process group, and every tagged process, if the
+// agent dies without stopping them. Output is teed to log files as it
+// arrives and queued as whole, prefixed lines for the console's own writer
+// thread (agent/console.h), so a stalled console never blocks the loop;
+// SIGPIPE is ignored. Single-threaded: call everything from the thread that
+// calls run().
 class PosixEnv : public Env {
  public:
   // Records the open-file limit now: workers get it back even when
   // something in dlaunch (the embedded store) raises dlaunch's own later.
   PosixEnv();
+  // Gives the console at most the drain timeout to take what is queued.
   ~PosixEnv() override;
 
   std::unique_ptr<Process> spawn(const ProcessSpec& spec,
@@ -47,8 +52,13 @@ class PosixEnv : public Env {
   void stop() override;
 
   // How long a worker's output is still read after it exited, waiting for
-  // children that hold its pipes. Default 2 s.
+  // children that hold its pipes; also how long the console gets, when the
+  // env is destroyed, to take what is queued for it. Default 2 s.
   void set_drain_timeout(std::chrono::milliseconds t);
+
+  // Queues the agent's own text for the console (fd 1 or 2), in order with
+  // the workers' lines; never blocks.
+  void write_console(int fd, std::string_view text);
 
   struct Impl;
 

@@ -87,6 +87,7 @@ nlohmann::json worker_json(const WorkerRecord& w) {
   j["error_file"] = w.error_file.string();
   j["stdout_log"] = w.stdout_log.string();
   j["stderr_log"] = w.stderr_log.string();
+  j["log_error"] = w.log_error;
   return j;
 }
 
@@ -115,6 +116,10 @@ std::string failure_report(const RunResult& r) {
   }
   std::string logs = log_files(*root);
   if (!logs.empty()) o << "    logs       : " << logs << "\n";
+  if (!root->log_error.empty()) {
+    o << "    log lost   : incomplete, a write failed (" << root->log_error
+      << ")\n";
+  }
   for (size_t i = 0; i < a.workers.size(); ++i) {
     const WorkerRecord& w = a.workers[i];
     if (static_cast<int>(i) == a.root_cause || !w.failed_on_its_own()) continue;

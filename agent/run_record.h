@@ -28,6 +28,9 @@ struct WorkerRecord {
   std::filesystem::path error_file;
   std::filesystem::path stdout_log;  // empty: stdout not written to a file
   std::filesystem::path stderr_log;  // empty: stderr not written to a file
+  // Why its log files are incomplete ("PATH: No space left on device");
+  // empty when they hold everything it wrote.
+  std::string log_error;
 
   // Failed on its own account: started and exited non-zero or by a
   // signal the agent did not send, or could not be started.

@@ -1,5 +1,6 @@
 #include "agent/watchdog.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
@@ -9,7 +10,10 @@
 
 #include <cerrno>
 #include <csignal>
+#include <cstdlib>
+#include <cstring>
 #include <set>
+#include <string>
 #include <system_error>
 
 namespace dlaunch::agent {
@@ -20,7 +24,46 @@ int remove_entry(const char* path, const struct stat*, int, FTW*) {
   return 0;
 }
 
-[[noreturn]] void watchdog_main(int read_fd, const char* orphan_dir) {
+// Sent before the pipe closes: the agent ended its strays itself.
+constexpr int kCleanStop = 0;
+
+// SIGKILLs every process whose environment holds `tag`; the number found.
+// (The watchdog's memory is its own after fork: allocating is fine here.)
+int kill_tagged(const char* tag) {
+  int found = 0;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return 0;
+  const size_t tag_len = std::strlen(tag);
+  std::string env;
+  char buf[8192];
+  while (dirent* e = ::readdir(proc)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (*end != '\0' || pid <= 1 || pid == ::getpid()) continue;
+    std::string path = std::string("/proc/") + e->d_name + "/environ";
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    env.clear();
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) env.append(buf, n);
+    ::close(fd);
+    for (size_t at = 0; at < env.size();) {
+      size_t nul = env.find('\0', at);
+      if (nul == std::string::npos) nul = env.size();
+      if (nul - at == tag_len && env.compare(at, tag_len, tag) == 0) {
+        ::kill(static_cast<pid_t>(pid), SIGKILL);
+        ++found;
+        break;
+      }
+      at = nul + 1;
+    }
+  }
+  ::closedir(proc);
+  return found;
+}
+
+[[noreturn]] void watchdog_main(int read_fd, const char* orphan_dir,
+                                const char* tag) {
   ::setsid();  // no terminal signals; survives a kill of the agent's group
   for (int s = 1; s < NSIG; ++s) {
     if (s != SIGKILL && s != SIGSTOP && s != SIGCHLD) ::signal(s, SIG_IGN);
@@ -32,6 +75,7 @@ int remove_entry(const char* path, const struct stat*, int, FTW*) {
   ::close_range(static_cast<unsigned>(read_fd) + 1, ~0U, 0);
 
   std::set<int> groups;
+  bool clean = false;
   int value = 0;
   size_t have = 0;
   while (true) {
@@ -42,13 +86,21 @@ int remove_entry(const char* path, const struct stat*, int, FTW*) {
     have += static_cast<size_t>(n);
     if (have < sizeof value) continue;
     have = 0;
-    if (value > 0) {
+    if (value == kCleanStop) {
+      clean = true;
+    } else if (value > 0) {
       groups.insert(value);
     } else {
       groups.erase(-value);
     }
   }
   for (int g : groups) ::kill(-g, SIGKILL);
+  // Children that left their group carry the tag; a few passes catch those
+  // forked while the first one ran.
+  if (!clean && *tag != '\0') {
+    for (int pass = 0; pass < 8 && kill_tagged(tag) > 0; ++pass) {
+    }
+  }
   // Depth first, links not followed: only what the agent made goes.
   if (*orphan_dir != '\0') {
     ::nftw(orphan_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
@@ -58,8 +110,9 @@ int remove_entry(const char* path, const struct stat*, int, FTW*) {
 
 }  // namespace
 
-void Watchdog::start(const std::filesystem::path& orphan_dir) {
-  // Copied before fork: the child must not allocate for it.
+void Watchdog::start(const std::filesystem::path& orphan_dir,
+                     const std::string& tag) {
+  // Copied before fork.
   const std::string dir = orphan_dir.string();
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
@@ -74,19 +127,24 @@ void Watchdog::start(const std::filesystem::path& orphan_dir) {
   }
   if (pid == 0) {
     ::close(p[1]);
-    watchdog_main(p[0], dir.c_str());
+    watchdog_main(p[0], dir.c_str(), tag.c_str());
   }
   ::close(p[0]);
   write_fd_ = p[1];
   pid_ = pid;
 }
 
-void Watchdog::send(int value) {
-  if (write_fd_ < 0) return;
+bool Watchdog::send(int value) {
+  if (write_fd_ < 0) return false;
   // 4 bytes to a pipe: one atomic write.
-  while (::write(write_fd_, &value, sizeof value) < 0 && errno == EINTR) {
-  }
+  ssize_t n;
+  do {
+    n = ::write(write_fd_, &value, sizeof value);
+  } while (n < 0 && errno == EINTR);
+  return n == sizeof value;
 }
+
+void Watchdog::stopped_cleanly() { send(kCleanStop); }
 
 Watchdog::~Watchdog() {
   if (write_fd_ < 0) return;

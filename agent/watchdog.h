@@ -3,14 +3,17 @@
 #include <sys/types.h>
 
 #include <filesystem>
+#include <string>
 
 namespace dlaunch::agent {
 
 // A tiny process, forked from the agent and in a session of its own, that
 // SIGKILLs every registered process group once the agent is gone (its pipe
 // from the agent reaches end-of-file), so workers' children cannot outlive
-// a SIGKILLed agent (PR_SET_PDEATHSIG only covers the workers themselves),
-// and then removes the agent's temporary folder if it was given one.
+// a SIGKILLed agent (PR_SET_PDEATHSIG only covers the workers themselves);
+// then every process whose environment carries the agent's tag (children
+// that left their group, found in /proc), unless the agent said it stopped
+// cleanly; then removes the agent's temporary folder if it was given one.
 // Owned by PosixEnv; single-threaded.
 class Watchdog {
  public:
@@ -22,15 +25,22 @@ class Watchdog {
   ~Watchdog();
 
   // Forks the watchdog; `orphan_dir` (may be empty) is removed with its
-  // contents once the agent is gone (already gone after a clean exit).
-  // Throws std::system_error.
-  void start(const std::filesystem::path& orphan_dir);
+  // contents once the agent is gone (already gone after a clean exit);
+  // `tag` ("K=V", may be empty) marks the environment of processes to
+  // SIGKILL if the agent dies. Throws std::system_error.
+  void start(const std::filesystem::path& orphan_dir, const std::string& tag);
   bool started() const { return write_fd_ >= 0; }
-  void add_group(pid_t pgid) { send(pgid); }
-  void remove_group(pid_t pgid) { send(-pgid); }
+  pid_t pid() const { return pid_; }
+  // False (errno set) when the watchdog cannot be told: it is gone, and a
+  // SIGKILLed agent would leave that group behind.
+  bool add_group(pid_t pgid) { return send(pgid); }
+  bool remove_group(pid_t pgid) { return send(-pgid); }
+  // The agent has ended every worker and stray itself: the watchdog skips
+  // its /proc scan when the pipe closes.
+  void stopped_cleanly();
 
  private:
-  void send(int value);
+  bool send(int value);
 
   int write_fd_ = -1;
   pid_t pid_ = -1;

@@ -38,8 +38,10 @@ int launch(const LaunchOptions& options) {
   agent::rendezvous::StaticRendezvous rdzv(
       options.agent.master_addr, options.agent.master_port,
       [&env](const std::string& host) { return env.free_port(host); });
+  // The agent's messages queue behind the workers' lines: a stalled or
+  // vanished console never blocks or kills the agent.
   agent::Agent agent(options.agent, env, rdzv, agent::current_environment(),
-                     write_stderr);
+                     [&env](const std::string& s) { env.write_console(2, s); });
   return agent.run().exit_code;
 }
 

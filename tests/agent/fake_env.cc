@@ -28,6 +28,7 @@ class FakeProcess : public Process {
       : env_(env), s_(std::move(s)) {}
   ~FakeProcess() override { s_->cancelled = true; }
   int pid() const override { return s_->pid; }
+  std::string log_error() const override { return ""; }
   void signal_group(int sig) override {
     env_.signals_sent.push_back({env_.virtual_now(), s_->pid, sig});
     if (!s_->alive || s_->b.stuck) return;

@@ -21,8 +21,9 @@ namespace dlaunch::testing {
 Subprocess::Subprocess(const CommandOptions& options) {
   if (options.argv.empty())
     throw std::invalid_argument("Subprocess: empty argv");
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
+  int out[2] = {-1, options.stdout_fd}, err[2] = {-1, options.stderr_fd};
+  if ((options.stdout_fd < 0 && ::pipe2(out, O_CLOEXEC) != 0) ||
+      (options.stderr_fd < 0 && ::pipe2(err, O_CLOEXEC) != 0)) {
     throw std::system_error(errno, std::generic_category(), "pipe2");
   }
   // Build everything before fork: only async-signal-safe calls after it.
@@ -58,8 +59,9 @@ Subprocess::Subprocess(const CommandOptions& options) {
     ::execvpe(argv[0], argv.data(), envp.data());
     ::_exit(127);
   }
-  ::close(out[1]);
-  ::close(err[1]);
+  // The caller's own fds stay the caller's.
+  if (options.stdout_fd < 0) ::close(out[1]);
+  if (options.stderr_fd < 0) ::close(err[1]);
   out_fd_ = out[0];
   err_fd_ = err[0];
 }
@@ -169,6 +171,21 @@ CommandResult run_command(const CommandOptions& options,
                           std::chrono::milliseconds timeout) {
   Subprocess p(options);
   return p.wait(timeout);
+}
+
+std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
+  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  bool exited = true;
+  if (pidfd >= 0) {
+    pollfd p{pidfd, POLLIN, 0};
+    exited = ::poll(&p, 1, static_cast<int>(timeout.count())) > 0;
+    ::close(pidfd);
+  }
+  if (!exited) ::kill(pid, SIGKILL);
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid) return std::nullopt;
+  if (!exited) return std::nullopt;
+  return status;
 }
 
 bool process_alive(pid_t pid) {

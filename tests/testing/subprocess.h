@@ -17,6 +17,10 @@ struct CommandOptions {
   std::map<std::string, std::string> env;
   std::vector<std::string> unset_env;  // removed from the environment
   std::string cwd;                     // empty: the test's own
+  // When >= 0, the child's stdout (stderr) is this fd instead of a pipe the
+  // test captures: a pipe nobody reads, one whose reader is gone.
+  int stdout_fd = -1;
+  int stderr_fd = -1;
 };
 
 // How a program ended, with everything it wrote.
@@ -69,6 +73,11 @@ class Subprocess {
 CommandResult run_command(
     const CommandOptions& options,
     std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// Waits at most `timeout` for child `pid` to exit and reaps it, returning
+// its waitpid() status; after the timeout SIGKILLs and reaps it and returns
+// nullopt. For tests that fork() themselves: no unbounded waitpid.
+std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout);
 
 // True while `pid` exists (zombies count as gone).
 bool process_alive(pid_t pid);

@@ -1,0 +1,124 @@
+#include "agent/console.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <map>
+
+#include "agent/posix_env.h"
+
+namespace dlaunch::agent {
+
+Console::~Console() {
+  if (!finished_) finish(std::chrono::milliseconds(0));
+  if (!thread_.joinable()) return;
+  bool idle;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    idle = state_->idle;
+    state_->stop = true;
+  }
+  state_->cv.notify_all();
+  // A writer blocked on a console that never reads cannot be woken; it
+  // holds only the shared state and leaves when the write returns (or dies
+  // with the process).
+  if (idle) {
+    thread_.join();
+  } else {
+    thread_.detach();
+  }
+}
+
+void Console::write(std::string_view text, std::shared_ptr<Backlog> backlog) {
+  if (finished_ || text.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->gone) return;
+    if (backlog) backlog->queued.fetch_add(text.size());
+    state_->queue.push_back(Chunk{std::string(text), std::move(backlog)});
+    state_->idle = false;
+  }
+  if (!thread_.joinable()) {
+    thread_ = std::thread(writer, fd_, state_);
+  } else {
+    state_->cv.notify_all();
+  }
+}
+
+namespace {
+
+// Uncharges a chunk written (or discarded) from its backlog; wakes a
+// producer that waits for room.
+template <typename Chunk>
+void release_chunk(Chunk& c, bool gone) {
+  Backlog* b = c.backlog.get();
+  if (b == nullptr) return;
+  size_t left = b->queued.fetch_sub(c.text.size()) - c.text.size();
+  if ((left <= b->limit / 2 || gone) && b->waiting.exchange(false)) b->wake();
+}
+
+}  // namespace
+
+void Console::writer(int fd, std::shared_ptr<State> state) {
+  auto release = [&](Chunk& c) { release_chunk(c, state->gone); };
+  std::unique_lock<std::mutex> lock(state->mu);
+  while (true) {
+    state->cv.wait(lock, [&] { return !state->queue.empty() || state->stop; });
+    if (state->dropped || state->queue.empty()) return;
+    Chunk c = std::move(state->queue.front());
+    state->queue.pop_front();
+    const bool gone = state->gone;
+    lock.unlock();
+    const bool ok = gone || write_all(fd, c.text);
+    lock.lock();
+    if (state->dropped) return;  // finish() gave up on us meanwhile
+    if (!ok) {
+      // The console went away: nothing more is shown, the job goes on.
+      state->gone = true;
+      state->queue.push_front(std::move(c));
+      for (Chunk& q : state->queue) release(q);
+      state->queue.clear();
+    } else {
+      release(c);
+    }
+    if (state->queue.empty()) {
+      state->idle = true;
+      state->cv.notify_all();
+    }
+  }
+}
+
+size_t Console::finish(std::chrono::milliseconds timeout) {
+  if (finished_) return 0;
+  finished_ = true;
+  std::map<std::filesystem::path, size_t> lost;  // log file -> bytes
+  size_t dropped = 0;
+  {
+    std::unique_lock<std::mutex> lock(state_->mu);
+    state_->cv.wait_for(lock, timeout, [&] { return state_->idle; });
+    if (state_->idle) return 0;
+    state_->dropped = true;
+    for (Chunk& c : state_->queue) {
+      dropped += c.text.size();
+      if (c.backlog && !c.backlog->log.empty()) {
+        lost[c.backlog->log] += c.text.size();
+      }
+    }
+    state_->queue.clear();
+  }
+  for (const auto& [path, bytes] : lost) {
+    int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+    if (fd < 0) continue;
+    std::string note = "\n[dlaunch: " + std::to_string(bytes) +
+                       " bytes of this output never reached the console: it "
+                       "accepted nothing for " +
+                       std::to_string(timeout.count()) +
+                       " ms after the job ended; this file has them all]\n";
+    write_all(fd, note);
+    ::close(fd);
+  }
+  return dropped;
+}
+
+}  // namespace dlaunch::agent

@@ -1,0 +1,78 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+namespace dlaunch::agent {
+
+// What one source (a worker's stream) has waiting for the console: its
+// producer stops reading the worker while `queued` is at `limit` and sets
+// `waiting`; the writer calls `wake` (from its own thread, once) when the
+// backlog has drained to half the limit. `log` is where a note goes if the
+// backlog is dropped at the end.
+struct Backlog {
+  size_t limit = 0;  // set before the first write
+  std::atomic<size_t> queued{0};
+  std::atomic<bool> waiting{false};
+  std::function<void()> wake;  // set before the first write; thread-safe
+  std::filesystem::path log;   // may be empty
+  size_t dropped = 0;          // under the console's lock
+};
+
+// One console stream (fd 1 or 2) written by a thread of its own, so the
+// agent's event loop never blocks on a terminal, pipe or ssh session that
+// stops reading. Bytes are written in the order they were queued. A console
+// that went away (EPIPE or any other write error) stops console output, not
+// the job: later text is discarded. Methods are called from one thread (the
+// event loop's); the writer thread touches only the queue.
+class Console {
+ public:
+  explicit Console(int fd) : fd_(fd) {}
+  // Ends the writer without waiting for a write that the console blocks:
+  // a thread stuck there is left to die with the process.
+  ~Console();
+  Console(const Console&) = delete;
+  Console& operator=(const Console&) = delete;
+
+  // Queues `text` (whole lines) for the console, charged to `backlog` when
+  // given. Never blocks.
+  void write(std::string_view text, std::shared_ptr<Backlog> backlog = {});
+
+  // Waits at most `timeout` for everything queued to be written, then drops
+  // what is left, appending a note to the log file of each source that lost
+  // output. Returns the bytes dropped. Later writes are discarded.
+  size_t finish(std::chrono::milliseconds timeout);
+
+ private:
+  struct Chunk {
+    std::string text;
+    std::shared_ptr<Backlog> backlog;
+  };
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Chunk> queue;
+    bool stop = false;     // writer: leave once idle (or at once if dropped)
+    bool dropped = false;  // finish() gave up: nothing more is written
+    bool gone = false;     // the console failed: discard everything
+    bool idle = true;      // nothing queued and no write in progress
+  };
+  static void writer(int fd, std::shared_ptr<State> state);
+
+  int fd_;
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+  std::thread thread_;
+  bool finished_ = false;
+};
+
+}  // namespace dlaunch::agent

@@ -1,0 +1,232 @@
+// `dlaunch` against an unlucky environment: a console that stops reading or
+// goes away, a log disk that fills up, workers whose children escape their
+// process group. Real processes, real pipes, a real (private) tmpfs.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dlaunch {
+namespace {
+
+using testing::CommandResult;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::read_file;
+using testing::Subprocess;
+using testing::TempDir;
+using namespace std::chrono_literals;
+
+const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+
+// Polls `cond` every 10 ms until it holds or `timeout` passes.
+template <typename Cond>
+bool eventually(Cond cond, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+// A pipe whose ends close with the test.
+struct Pipe {
+  int fds[2] = {-1, -1};
+  Pipe() { EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0); }
+  ~Pipe() {
+    for (int fd : fds) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  int reader() const { return fds[0]; }
+  int writer() const { return fds[1]; }
+  void close_reader() {
+    ::close(fds[0]);
+    fds[0] = -1;
+  }
+  size_t unread() const {
+    int n = 0;
+    ::ioctl(fds[0], FIONREAD, &n);
+    return static_cast<size_t>(n);
+  }
+  // No room for another write: whoever writes next blocks.
+  bool full() const {
+    pollfd p{fds[1], POLLOUT, 0};
+    return ::poll(&p, 1, 0) == 0;
+  }
+};
+
+// The pid a process wrote to `file` (0 until it has).
+pid_t pid_in(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  pid_t pid = 0;
+  in >> pid;
+  return pid;
+}
+
+TEST(Robustness, AStalledConsoleDelaysNeitherSignalsNorTheExit) {
+  TempDir dir;
+  Pipe console;  // read by nobody
+  const std::string marker = (dir / "got-term-").string();
+  Subprocess p({{kDlaunch, "--nproc-per-node", "2", "--log-dir",
+                 dir.path().string(), "--run-id", "s", "-t", "1", "sh", "-c",
+                 "yes line-$LOCAL_RANK-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx & "
+                 "trap 'touch " +
+                     marker + "$LOCAL_RANK; exit 0' TERM; wait"},
+                {},
+                {},
+                "",
+                console.writer()});
+  // The console is full and the workers keep writing.
+  ASSERT_TRUE(eventually([&] { return console.full(); }, 20s))
+      << console.unread();
+  p.signal(SIGTERM);
+  // Forwarded to both workers while nobody reads the console.
+  EXPECT_TRUE(eventually(
+      [&] {
+        return std::filesystem::exists(marker + "0") &&
+               std::filesystem::exists(marker + "1");
+      },
+      20s))
+      << "SIGTERM was not forwarded while the console was stalled";
+  // And dlaunch ends although the console never resumes.
+  CommandResult r = p.wait(60s);
+  EXPECT_FALSE(r.timed_out) << "dlaunch did not exit with a stalled console";
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("received SIGTERM; forwarding it to 2"));
+  // What the console never got is in the log files, with a note saying so.
+  std::string log = read_file(dir / "s/attempt_0/0/stdout.log");
+  EXPECT_THAT(log, HasSubstr("line-0-x"));
+  EXPECT_THAT(log, HasSubstr("never reached the console"));
+}
+
+TEST(Robustness, AVanishedConsoleStopsOutputNotTheJob) {
+  const std::string id = "vanish-" + std::to_string(::getpid());
+  Pipe console;
+  console.close_reader();  // `dlaunch ... 2>&1 | true`
+  Subprocess p({{kDlaunch, "--nproc-per-node", "2", "--rdzv-id", id, "true"},
+                {},
+                {"TMPDIR", "OMP_NUM_THREADS"},  // the note, in /dev/shm
+                "",
+                console.writer(),
+                console.writer()});
+  CommandResult r = p.wait(30s);
+  EXPECT_EQ(r.signal, 0) << "killed by " << r.signal;
+  EXPECT_EQ(r.exit_code, 0);
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    EXPECT_THAT(e.path().filename().string(), Not(HasSubstr("dlaunch-" + id)))
+        << "left behind";
+  }
+}
+
+TEST(Robustness, AVanishedConsoleStillGetsLogsReportAndSummaryWritten) {
+  TempDir dir;
+  Pipe console;
+  console.close_reader();
+  Subprocess p({{kDlaunch, "--nproc-per-node", "2", "--log-dir",
+                 dir.path().string(), "--run-id", "v", "-t", "3", "sh", "-c",
+                 "echo out-$LOCAL_RANK; [ $LOCAL_RANK = 1 ] && exit 3; "
+                 "exit 0"},
+                {},
+                {},
+                "",
+                console.writer(),
+                console.writer()});
+  CommandResult r = p.wait(30s);
+  EXPECT_EQ(r.signal, 0);
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(read_file(dir / "v/attempt_0/1/stdout.log"), "out-1\n");
+  auto summary = nlohmann::json::parse(read_file(dir / "v/summary.json"));
+  EXPECT_EQ(summary["exit_code"], 3);
+}
+
+TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithTheJob) {
+  TempDir dir;
+  const auto file = dir / "stray";
+  CommandResult r = testing::run_command(
+      {{kDlaunch, "sh", "-c",
+        "setsid sh -c 'echo $$ > " + file.string() + ".tmp; mv " +
+            file.string() + ".tmp " + file.string() +
+            "; exec sleep 300' & "
+            "while [ ! -s " +
+            file.string() + " ]; do sleep 0.01; done; exit 0"},
+       {},
+       {},
+       ""},
+      30s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  pid_t stray = pid_in(file);
+  ASSERT_GT(stray, 0);
+  EXPECT_TRUE(eventually([&] { return !testing::process_alive(stray); }, 5s))
+      << "the worker's setsid child outlived the job";
+  ::kill(stray, SIGKILL);
+}
+
+TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithAKilledAgent) {
+  TempDir dir;
+  const auto file = dir / "stray";
+  Subprocess p({{kDlaunch, "sh", "-c",
+                 "setsid sh -c 'echo $$ > " + file.string() + ".tmp; mv " +
+                     file.string() + ".tmp " + file.string() +
+                     "; exec sleep 300' & sleep 300"},
+                {{"TMPDIR", dir.path().string()}},
+                {},
+                ""});
+  ASSERT_TRUE(eventually([&] { return pid_in(file) > 0; }, 10s));
+  pid_t stray = pid_in(file);
+  p.signal(SIGKILL);
+  p.wait(10s);
+  EXPECT_TRUE(eventually([&] { return !testing::process_alive(stray); }, 5s))
+      << "the worker's setsid child outlived the SIGKILLed agent";
+  ::kill(stray, SIGKILL);
+}
+
+TEST(Robustness, AFullLogDiskIsReportedNotHidden) {
+  if (testing::run_command({{"unshare", "-m", "true"}, {}, {}, ""}, 10s)
+          .exit_code != 0) {
+    GTEST_SKIP() << "cannot make a private mount namespace (unshare -m)";
+  }
+  TempDir dir;
+  const std::string d = dir.path().string();
+  // A 256 KiB tmpfs that only this test's namespace sees; the worker
+  // writes 1 MB (teed: the agent writes the log) and fails.
+  CommandResult r = testing::run_command(
+      {{"unshare", "-m", "sh", "-c",
+        "mount -t tmpfs -o size=256k dlaunch-test " + d + " || exit 99; " +
+            kDlaunch + " --log-dir " + d +
+            " --run-id full -t 3 sh -c 'head -c 1000000 /dev/zero | "
+            "tr \"\\0\" x; exit 5' >/dev/null; echo exit=$?; ls " +
+            d + "/full"},
+       {},
+       {},
+       ""},
+      60s);
+  ASSERT_NE(r.exit_code, 99) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("exit=5"));
+  const std::string log = d + "/full/attempt_0/0/stdout.log";
+  const std::string once =
+      "dlaunch: cannot write " + log + ": No space left on device";
+  EXPECT_THAT(r.err, HasSubstr(once));
+  EXPECT_EQ(r.err.find(once), r.err.rfind(once)) << "reported twice";
+  EXPECT_THAT(r.err, HasSubstr("log lost   : incomplete, a write failed (" +
+                               log + ": No space left on device)"));
+  EXPECT_THAT(r.err, HasSubstr("cannot write " + d +
+                               "/full/summary.json: No space left on device"));
+  // Neither a cut-off summary nor its temporary file is left.
+  EXPECT_THAT(r.out, Not(HasSubstr("summary.json")));
+}
+
+}  // namespace
+}  // namespace dlaunch
