@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dlaunch::comm {
@@ -108,9 +109,10 @@ TEST(FileStoreTest, ConcurrentAddsFromSeveralProcessesAreAtomic) {
     kids.push_back(pid);
   }
   for (pid_t pid : kids) {
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    std::optional<int> status =
+        dlaunch::testing::wait_exit(pid, std::chrono::seconds(60));
+    ASSERT_TRUE(status) << "child " << pid << " did not finish in 60 s";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0);
   }
   EXPECT_EQ(keep.get("count"), "800");
   EXPECT_EQ(keep.get("log"), "xxxx");

@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/subprocess.h"
+
 namespace dlaunch::comm::gloo {
 namespace {
 
@@ -150,7 +152,7 @@ TEST(ShmChannelTest, AProcessThatDiesWithoutClosingIsSeen) {
     EXPECT_EQ(e.ranks, std::vector<int>{1});
   }
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(2));
-  ::waitpid(child, nullptr, 0);
+  EXPECT_TRUE(dlaunch::testing::wait_exit(child, std::chrono::seconds(10)));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -146,31 +147,31 @@ TEST(Launch, ANonBlockingSlowConsoleLosesNoLine) {
   // stdout is a non-blocking pipe nobody reads for a while: dlaunch must
   // wait for room (EAGAIN), not drop or tear lines.
   int p[2];
-  ASSERT_EQ(::pipe(p), 0);
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
   ::fcntl(p[1], F_SETFL, ::fcntl(p[1], F_GETFL) | O_NONBLOCK);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(p[1], 1);
-    int null_fd = ::open("/dev/null", O_WRONLY);
-    ::dup2(null_fd, 2);
-    ::close(p[0]);
-    ::execl(
-        kDlaunch.c_str(), kDlaunch.c_str(), "--nproc-per-node", "4", "sh", "-c",
-        "i=0; while [ $i -lt 2000 ]; do echo "
-        "line-$LOCAL_RANK-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; "
-        "i=$((i+1)); done",
-        nullptr);
-    ::_exit(127);
+  Subprocess d({{kDlaunch, "--nproc-per-node", "4", "sh", "-c",
+                 "i=0; while [ $i -lt 2000 ]; do echo "
+                 "line-$LOCAL_RANK-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+                 "xxxxx; i=$((i+1)); done"},
+                {},
+                {},
+                "",
+                p[1]});
+  // The pipe fills up long before the 480 KB of output end.
+  auto full = [&] {
+    pollfd room{p[1], POLLOUT, 0};
+    return ::poll(&room, 1, 0) == 0;
+  };
+  for (int i = 0; i < 2000 && !full(); ++i) {
+    std::this_thread::sleep_for(10ms);
   }
+  ASSERT_TRUE(full()) << "the console pipe never filled";
   ::close(p[1]);
-  std::this_thread::sleep_for(300ms);  // let the pipe fill up
   std::string data;
   char buf[65536];
   for (ssize_t n; (n = ::read(p[0], buf, sizeof buf)) > 0;) data.append(buf, n);
   ::close(p[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_EQ(d.wait(30s).exit_code, 0);
   std::regex line(R"(\[default([0-3])\]:line-([0-3])-x+)");
   std::vector<std::string> lines = lines_of(data);
   EXPECT_EQ(lines.size(), 8000u);
