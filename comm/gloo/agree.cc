@@ -102,12 +102,13 @@ void GlooProcessGroup::check_usable(const char* op) {
 
 // Exchanges every rank's Call and throws the same CommError on every rank
 // when any rank's arguments are bad or differ from rank 0's.
-// With `offer`, its bytes travel with the arguments (the fused small
-// all_reduce) when they fit fused_capacity() and this rank's arguments
-// are valid (a bad tensor is never read); they land at payload_of(j) for
-// each peer j.
+// With `offer`, its tensors' bytes travel with the arguments, one after
+// another, when they fit fused_capacity() and this rank's arguments are
+// valid (a bad tensor is never read): through the channel for every
+// collective, over TCP for all_reduce's one tensor. They land at
+// payload_of(j) for each peer j.
 void GlooProcessGroup::agree(const char* op, const Call& c,
-                             const Tensor* offer) {
+                             std::span<const Tensor> offer) {
   check_usable(op);
   const size_t n = size();
   const size_t words = kFixedWords + 2 * n;
@@ -127,16 +128,24 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
   std::copy(mine.begin(), mine.end(), all.begin() + rank() * words);
   if (n > 1) {
     ensure_channel(op);  // fused_capacity() depends on it
-    const Tensor* payload =
-        offer && c.local_error.empty() && offer->nbytes() <= fused_capacity()
-            ? offer
-            : nullptr;
+    size_t offered = 0;
+    for (const Tensor& t : offer) offered += t.nbytes();
+    // Over TCP only an all_reduce's one tensor travels with the check.
+    const bool send = !offer.empty() && c.local_error.empty() &&
+                      offered <= fused_capacity() &&
+                      (channel_ || (offer.size() == 1 &&
+                                    c.kind == Kind::kAllReduce));
     if (channel_) {
-      run(op, [&] { channel_exchange(mine, payload, all); });
+      run(op, [&] {
+        channel_exchange(mine, send ? offer : std::span<const Tensor>(), all);
+      });
     } else {
-      run(op, [&] { all_gather_words(mine, payload, all); });
+      run(op, [&] {
+        all_gather_words(mine, send ? offer.data() : nullptr, all);
+      });
     }
   }
+  agreed_ = all;
   auto word = [&](size_t r, size_t i) { return all[r * words + i]; };
   std::string prefix = std::string(op) + " on " + g_->where() + ": ";
   if (!c.local_error.empty()) throw CommError(prefix + c.local_error);
@@ -255,6 +264,13 @@ void GlooProcessGroup::all_gather_words(const std::vector<uint64_t>& mine,
     if (j == rank()) continue;
     std::memcpy(all.data() + j * mine.size(), buf.data() + j * slot, wb);
   }
+}
+
+// How many elements rank `from` sends rank `to` in the last all_to_all
+// (from the agreed arguments).
+uint64_t GlooProcessGroup::agreed_count(int from, int to) const {
+  const size_t words = kFixedWords + 2 * size();
+  return agreed_[from * words + kFixedWords + to];
 }
 
 size_t GlooProcessGroup::words_bytes() const {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -65,6 +66,13 @@ constexpr size_t kShmSliceBytes = 32 << 20;
 constexpr size_t kChannelPayloadBytes = 1 << 20;
 constexpr uint64_t kControlSlot = 0xB4;
 constexpr uint64_t kWatchSlot = 0xB5;  // see ConnectionWatch
+// Above the channel's payload, collectives between ranks on one host move
+// their data through per-rank segments in pipelined steps: each step moves
+// up to this many bytes per piece (small enough to stay in the cache between
+// a rank's write and its peers' reads), and a segment holds this many steps
+// (a writer runs at most that far ahead of its slowest reader).
+constexpr size_t kShmChunkBytes = 256 << 10;
+constexpr size_t kShmDepth = 4;
 
 inline uint64_t p2p_slot(uint64_t prefix, int tag) {
   return (prefix << 56) | (static_cast<uint64_t>(tag) << 40);
@@ -281,12 +289,16 @@ class GlooProcessGroup : public ProcessGroup {
                                              std::shared_ptr<SharedStore> s);
   static std::unique_ptr<ProcessGroup> joined(std::shared_ptr<GroupState> g);
 
+  // The path the group's last operation took (see last_path()).
+  const char* path() const { return path_; }
+
   // p2p.cc: point to point.
   std::unique_ptr<Work> isend(Tensor t, int dst, int tag) override;
   std::unique_ptr<Work> irecv(Tensor t, int src, int tag) override;
 
  private:
   uint32_t next_tag() { return tag_++; }
+  void took(const char* path) { path_ = path; }
 
   // p2p.cc
   std::unique_ptr<Work> post(bool is_send, Tensor t, int peer, int tag);
@@ -297,7 +309,7 @@ class GlooProcessGroup : public ProcessGroup {
   std::string check_list(std::span<const Tensor> list, const char* what,
                          const Tensor& like) const;
   void check_usable(const char* op);
-  void agree(const char* op, const Call& c, const Tensor* offer = nullptr);
+  void agree(const char* op, const Call& c, std::span<const Tensor> offer = {});
   void all_gather_words(const std::vector<uint64_t>& mine,
                         const Tensor* payload, std::vector<uint64_t>& all);
   size_t words_bytes() const;
@@ -311,14 +323,44 @@ class GlooProcessGroup : public ProcessGroup {
 
   // shm_collectives.cc: the shared-memory paths (ranks on one host).
   void channel_exchange(const std::vector<uint64_t>& mine,
-                        const Tensor* payload, std::vector<uint64_t>& all);
+                        std::span<const Tensor> payload,
+                        std::vector<uint64_t>& all);
   void channel_wait();
+  [[noreturn]] void channel_failed(const ShmChannel::WaitError& e);
   void ensure_channel(const char* op);
   void local_barrier();
-  bool shm_all_reduce(Tensor t, ReduceOp rop);
-  bool shm_all_reduce_slice(Tensor t, ReduceOp rop);
   bool shm_grow(size_t bytes);
   size_t channel_fused_capacity() const;
+  bool with_check(size_t bytes) const;
+  bool shm_ready() const;
+
+  // shm_ops.cc: every collective between ranks on one host (false when the
+  // group is not on one host or its segments cannot be set up; the caller
+  // then takes the TCP path).
+  bool shm_broadcast(Tensor t, int root);
+  bool shm_reduce(Tensor t, int root, ReduceOp rop);
+  bool shm_all_reduce(Tensor t, ReduceOp rop);
+  bool shm_scatter(Tensor out, std::span<const Tensor> in, int root);
+  bool shm_gather(Tensor in, std::span<const Tensor> out, int root);
+  bool shm_all_gather(std::span<const Tensor> out, Tensor in);
+  bool shm_reduce_scatter(Tensor out, std::span<const Tensor> in,
+                          ReduceOp rop);
+  bool shm_all_to_all(std::span<const Tensor> out, std::span<const Tensor> in);
+  // One pipelined pass through the segments: at step k every rank that
+  // produces writes its share into its area for step k, then each rank
+  // reads the areas of `sources` for step k once their writers are done.
+  struct Steps {
+    size_t count = 0;       // number of steps
+    size_t area_bytes = 0;  // bytes a rank's area holds per step
+    bool produces = false;  // whether this rank writes its area
+    std::vector<int> sources;  // ranks whose areas this rank reads
+    std::function<void(size_t k, char* area)> produce;
+    // area[j]: rank j's area for step k (read only those of `sources`).
+    std::function<void(size_t k, const std::vector<const char*>& area)>
+        consume;
+  };
+  bool shm_steps(const Steps& s);
+  uint64_t agreed_count(int from, int to) const;
 
   // tcp_collectives.cc
   static void copy(const Tensor& dst, const Tensor& src);
@@ -359,6 +401,8 @@ class GlooProcessGroup : public ProcessGroup {
   // Every rank's arguments (+ fused payload), one slot each.
   std::vector<char> scratch_;
   std::vector<char> work_[2];  // see work_buffer()
+  std::vector<uint64_t> agreed_;  // every rank's words of the last check
+  const char* path_ = "none";     // see last_path()
   // Shared-memory all_reduce (ranks on one host): this rank's segment, the
   // peers' (index = rank), their size and generation.
   ShmSegment shm_mine_;

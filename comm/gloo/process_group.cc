@@ -271,6 +271,11 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
   return g;
 }
 
+std::string last_path(const ProcessGroup& group) {
+  auto* g = dynamic_cast<const GlooProcessGroup*>(&group);
+  return g ? g->path() : "";
+}
+
 std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& o) {
   ignore_sigpipe_once();
   if (!o.store) throw CommError("gloo::create_process_group: no store given");

@@ -129,13 +129,22 @@ const char* ShmChannel::slot(int j) const {
 
 void ShmChannel::post(std::span<const char> head,
                       std::span<const char> payload) {
-  DLAUNCH_CHECK(head.size() + payload.size() <= slot_bytes_,
-                "channel post larger than its slot");
+  const std::span<const char> parts[] = {payload};
+  post_parts(head, parts);
+}
+
+void ShmChannel::post_parts(std::span<const char> head,
+                            std::span<const std::span<const char>> parts) {
+  size_t bytes = head.size();
+  for (auto p : parts) bytes += p.size();
+  DLAUNCH_CHECK(bytes <= slot_bytes_, "channel post larger than its slot");
   ++seq_;
   char* dst = segment(rank_) + kHeaderBytes + (seq_ % 2) * slot_bytes_;
   if (!head.empty()) std::memcpy(dst, head.data(), head.size());
-  if (!payload.empty()) {
-    std::memcpy(dst + head.size(), payload.data(), payload.size());
+  dst += head.size();
+  for (auto p : parts) {
+    if (!p.empty()) std::memcpy(dst, p.data(), p.size());
+    dst += p.size();
   }
   Header* h = header(rank_);
   // seq_cst on both sides: either a sleeper's re-read of `seq` sees this
@@ -153,31 +162,44 @@ bool ShmChannel::gone(int j) const {
 
 void ShmChannel::wait(std::chrono::steady_clock::time_point deadline) {
   for (int j = 0; j < size_; ++j) {
-    if (j == rank_) continue;
-    Header* h = header(j);
-    int spins = 0;
-    while (!reached(h->seq.load(std::memory_order_acquire), seq_) &&
-           spins < kSpins) {
-      cpu_relax();
-      ++spins;
+    if (j != rank_) wait_rank(j, seq_, deadline, true);
+  }
+}
+
+void ShmChannel::wait_for(int j, uint32_t seq,
+                          std::chrono::steady_clock::time_point deadline) {
+  if (j != rank_) wait_rank(j, seq, deadline, false);
+}
+
+void ShmChannel::wait_rank(int j, uint32_t seq,
+                           std::chrono::steady_clock::time_point deadline,
+                           bool all) {
+  Header* h = header(j);
+  int spins = 0;
+  while (!reached(h->seq.load(std::memory_order_acquire), seq) &&
+         spins < kSpins) {
+    cpu_relax();
+    ++spins;
+  }
+  if (reached(h->seq.load(std::memory_order_acquire), seq)) return;
+  // Counted as a sleeper on `seq` for as long as this scope lasts.
+  struct Sleeper {
+    std::atomic<uint32_t>& n;
+    explicit Sleeper(std::atomic<uint32_t>& w) : n(w) { n.fetch_add(1); }
+    ~Sleeper() { n.fetch_sub(1); }
+  } sleeper(h->waiters);
+  while (true) {
+    const uint32_t v = h->seq.load(std::memory_order_seq_cst);
+    if (reached(v, seq)) return;
+    const bool left = gone(j);
+    const auto now = std::chrono::steady_clock::now();
+    if (left || now >= deadline) {
+      if (all) throw missing(!left);
+      throw WaitError{{j}, !left};
     }
-    if (reached(h->seq.load(std::memory_order_acquire), seq_)) continue;
-    // Counted as a sleeper on `seq` for as long as this scope lasts.
-    struct Sleeper {
-      std::atomic<uint32_t>& n;
-      explicit Sleeper(std::atomic<uint32_t>& w) : n(w) { n.fetch_add(1); }
-      ~Sleeper() { n.fetch_sub(1); }
-    } sleeper(h->waiters);
-    while (true) {
-      const uint32_t v = h->seq.load(std::memory_order_seq_cst);
-      if (reached(v, seq_)) break;
-      if (gone(j)) throw missing(false);
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) throw missing(true);
-      futex_wait(
-          &h->seq, v,
-          std::min<std::chrono::nanoseconds>(deadline - now, kLivenessSlice));
-    }
+    futex_wait(
+        &h->seq, v,
+        std::min<std::chrono::nanoseconds>(deadline - now, kLivenessSlice));
   }
 }
 

@@ -50,10 +50,19 @@ class ShmChannel {
   // Starts the next call: copies `head` and then `payload` (together at
   // most slot_bytes()) into this rank's slot and tells the peers.
   void post(std::span<const char> head, std::span<const char> payload);
+  // The same with the payload in several parts, copied one after another.
+  void post_parts(std::span<const char> head,
+                  std::span<const std::span<const char>> parts);
   // Waits until every peer has posted the current call, at most until
   // `deadline`; throws WaitError otherwise. Between futex sleeps of at
   // most 100 ms it checks whether a rank it waits for has left.
   void wait(std::chrono::steady_clock::time_point deadline);
+  // Waits until rank `j` alone has posted call number `seq` (pipelined
+  // steps wait for the ranks they read from); WaitError names only `j`.
+  void wait_for(int j, uint32_t seq,
+                std::chrono::steady_clock::time_point deadline);
+  // The number of this rank's current call (its count of posts).
+  uint32_t seq() const { return seq_; }
   // Rank j's post of the current call (this rank's own included).
   const char* slot(int j) const;
   // Marks this rank as gone (idempotent) and wakes peers waiting for it,
@@ -65,6 +74,10 @@ class ShmChannel {
   char* segment(int j) const;  // rank j's mapping (this rank's own too)
   Header* header(int j) const;
   bool gone(int j) const;
+  // Waits for rank j to reach call `seq`; on failure names every rank
+  // missing from the current call (`all`) or `j` alone.
+  void wait_rank(int j, uint32_t seq,
+                 std::chrono::steady_clock::time_point deadline, bool all);
   // The ranks that have not posted the current call: every one when
   // `timed_out`, else those that left.
   WaitError missing(bool timed_out) const;

@@ -15,14 +15,15 @@ namespace dlaunch::comm::gloo {
 // The argument check through the shared-memory channel: post this rank's
 // words (and payload), wait for every peer's, read their words in place.
 void GlooProcessGroup::channel_exchange(const std::vector<uint64_t>& mine,
-                                        const Tensor* payload,
+                                        std::span<const Tensor> payload,
                                         std::vector<uint64_t>& all) {
   const size_t wb = mine.size() * sizeof(uint64_t);
-  channel_->post(
-      {reinterpret_cast<const char*>(mine.data()), wb},
-      payload ? std::span<const char>(static_cast<const char*>(payload->data),
-                                      payload->nbytes())
-              : std::span<const char>());
+  std::vector<std::span<const char>> parts;
+  for (const Tensor& t : payload) {
+    parts.emplace_back(static_cast<const char*>(t.data), t.nbytes());
+  }
+  channel_->post_parts({reinterpret_cast<const char*>(mine.data()), wb},
+                       parts);
   channel_wait();
   for (int j = 0; j < size(); ++j) {
     if (j != rank()) {
@@ -37,13 +38,16 @@ void GlooProcessGroup::channel_wait() {
   try {
     channel_->wait(std::chrono::steady_clock::now() + timeout());
   } catch (const ShmChannel::WaitError& e) {
-    if (e.timed_out) {
-      throw RanksMissing(e.ranks, "Timed out in shared memory after " +
-                                      ms_text(timeout()) +
-                                      " waiting for peers");
-    }
-    throw RanksGone(e.ranks);
+    channel_failed(e);
   }
+}
+
+void GlooProcessGroup::channel_failed(const ShmChannel::WaitError& e) {
+  if (e.timed_out) {
+    throw RanksMissing(e.ranks, "Timed out in shared memory after " +
+                                    ms_text(timeout()) + " waiting for peers");
+  }
+  throw RanksGone(e.ranks);
 }
 
 // Sets up the channel on the group's first collective when every rank
@@ -74,65 +78,6 @@ void GlooProcessGroup::local_barrier() {
   } else {
     control_exchange(1);
   }
-}
-
-// All-reduce through shared memory between ranks on one host: each rank
-// copies its tensor into its segment, reduces its 1/n chunk reading every
-// segment (in rank order, so all ranks agree bitwise), publishes it in its
-// segment, and copies the others' chunks out. Three barriers, no bulk
-// data through the kernel. False (on every rank alike) when a segment
-// cannot be set up; the group then stays on TCP.
-bool GlooProcessGroup::shm_all_reduce(Tensor t, ReduceOp rop) {
-  // Slices bound the shared memory a group holds (size() segments of at
-  // most kShmSliceBytes).
-  const size_t es = dtype_size(t.dtype);
-  const size_t slice = std::max<size_t>(1, kShmSliceBytes / es);
-  for (size_t off = 0; off < t.numel; off += slice) {
-    Tensor part = t;
-    part.data = static_cast<char*>(t.data) + off * es;
-    part.numel = std::min(slice, t.numel - off);
-    if (!shm_all_reduce_slice(part, rop)) {
-      DLAUNCH_CHECK(off == 0, "shared memory turned off mid all_reduce");
-      return false;
-    }
-  }
-  return true;
-}
-
-bool GlooProcessGroup::shm_all_reduce_slice(Tensor t, ReduceOp rop) {
-  const size_t bytes = t.nbytes();
-  const int n = size();
-  const int r = rank();
-  if (shm_cap_ < bytes && !shm_grow(bytes)) return false;
-  auto seg = [&](int j) {
-    return j == r ? shm_mine_.data() : shm_peers_[j].data();
-  };
-  const size_t es = dtype_size(t.dtype);
-  const size_t per = (t.numel + n - 1) / n;
-  auto chunk = [&](int j) {
-    size_t b = std::min(t.numel, per * j);
-    return std::pair<size_t, size_t>(b, std::min(t.numel, b + per) - b);
-  };
-  std::memcpy(seg(r), t.data, bytes);
-  local_barrier();  // every input is in place
-  ReduceFn fn = reduce_fn(t.dtype, rop);
-  auto [b, count] = chunk(r);
-  if (count > 0) {
-    char* out = static_cast<char*>(t.data) + b * es;
-    fn(out, seg(0) + b * es, seg(1) + b * es, count);
-    for (int j = 2; j < n; ++j) fn(out, out, seg(j) + b * es, count);
-    std::memcpy(seg(r) + b * es, out, count * es);
-  }
-  local_barrier();  // every chunk is reduced
-  for (int j = 0; j < n; ++j) {
-    auto [jb, jc] = chunk(j);
-    if (j != r && jc > 0) {
-      std::memcpy(static_cast<char*>(t.data) + jb * es, seg(j) + jb * es,
-                  jc * es);
-    }
-  }
-  local_barrier();  // nobody reads the segments any more
-  return true;
 }
 
 // Replaces the segments with ones of at least `bytes` (rounded up to
@@ -175,5 +120,14 @@ size_t GlooProcessGroup::channel_fused_capacity() const {
   if (g_->fused_bytes == 0 || g_->shm_min_bytes == 0) return 0;
   return std::min(g_->shm_min_bytes - 1, kChannelPayloadBytes) / 64 * 64;
 }
+
+// Whether `bytes` of data per rank travel with the argument check through
+// the channel (agree()'s own test, given the agreed sizes).
+bool GlooProcessGroup::with_check(size_t bytes) const {
+  return channel_ && bytes <= channel_fused_capacity();
+}
+
+// Whether the data may move through shared-memory segments.
+bool GlooProcessGroup::shm_ready() const { return channel_ && !shm_off_; }
 
 }  // namespace dlaunch::comm::gloo

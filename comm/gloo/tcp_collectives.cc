@@ -19,8 +19,12 @@ void GlooProcessGroup::broadcast(Tensor t, int root) {
   const char* op = "broadcast";
   Call c = make_call(Kind::kBroadcast, t.dtype, t.numel, root, ReduceOp::kSum);
   c.local_error = check_tensor(t, "t") + check_root(root);
-  agree(op, c);
-  if (size() == 1 || t.numel == 0) return;
+  agree(op, c, {&t, rank() == root ? 1u : 0u});
+  if (size() == 1 || t.numel == 0) return took("local");
+  bool done = false;
+  run(op, [&] { done = shm_broadcast(t, root); });
+  if (done) return;
+  took("tcp");
   run(op, [&] {
     ::gloo::BroadcastOptions opts(g_->ctx);
     by_element_size(t.dtype, [&](auto x) {
@@ -40,8 +44,15 @@ void GlooProcessGroup::reduce(Tensor t, int root, ReduceOp rop) {
   Call c = make_call(Kind::kReduce, t.dtype, t.numel, root, rop);
   c.local_error =
       check_tensor(t, "t") + check_root(root) + reduce_op_error(t.dtype, rop);
-  agree(op, c);
-  if (size() == 1 || t.numel == 0) return;
+  agree(op, c, {&t, rank() == root ? 0u : 1u});
+  if (size() == 1 || t.numel == 0) return took("local");
+  bool done = false;
+  run(op, [&] { done = shm_reduce(t, root, rop); });
+  if (done) {
+    if (rop == ReduceOp::kAvg && rank() == root) divide_in_place(t, size());
+    return;
+  }
+  took("tcp");
   // Gloo's ring reduce uses the output as scratch on every rank; non-roots
   // reduce into a copy so that their `t` is left as sent.
   void* out = t.data;
@@ -68,11 +79,11 @@ void GlooProcessGroup::all_reduce(Tensor t, ReduceOp rop) {
   const char* op = "all_reduce";
   Call c = make_call(Kind::kAllReduce, t.dtype, t.numel, -1, rop);
   c.local_error = check_tensor(t, "t") + reduce_op_error(t.dtype, rop);
-  agree(op, c, &t);
-  if (size() == 1 || t.numel == 0) return;
+  agree(op, c, {&t, 1});
+  if (size() == 1 || t.numel == 0) return took("local");
   // agree()'s own test: whether the data came with the arguments.
   const bool fused = t.nbytes() <= fused_capacity();
-  if (!fused && g_->all_local && !shm_off_ && t.nbytes() >= g_->shm_min_bytes) {
+  if (!fused) {
     bool done = false;
     run(op, [&] { done = shm_all_reduce(t, rop); });
     if (done) {
@@ -80,6 +91,7 @@ void GlooProcessGroup::all_reduce(Tensor t, ReduceOp rop) {
       return;
     }
   }
+  took(fused && channel_ ? "shm-check" : "tcp");
   if (fused) {
     // Every rank's data came with its arguments: reduce locally, in rank
     // order, so that every rank computes bitwise the same result.
@@ -115,11 +127,15 @@ void GlooProcessGroup::scatter(Tensor out, std::span<const Tensor> in,
       make_call(Kind::kScatter, out.dtype, out.numel, root, ReduceOp::kSum);
   c.local_error = check_tensor(out, "out") + check_root(root);
   if (rank() == root) c.local_error += check_list(in, "in", out);
-  agree(op, c);
+  agree(op, c, rank() == root ? in : std::span<const Tensor>());
   if (rank() == root) {
     copy(out, in[root]);
   }
-  if (size() == 1 || out.numel == 0) return;
+  if (size() == 1 || out.numel == 0) return took("local");
+  bool done = false;
+  run(op, [&] { done = shm_scatter(out, in, root); });
+  if (done) return;
+  took("tcp");
   exchange(op, kGatherSlot, [&](auto& post_send, auto& post_recv) {
     if (rank() == root) {
       for (int j = 0; j < size(); ++j) {
@@ -137,9 +153,13 @@ void GlooProcessGroup::gather(Tensor in, std::span<const Tensor> out,
   Call c = make_call(Kind::kGather, in.dtype, in.numel, root, ReduceOp::kSum);
   c.local_error = check_tensor(in, "in") + check_root(root);
   if (rank() == root) c.local_error += check_list(out, "out", in);
-  agree(op, c);
+  agree(op, c, {&in, rank() == root ? 0u : 1u});
   if (rank() == root) copy(out[root], in);
-  if (size() == 1 || in.numel == 0) return;
+  if (size() == 1 || in.numel == 0) return took("local");
+  bool done = false;
+  run(op, [&] { done = shm_gather(in, out, root); });
+  if (done) return;
+  took("tcp");
   exchange(op, kGatherSlot, [&](auto& post_send, auto& post_recv) {
     if (rank() == root) {
       for (int j = 0; j < size(); ++j) {
@@ -155,9 +175,13 @@ void GlooProcessGroup::all_gather(std::span<const Tensor> out, Tensor in) {
   const char* op = "all_gather";
   Call c = make_call(Kind::kAllGather, in.dtype, in.numel, -1, ReduceOp::kSum);
   c.local_error = check_tensor(in, "in") + check_list(out, "out", in);
-  agree(op, c);
+  agree(op, c, {&in, 1});
   copy(out[rank()], in);
-  if (size() == 1 || in.numel == 0) return;
+  if (size() == 1 || in.numel == 0) return took("local");
+  bool done = false;
+  run(op, [&] { done = shm_all_gather(out, in); });
+  if (done) return;
+  took("tcp");
   exchange(op, kExchangeSlot, [&](auto& post_send, auto& post_recv) {
     for (int s = 1; s < size(); ++s) {
       int to = (rank() + s) % size();
@@ -174,13 +198,18 @@ void GlooProcessGroup::reduce_scatter(Tensor out, std::span<const Tensor> in,
   Call c = make_call(Kind::kReduceScatter, out.dtype, out.numel, -1, rop);
   c.local_error = check_tensor(out, "out") + check_list(in, "in", out) +
                   reduce_op_error(out.dtype, rop);
-  agree(op, c);
+  agree(op, c, in);
   if (size() == 1) {
     copy(out, in[0]);
-    return;
+    return took("local");
   }
-  if (out.numel == 0) return;
-  run(op, [&] { ring_reduce_scatter(out, in, rop); });
+  if (out.numel == 0) return took("local");
+  bool done = false;
+  run(op, [&] { done = shm_reduce_scatter(out, in, rop); });
+  if (!done) {
+    took("tcp");
+    run(op, [&] { ring_reduce_scatter(out, in, rop); });
+  }
   if (rop == ReduceOp::kAvg) divide_in_place(out, size());
 }
 
@@ -220,9 +249,13 @@ void GlooProcessGroup::all_to_all(std::span<const Tensor> out,
   }
   c.send_counts.resize(size());
   c.recv_counts.resize(size());
-  agree(op, c);
+  agree(op, c, in);
   copy(out[rank()], in[rank()]);
-  if (size() == 1) return;
+  if (size() == 1) return took("local");
+  bool done = false;
+  run(op, [&] { done = shm_all_to_all(out, in); });
+  if (done) return;
+  took("tcp");
   exchange(op, kExchangeSlot, [&](auto& post_send, auto& post_recv) {
     for (int s = 1; s < size(); ++s) {
       int to = (rank() + s) % size();

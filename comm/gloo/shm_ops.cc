@@ -1,0 +1,363 @@
+// Every collective between ranks on one host, over shared memory. Data that
+// fits the channel travels with the argument check (one meeting, one copy
+// in and one copy out per byte); larger data goes through per-rank segments
+// in pipelined steps of kShmChunkBytes per piece (shm_steps), so that a
+// chunk a rank writes is still in the cache when its peers read it.
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "comm/gloo/gloo_group.h"
+#include "comm/reduce.h"
+
+namespace dlaunch::comm::gloo {
+namespace {
+
+// Elements [begin, begin + count) of a piece of `numel` handled at step k
+// of `per_step` elements.
+struct Range {
+  size_t begin = 0;
+  size_t count = 0;
+};
+Range range(size_t k, size_t per_step, size_t numel) {
+  const size_t b = std::min(numel, k * per_step);
+  return {b, std::min(numel, b + per_step) - b};
+}
+
+size_t steps_for(size_t numel, size_t per_step) {
+  return (numel + per_step - 1) / per_step;
+}
+
+char* at(const Tensor& t, size_t element) {
+  return static_cast<char*>(t.data) + element * dtype_size(t.dtype);
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+// out = a op b op c ... over `srcs` in rank order (every rank that reduces
+// the same data gets bitwise the same result). `out` may alias srcs[0] or
+// srcs[1] only.
+void reduce_all(ReduceFn fn, char* out, const std::vector<const char*>& srcs,
+                size_t count) {
+  fn(out, srcs[0], srcs[1], count);
+  for (size_t j = 2; j < srcs.size(); ++j) fn(out, out, srcs[j], count);
+}
+
+std::vector<int> all_but(int me, int n) {
+  std::vector<int> out;
+  for (int j = 0; j < n; ++j) {
+    if (j != me) out.push_back(j);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Runs the steps of `s`. Every rank posts once per step on the channel, so
+// that post number base + k + 1 says "my area for step k is written and
+// I have read everything of the steps before k". A writer reuses an area
+// kShmDepth steps later, once every peer has said so about it. Ends with a
+// meeting of all ranks, after which nobody reads the segments.
+bool GlooProcessGroup::shm_steps(const Steps& s) {
+  const size_t need = kShmDepth * s.area_bytes;
+  if (shm_cap_ < need && !shm_grow(need)) return false;
+  const auto deadline = std::chrono::steady_clock::now() + timeout();
+  const uint32_t base = channel_->seq();
+  std::vector<const char*> area(size());
+  try {
+    for (size_t k = 0; k < s.count; ++k) {
+      const size_t off = (k % kShmDepth) * s.area_bytes;
+      const auto step = static_cast<uint32_t>(k);
+      if (s.produces) {
+        if (k >= kShmDepth) {
+          for (int j = 0; j < size(); ++j) {
+            channel_->wait_for(j, base + step - kShmDepth + 2, deadline);
+          }
+        }
+        s.produce(k, shm_mine_.data() + off);
+      }
+      channel_->post({}, {});
+      area[rank()] = shm_mine_.data() + off;
+      for (int j : s.sources) {
+        channel_->wait_for(j, base + step + 1, deadline);
+        area[j] = shm_peers_[j].data() + off;
+      }
+      s.consume(k, area);
+    }
+  } catch (const ShmChannel::WaitError& e) {
+    channel_failed(e);
+  }
+  local_barrier();
+  took("shm-chunks");
+  return true;
+}
+
+bool GlooProcessGroup::shm_broadcast(Tensor t, int root) {
+  const int r = rank();
+  if (with_check(t.nbytes())) {
+    if (r != root) copy_bytes(t.data, payload_of(root), t.nbytes());
+    took("shm-check");
+    return true;
+  }
+  if (!shm_ready()) return false;
+  const size_t es = dtype_size(t.dtype);
+  const size_t q = kShmChunkBytes / es;
+  Steps s;
+  s.count = steps_for(t.numel, q);
+  s.area_bytes = kShmChunkBytes;
+  s.produces = r == root;
+  if (r != root) s.sources = {root};
+  s.produce = [&](size_t k, char* area) {
+    auto [b, c] = range(k, q, t.numel);
+    copy_bytes(area, at(t, b), c * es);
+  };
+  s.consume = [&](size_t k, const std::vector<const char*>& area) {
+    if (r == root) return;
+    auto [b, c] = range(k, q, t.numel);
+    copy_bytes(at(t, b), area[root], c * es);
+  };
+  return shm_steps(s);
+}
+
+// Non-roots' data reaches the root, which reduces into `t` starting from
+// its own values (only the root computes, so no order needs agreeing on).
+bool GlooProcessGroup::shm_reduce(Tensor t, int root, ReduceOp rop) {
+  const int r = rank();
+  ReduceFn fn = reduce_fn(t.dtype, rop);
+  if (with_check(t.nbytes())) {
+    if (r == root) {
+      for (int j : all_but(root, size())) {
+        fn(t.data, t.data, payload_of(j), t.numel);
+      }
+    }
+    took("shm-check");
+    return true;
+  }
+  if (!shm_ready()) return false;
+  const size_t es = dtype_size(t.dtype);
+  const size_t q = kShmChunkBytes / es;
+  Steps s;
+  s.count = steps_for(t.numel, q);
+  s.area_bytes = kShmChunkBytes;
+  s.produces = r != root;
+  if (r == root) s.sources = all_but(root, size());
+  s.produce = [&](size_t k, char* area) {
+    auto [b, c] = range(k, q, t.numel);
+    copy_bytes(area, at(t, b), c * es);
+  };
+  s.consume = [&](size_t k, const std::vector<const char*>& area) {
+    if (r != root) return;
+    auto [b, c] = range(k, q, t.numel);
+    for (int j : s.sources) fn(at(t, b), at(t, b), area[j], c);
+  };
+  return shm_steps(s);
+}
+
+// Every rank reduces every chunk itself, reading all areas in rank order:
+// one step per chunk, bitwise the same result everywhere. (The fused small
+// case is all_reduce's own, shared with TCP.)
+bool GlooProcessGroup::shm_all_reduce(Tensor t, ReduceOp rop) {
+  if (!shm_ready()) return false;
+  ReduceFn fn = reduce_fn(t.dtype, rop);
+  const size_t es = dtype_size(t.dtype);
+  const size_t q = kShmChunkBytes / es;
+  Steps s;
+  s.count = steps_for(t.numel, q);
+  s.area_bytes = kShmChunkBytes;
+  s.produces = true;
+  s.sources = all_but(rank(), size());
+  s.produce = [&](size_t k, char* area) {
+    auto [b, c] = range(k, q, t.numel);
+    copy_bytes(area, at(t, b), c * es);
+  };
+  s.consume = [&](size_t k, const std::vector<const char*>& area) {
+    auto [b, c] = range(k, q, t.numel);
+    reduce_all(fn, at(t, b), area, c);
+  };
+  return shm_steps(s);
+}
+
+bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
+                                   int root) {
+  const int r = rank();
+  const int n = size();
+  if (with_check(n * out.nbytes())) {
+    if (r != root) {
+      copy_bytes(out.data, payload_of(root) + r * out.nbytes(), out.nbytes());
+    }
+    took("shm-check");
+    return true;
+  }
+  if (!shm_ready()) return false;
+  const size_t es = dtype_size(out.dtype);
+  const size_t q = kShmChunkBytes / es;
+  Steps s;
+  s.count = steps_for(out.numel, q);
+  s.area_bytes = n * kShmChunkBytes;
+  s.produces = r == root;
+  if (r != root) s.sources = {root};
+  s.produce = [&](size_t k, char* area) {
+    auto [b, c] = range(k, q, out.numel);
+    for (int j : all_but(root, n)) {
+      copy_bytes(area + j * kShmChunkBytes, at(in[j], b), c * es);
+    }
+  };
+  s.consume = [&](size_t k, const std::vector<const char*>& area) {
+    if (r == root) return;
+    auto [b, c] = range(k, q, out.numel);
+    copy_bytes(at(out, b), area[root] + r * kShmChunkBytes, c * es);
+  };
+  return shm_steps(s);
+}
+
+bool GlooProcessGroup::shm_gather(Tensor in, std::span<const Tensor> out,
+                                  int root) {
+  const int r = rank();
+  if (with_check(in.nbytes())) {
+    if (r == root) {
+      for (int j : all_but(root, size())) {
+        copy_bytes(out[j].data, payload_of(j), in.nbytes());
+      }
+    }
+    took("shm-check");
+    return true;
+  }
+  if (!shm_ready()) return false;
+  const size_t es = dtype_size(in.dtype);
+  const size_t q = kShmChunkBytes / es;
+  Steps s;
+  s.count = steps_for(in.numel, q);
+  s.area_bytes = kShmChunkBytes;
+  s.produces = r != root;
+  if (r == root) s.sources = all_but(root, size());
+  s.produce = [&](size_t k, char* area) {
+    auto [b, c] = range(k, q, in.numel);
+    copy_bytes(area, at(in, b), c * es);
+  };
+  s.consume = [&](size_t k, const std::vector<const char*>& area) {
+    auto [b, c] = range(k, q, in.numel);
+    for (int j : s.sources) copy_bytes(at(out[j], b), area[j], c * es);
+  };
+  return shm_steps(s);
+}
+
+bool GlooProcessGroup::shm_all_gather(std::span<const Tensor> out, Tensor in) {
+  const int r = rank();
+  if (with_check(in.nbytes())) {
+    for (int j : all_but(r, size())) {
+      copy_bytes(out[j].data, payload_of(j), in.nbytes());
+    }
+    took("shm-check");
+    return true;
+  }
+  if (!shm_ready()) return false;
+  const size_t es = dtype_size(in.dtype);
+  const size_t q = kShmChunkBytes / es;
+  Steps s;
+  s.count = steps_for(in.numel, q);
+  s.area_bytes = kShmChunkBytes;
+  s.produces = true;
+  s.sources = all_but(r, size());
+  s.produce = [&](size_t k, char* area) {
+    auto [b, c] = range(k, q, in.numel);
+    copy_bytes(area, at(in, b), c * es);
+  };
+  s.consume = [&](size_t k, const std::vector<const char*>& area) {
+    auto [b, c] = range(k, q, in.numel);
+    for (int j : s.sources) copy_bytes(at(out[j], b), area[j], c * es);
+  };
+  return shm_steps(s);
+}
+
+// Rank r reduces piece r of every rank's input, in rank order (its own
+// piece goes through its area too, so `out` may alias in[r]).
+bool GlooProcessGroup::shm_reduce_scatter(Tensor out,
+                                          std::span<const Tensor> in,
+                                          ReduceOp rop) {
+  const int r = rank();
+  const int n = size();
+  ReduceFn fn = reduce_fn(out.dtype, rop);
+  const size_t bytes = out.nbytes();
+  if (with_check(n * bytes)) {
+    std::vector<const char*> srcs(n);
+    for (int j = 0; j < n; ++j) srcs[j] = payload_of(j) + r * bytes;
+    reduce_all(fn, static_cast<char*>(out.data), srcs, out.numel);
+    took("shm-check");
+    return true;
+  }
+  if (!shm_ready()) return false;
+  const size_t es = dtype_size(out.dtype);
+  const size_t q = kShmChunkBytes / es;
+  Steps s;
+  s.count = steps_for(out.numel, q);
+  s.area_bytes = n * kShmChunkBytes;
+  s.produces = true;
+  s.sources = all_but(r, n);
+  s.produce = [&](size_t k, char* area) {
+    auto [b, c] = range(k, q, out.numel);
+    for (int j = 0; j < n; ++j) {
+      copy_bytes(area + j * kShmChunkBytes, at(in[j], b), c * es);
+    }
+  };
+  s.consume = [&](size_t k, const std::vector<const char*>& area) {
+    auto [b, c] = range(k, q, out.numel);
+    std::vector<const char*> srcs(n);
+    for (int j = 0; j < n; ++j) srcs[j] = area[j] + r * kShmChunkBytes;
+    reduce_all(fn, at(out, b), srcs, c);
+  };
+  return shm_steps(s);
+}
+
+// Block sizes differ per pair; every rank knows them all from the agreed
+// arguments (agreed_count), which place rank j's block for this rank in
+// j's post and bound the number of steps.
+bool GlooProcessGroup::shm_all_to_all(std::span<const Tensor> out,
+                                      std::span<const Tensor> in) {
+  const int r = rank();
+  const int n = size();
+  const size_t es = dtype_size(in[0].dtype);
+  uint64_t most_sent = 0;  // bytes, by any one rank
+  uint64_t largest = 0;    // elements, of any one block
+  for (int j = 0; j < n; ++j) {
+    uint64_t sent = 0;
+    for (int d = 0; d < n; ++d) {
+      sent += agreed_count(j, d);
+      largest = std::max(largest, agreed_count(j, d));
+    }
+    most_sent = std::max(most_sent, sent * es);
+  }
+  if (with_check(most_sent)) {
+    for (int j : all_but(r, n)) {
+      uint64_t before = 0;
+      for (int d = 0; d < r; ++d) before += agreed_count(j, d);
+      copy_bytes(out[j].data, payload_of(j) + before * es, out[j].nbytes());
+    }
+    took("shm-check");
+    return true;
+  }
+  if (!shm_ready()) return false;
+  const size_t q = kShmChunkBytes / es;
+  Steps s;
+  s.count = steps_for(largest, q);
+  s.area_bytes = n * kShmChunkBytes;
+  s.produces = true;
+  s.sources = all_but(r, n);
+  s.produce = [&](size_t k, char* area) {
+    for (int d : all_but(r, n)) {
+      auto [b, c] = range(k, q, in[d].numel);
+      copy_bytes(area + d * kShmChunkBytes, at(in[d], b), c * es);
+    }
+  };
+  s.consume = [&](size_t k, const std::vector<const char*>& area) {
+    for (int j : s.sources) {
+      auto [b, c] = range(k, q, out[j].numel);
+      copy_bytes(at(out[j], b), area[j] + r * kShmChunkBytes, c * es);
+    }
+  };
+  return shm_steps(s);
+}
+
+}  // namespace dlaunch::comm::gloo
