@@ -131,18 +131,17 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
     size_t offered = 0;
     for (const Tensor& t : offer) offered += t.nbytes();
     // Over TCP only an all_reduce's one tensor travels with the check.
-    const bool send = !offer.empty() && c.local_error.empty() &&
-                      offered <= fused_capacity() &&
-                      (channel_ || (offer.size() == 1 &&
-                                    c.kind == Kind::kAllReduce));
+    const bool send =
+        !offer.empty() && c.local_error.empty() &&
+        offered <= fused_capacity() &&
+        (channel_ || (offer.size() == 1 && c.kind == Kind::kAllReduce));
     if (channel_) {
       run(op, [&] {
         channel_exchange(mine, send ? offer : std::span<const Tensor>(), all);
       });
     } else {
-      run(op, [&] {
-        all_gather_words(mine, send ? offer.data() : nullptr, all);
-      });
+      run(op,
+          [&] { all_gather_words(mine, send ? offer.data() : nullptr, all); });
     }
   }
   agreed_ = all;

@@ -343,21 +343,19 @@ class GlooProcessGroup : public ProcessGroup {
   bool shm_scatter(Tensor out, std::span<const Tensor> in, int root);
   bool shm_gather(Tensor in, std::span<const Tensor> out, int root);
   bool shm_all_gather(std::span<const Tensor> out, Tensor in);
-  bool shm_reduce_scatter(Tensor out, std::span<const Tensor> in,
-                          ReduceOp rop);
+  bool shm_reduce_scatter(Tensor out, std::span<const Tensor> in, ReduceOp rop);
   bool shm_all_to_all(std::span<const Tensor> out, std::span<const Tensor> in);
   // One pipelined pass through the segments: at step k every rank that
   // produces writes its share into its area for step k, then each rank
   // reads the areas of `sources` for step k once their writers are done.
   struct Steps {
-    size_t count = 0;       // number of steps
-    size_t area_bytes = 0;  // bytes a rank's area holds per step
-    bool produces = false;  // whether this rank writes its area
+    size_t count = 0;          // number of steps
+    size_t area_bytes = 0;     // bytes a rank's area holds per step
+    bool produces = false;     // whether this rank writes its area
     std::vector<int> sources;  // ranks whose areas this rank reads
     std::function<void(size_t k, char* area)> produce;
     // area[j]: rank j's area for step k (read only those of `sources`).
-    std::function<void(size_t k, const std::vector<const char*>& area)>
-        consume;
+    std::function<void(size_t k, const std::vector<const char*>& area)> consume;
   };
   bool shm_steps(const Steps& s);
   uint64_t agreed_count(int from, int to) const;
@@ -400,7 +398,7 @@ class GlooProcessGroup : public ProcessGroup {
   std::vector<char> staging_;  // this rank's arguments (+ fused payload)
   // Every rank's arguments (+ fused payload), one slot each.
   std::vector<char> scratch_;
-  std::vector<char> work_[2];  // see work_buffer()
+  std::vector<char> work_[2];     // see work_buffer()
   std::vector<uint64_t> agreed_;  // every rank's words of the last check
   const char* path_ = "none";     // see last_path()
   // Shared-memory all_reduce (ranks on one host): this rank's segment, the

@@ -22,8 +22,7 @@ void GlooProcessGroup::channel_exchange(const std::vector<uint64_t>& mine,
   for (const Tensor& t : payload) {
     parts.emplace_back(static_cast<const char*>(t.data), t.nbytes());
   }
-  channel_->post_parts({reinterpret_cast<const char*>(mine.data()), wb},
-                       parts);
+  channel_->post_parts({reinterpret_cast<const char*>(mine.data()), wb}, parts);
   channel_wait();
   for (int j = 0; j < size(); ++j) {
     if (j != rank()) {

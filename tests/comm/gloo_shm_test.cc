@@ -1,0 +1,225 @@
+// Every collective over shared memory (ranks on one host) gives the same
+// bytes as over TCP: every op x dtype x ReduceOp on 2, 3 and 4 ranks, with
+// the data travelling with the argument check, through pipelined segment
+// steps (one step and many), and on sub-groups that mix ranks. Each call's
+// path is asserted through last_path().
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "comm/gloo/process_group.h"
+#include "tests/comm/rank_threads.h"
+#include "tests/comm/tensor_values.h"
+
+namespace dlaunch::comm {
+namespace {
+
+using testing::Buffer;
+using testing::kAllDtypes;
+using testing::kAllOps;
+using testing::op_applies;
+using testing::run_ranks;
+using testing::value;
+
+// What one rank saw: a digest of each call's output and the path it took.
+struct Trace {
+  std::vector<std::string> calls;
+  std::vector<uint64_t> digests;
+  std::vector<std::string> paths;
+};
+
+uint64_t digest(const Tensor& t, uint64_t h = 1469598103934665603ull) {
+  const auto* p = static_cast<const unsigned char*>(t.data);
+  for (size_t i = 0; i < t.nbytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+Buffer filled(DType d, ReduceOp op, int rank, size_t numel, int salt = 0) {
+  std::vector<double> v(numel);
+  for (size_t i = 0; i < numel; ++i) v[i] = value(op, rank + salt, i);
+  return Buffer(d, v);
+}
+
+std::vector<Tensor> views(std::vector<Buffer>& bufs) {
+  std::vector<Tensor> out;
+  for (auto& b : bufs) out.push_back(b.t);
+  return out;
+}
+
+// Runs every collective for every dtype (and every ReduceOp that applies)
+// on `pg` with tensors of about `numel` elements, recording each output.
+void every_collective(ProcessGroup& pg, size_t numel, Trace& trace) {
+  const int n = pg.size();
+  const int r = pg.rank();
+  auto record = [&](const std::string& call, uint64_t h) {
+    trace.calls.push_back(call);
+    trace.digests.push_back(h);
+    trace.paths.push_back(gloo::last_path(pg));
+  };
+  for (DType d : kAllDtypes) {
+    const std::string dn(dtype_name(d));
+    const int root = n - 1;
+    Buffer b = filled(d, ReduceOp::kSum, r, numel);
+    pg.broadcast(b.t, root);
+    record("broadcast " + dn, digest(b.t));
+
+    std::vector<Buffer> parts;
+    for (int j = 0; j < n; ++j)
+      parts.push_back(filled(d, ReduceOp::kSum, j, numel, 7 * r));
+    Buffer one(d, numel);
+    pg.scatter(one.t, views(parts), 0);
+    record("scatter " + dn, digest(one.t));
+
+    std::vector<Buffer> got;
+    for (int j = 0; j < n; ++j) got.emplace_back(d, numel);
+    Buffer mine = filled(d, ReduceOp::kMax, r, numel);
+    pg.gather(mine.t, views(got), n / 2);
+    uint64_t h = 1;
+    if (r == n / 2) {
+      for (auto& g : got) h = digest(g.t, h);
+    }
+    record("gather " + dn, h);
+
+    for (auto& g : got) std::memset(g.raw.data(), 0, g.raw.size());
+    pg.all_gather(views(got), mine.t);
+    h = 1;
+    for (auto& g : got) h = digest(g.t, h);
+    record("all_gather " + dn, h);
+
+    // Uneven blocks: rank s sends rank t numel + (s + 2t) % 3 elements.
+    std::vector<Buffer> a2a_in, a2a_out;
+    for (int j = 0; j < n; ++j) {
+      a2a_in.push_back(
+          filled(d, ReduceOp::kSum, r * n + j, numel + (r + 2 * j) % 3));
+      a2a_out.emplace_back(d, numel + (j + 2 * r) % 3);
+    }
+    pg.all_to_all(views(a2a_out), views(a2a_in));
+    h = 1;
+    for (auto& g : a2a_out) h = digest(g.t, h);
+    record("all_to_all " + dn, h);
+
+    for (ReduceOp op : kAllOps) {
+      if (!op_applies(d, op)) continue;
+      const std::string on = dn + " " + std::string(reduce_op_name(op));
+      Buffer red = filled(d, op, r, numel);
+      pg.reduce(red.t, root, op);
+      record("reduce " + on, digest(red.t));
+
+      Buffer all = filled(d, op, r, numel);
+      pg.all_reduce(all.t, op);
+      record("all_reduce " + on, digest(all.t));
+
+      std::vector<Buffer> ins;
+      for (int j = 0; j < n; ++j) ins.push_back(filled(d, op, r + j, numel));
+      Buffer out(d, numel);
+      pg.reduce_scatter(out.t, views(ins), op);
+      record("reduce_scatter " + on, digest(out.t));
+    }
+  }
+  pg.barrier();
+  record("barrier", 0);
+}
+
+struct Env {
+  const char* fused;
+  const char* shm_min;
+};
+
+// Every rank's trace of every_collective on `n` ranks (or on the sub-group
+// of `sub` ranks of an n-rank world), with the path knobs set as given.
+std::map<int, Trace> traces(int n, size_t numel, Env env,
+                            const std::vector<int>& sub = {}) {
+  if (env.fused) setenv("DLAUNCH_COMM_FUSED_BYTES", env.fused, 1);
+  if (env.shm_min) setenv("DLAUNCH_COMM_SHM_MIN_BYTES", env.shm_min, 1);
+  std::map<int, Trace> out;
+  std::mutex mu;
+  run_ranks(n, [&](ProcessGroup& world) {
+    Trace t;
+    if (sub.empty()) {
+      every_collective(world, numel, t);
+    } else if (auto g = world.new_group(sub)) {
+      every_collective(*g, numel, t);
+    }
+    std::lock_guard lock(mu);
+    out[world.rank()] = std::move(t);
+  });
+  unsetenv("DLAUNCH_COMM_FUSED_BYTES");
+  unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
+  return out;
+}
+
+// Same calls, same bytes; every call (but the barrier) on `shm` took
+// `path`, every one on `tcp` took TCP.
+void expect_same(const std::map<int, Trace>& tcp,
+                 const std::map<int, Trace>& shm, const std::string& path) {
+  ASSERT_EQ(tcp.size(), shm.size());
+  for (const auto& [rank, want] : tcp) {
+    const Trace& got = shm.at(rank);
+    ASSERT_EQ(got.calls, want.calls) << "rank " << rank;
+    for (size_t i = 0; i < want.calls.size(); ++i) {
+      const std::string what =
+          "rank " + std::to_string(rank) + ": " + want.calls[i];
+      EXPECT_EQ(got.digests[i], want.digests[i]) << what;
+      if (want.calls[i] == "barrier") continue;
+      EXPECT_EQ(want.paths[i], "tcp") << what;
+      EXPECT_EQ(got.paths[i], path) << what;
+    }
+  }
+}
+
+const Env kTcp{nullptr, "off"};
+const Env kWithCheck{nullptr, nullptr};  // the default
+const Env kChunks{"0", "1"};             // nothing travels with the check
+
+class GlooShmTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooShmTest, WithTheCheckEqualsTcp) {
+  const int n = GetParam();
+  expect_same(traces(n, 37, kTcp), traces(n, 37, kWithCheck), "shm-check");
+}
+
+TEST_P(GlooShmTest, OneChunkStepEqualsTcp) {
+  const int n = GetParam();
+  expect_same(traces(n, 37, kTcp), traces(n, 37, kChunks), "shm-chunks");
+}
+
+// 2.2 MB of f64: nine steps, more than a segment holds (the writer waits
+// for its readers); 280 KB of u8: two.
+TEST_P(GlooShmTest, ManyChunkStepsEqualTcp) {
+  const int n = GetParam();
+  const size_t numel = 280000;
+  expect_same(traces(n, numel, kTcp), traces(n, numel, kChunks), "shm-chunks");
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, GlooShmTest, ::testing::Values(2, 3, 4),
+                         ::testing::PrintToStringParamName());
+
+TEST(GlooShmSubGroupTest, SubGroupsMixingRanksEqualTcp) {
+  for (const std::vector<int>& sub :
+       {std::vector<int>{1, 3}, std::vector<int>{0, 2, 3}}) {
+    expect_same(traces(4, 37, kTcp, sub), traces(4, 37, kWithCheck, sub),
+                "shm-check");
+    expect_same(traces(4, 3000, kTcp, sub), traces(4, 3000, kChunks, sub),
+                "shm-chunks");
+  }
+}
+
+// The default path at 1 MiB and above: segment steps without any knob.
+TEST(GlooShmPathTest, LargeDataTakesTheSegmentsByDefault) {
+  run_ranks(2, [&](ProcessGroup& pg) {
+    std::vector<float> v(1 << 19, 1.0f);
+    pg.broadcast(Tensor::of(v), 0);
+    EXPECT_EQ(gloo::last_path(pg), "shm-chunks");
+    std::vector<float> small(1024, 1.0f);
+    pg.broadcast(Tensor::of(small), 0);
+    EXPECT_EQ(gloo::last_path(pg), "shm-check");
+  });
+}
+
+}  // namespace
+}  // namespace dlaunch::comm
