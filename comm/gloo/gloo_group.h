@@ -56,12 +56,12 @@ constexpr uint64_t kMaxP2pBytes = (uint64_t{1} << 37) - 1;  // 128 GiB
 // gradient all-reduce of dl-sgd's MLP (407 KB): 2.2x faster epochs than the
 // check-then-ring path.
 constexpr size_t kFusedTrafficBytes = 512 << 10;
-// All-reduces of at least this many bytes between ranks that share a host
-// go through shared memory (DLAUNCH_COMM_SHM_MIN_BYTES; "off" disables).
+// Collectives with at least this many bytes per rank between ranks that
+// share a host go through shared-memory segments, smaller ones travel with
+// the argument check (DLAUNCH_COMM_SHM_MIN_BYTES; "off" disables).
 constexpr size_t kShmMinBytes = 1 << 20;
-constexpr size_t kShmSliceBytes = 32 << 20;
 // Between ranks on one host the argument check meets in shared memory
-// (ShmChannel), and all_reduces below kShmMinBytes travel with it, up to
+// (ShmChannel), and collectives below kShmMinBytes travel with it, up to
 // this many bytes per rank (each rank's channel holds two slots).
 constexpr size_t kChannelPayloadBytes = 1 << 20;
 constexpr uint64_t kControlSlot = 0xB4;
@@ -401,8 +401,8 @@ class GlooProcessGroup : public ProcessGroup {
   std::vector<char> work_[2];     // see work_buffer()
   std::vector<uint64_t> agreed_;  // every rank's words of the last check
   const char* path_ = "none";     // see last_path()
-  // Shared-memory all_reduce (ranks on one host): this rank's segment, the
-  // peers' (index = rank), their size and generation.
+  // Shared-memory segment steps (ranks on one host): this rank's segment,
+  // the peers' (index = rank), their size and generation.
   ShmSegment shm_mine_;
   std::vector<ShmSegment> shm_peers_;
   size_t shm_cap_ = 0;

@@ -8,6 +8,8 @@
 //   comm_test_worker big-allreduce [INIT]   one 4 MiB all_reduce, checked
 //   comm_test_worker p2p-from-last [INIT]   the last rank sends 64 MiB to
 //                                           every other rank
+//   comm_test_worker op-loop OP BYTES       collective OP on BYTES until an
+//                                           error ("rank R ready" after one)
 //
 // Exit 0 on success, 1 on a wrong result, 3 on a CommError (printed).
 #include <sys/resource.h>
@@ -230,6 +232,39 @@ int allreduce_loop(ProcessGroup& pg) {
   return 0;
 }
 
+// Runs collective `op` on f32 tensors of `bytes` until it fails.
+int op_loop(ProcessGroup& pg, const std::string& op, size_t bytes) {
+  const int n = pg.size();
+  std::vector<std::vector<float>> bufs(n + 1,
+                                       std::vector<float>(bytes / 4, 1.0f));
+  std::vector<Tensor> list;
+  for (int j = 0; j < n; ++j) list.push_back(Tensor::of(bufs[j]));
+  Tensor t = Tensor::of(bufs[n]);
+  auto once = [&] {
+    if (op == "broadcast") return pg.broadcast(t, 0);
+    if (op == "reduce") return pg.reduce(t, 0);
+    if (op == "all_reduce") return pg.all_reduce(t);
+    if (op == "scatter") return pg.scatter(t, list, 0);
+    if (op == "gather") return pg.gather(t, list, 0);
+    if (op == "all_gather") return pg.all_gather(list, t);
+    if (op == "reduce_scatter") return pg.reduce_scatter(t, list);
+    if (op == "all_to_all") return pg.all_to_all(list, list);
+    if (op == "barrier") return pg.barrier();
+    std::fprintf(stderr, "unknown op '%s'\n", op.c_str());
+    std::exit(2);
+  };
+  once();
+  std::printf("rank %d ready\n", pg.rank());
+  std::fflush(stdout);
+  try {
+    for (int i = 0; i < 100000000; ++i) once();
+  } catch (const CommError& e) {
+    std::fprintf(stderr, "rank %d failed: %s\n", pg.rank(), e.what());
+    return 3;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -249,7 +284,7 @@ int main(int argc, char** argv) {
     setrlimit(RLIMIT_FSIZE, &rl);
   }
   InitOptions opts;
-  if (argc > 2) {
+  if (argc > 2 && mode != "op-loop") {
     opts.init_method = argv[2];
     const char* rank = std::getenv("RANK");
     const char* world = std::getenv("WORLD_SIZE");
@@ -268,6 +303,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "allreduce-loop") return allreduce_loop(*pg);
+    if (mode == "op-loop" && argc == 4) {
+      return op_loop(*pg, argv[2], std::strtoull(argv[3], nullptr, 10));
+    }
     if (mode == "big-allreduce") {
       big_allreduce(*pg);
       return 0;

@@ -321,5 +321,60 @@ TEST(MultiProcessTest, PeerKilledMidTransferFailsPendingReceivesFast) {
   }
 }
 
+// The names of this job's kind in /dev/shm right now.
+std::set<std::string> shm_names() {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("dlaunch-", 0) == 0) out.insert(name);
+  }
+  return out;
+}
+
+// Each collective on shared memory, its data with the check (4 KiB) and in
+// segment steps (8 MiB): a rank SIGKILLed mid-loop fails the others at
+// once, naming it, and leaves nothing in /dev/shm.
+TEST(MultiProcessTest, PeerKilledMidEachSharedMemoryOperationFailsTheOthers) {
+  const std::set<std::string> before = shm_names();
+  for (const char* op :
+       {"broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather",
+        "reduce_scatter", "all_to_all", "barrier"}) {
+    for (const char* bytes : {"4096", "8388608"}) {
+      const std::string what = std::string(op) + " of " + bytes + " bytes";
+      auto procs = start_workers(3, {"op-loop", op, bytes},
+                                 {{"MASTER_ADDR", "127.0.0.1"},
+                                  {"MASTER_PORT", std::to_string(free_port())},
+                                  {"DLAUNCH_COMM_TIMEOUT", "60"}});
+      for (int r = 0; r < 3; ++r) {
+        ASSERT_TRUE(procs[r]->wait_for_output(
+            "rank " + std::to_string(r) + " ready", seconds(30)))
+            << what << ", rank " << r << ": " << procs[r]->err();
+      }
+      procs[1]->signal(SIGKILL);
+      for (int r : {0, 2}) {
+        CommandResult res = procs[r]->wait(seconds(15));
+        EXPECT_FALSE(res.timed_out) << what << ": rank " << r << " hung";
+        EXPECT_EQ(res.exit_code, 3)
+            << what << ", rank " << r << ": " << res.err;
+        EXPECT_THAT(res.err, HasSubstr(std::string(op) + " on group 'world'"))
+            << what;
+        EXPECT_THAT(res.err, HasSubstr("rank 1")) << what;
+      }
+    }
+  }
+  // Other jobs' segments come and go; ours must all be gone.
+  std::set<std::string> left;
+  EXPECT_TRUE(eventually(
+      [&] {
+        left.clear();
+        for (const auto& n : shm_names()) {
+          if (!before.count(n)) left.insert(n);
+        }
+        return left.empty();
+      },
+      seconds(10)));
+  for (const auto& n : left) ADD_FAILURE() << "left in /dev/shm: " << n;
+}
+
 }  // namespace
 }  // namespace dlaunch::comm
