@@ -248,6 +248,20 @@ void by_element_size(DType d, F&& f) {
   DLAUNCH_CHECK(false, "unexpected element size");
 }
 
+// One pipelined pass through the shared-memory segments: at step k every
+// rank that produces writes its share into its area for step k, then each
+// rank reads the areas of `sources` for step k once their writers are done.
+struct ShmSteps {
+  size_t count = 0;          // number of steps
+  size_t per_step = 0;       // elements of a piece moved per step
+  size_t area_bytes = 0;     // bytes a rank's area holds per step
+  bool produces = false;     // whether this rank writes its area
+  std::vector<int> sources;  // ranks whose areas this rank reads
+  std::function<void(size_t k, char* area)> produce;
+  // area[j]: rank j's area for step k (read only those of `sources`).
+  std::function<void(size_t k, const std::vector<const char*>& area)> consume;
+};
+
 // A ProcessGroup over one Gloo context (a full mesh of TCP pairs). Every
 // collective first exchanges each rank's arguments (agree()), so that bad or
 // mismatched arguments fail identically on every rank before any data moves;
@@ -342,22 +356,9 @@ class GlooProcessGroup : public ProcessGroup {
   bool shm_all_reduce(Tensor t, ReduceOp rop);
   bool shm_scatter(Tensor out, std::span<const Tensor> in, int root);
   bool shm_gather(Tensor in, std::span<const Tensor> out, int root);
-  bool shm_all_gather(std::span<const Tensor> out, Tensor in);
   bool shm_reduce_scatter(Tensor out, std::span<const Tensor> in, ReduceOp rop);
   bool shm_all_to_all(std::span<const Tensor> out, std::span<const Tensor> in);
-  // One pipelined pass through the segments: at step k every rank that
-  // produces writes its share into its area for step k, then each rank
-  // reads the areas of `sources` for step k once their writers are done.
-  struct Steps {
-    size_t count = 0;          // number of steps
-    size_t area_bytes = 0;     // bytes a rank's area holds per step
-    bool produces = false;     // whether this rank writes its area
-    std::vector<int> sources;  // ranks whose areas this rank reads
-    std::function<void(size_t k, char* area)> produce;
-    // area[j]: rank j's area for step k (read only those of `sources`).
-    std::function<void(size_t k, const std::vector<const char*>& area)> consume;
-  };
-  bool shm_steps(const Steps& s);
+  bool shm_steps(const ShmSteps& s);
   uint64_t agreed_count(int from, int to) const;
 
   // tcp_collectives.cc

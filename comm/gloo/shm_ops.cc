@@ -46,6 +46,35 @@ void reduce_all(ReduceFn fn, char* out, const std::vector<const char*>& srcs,
   for (size_t j = 2; j < srcs.size(); ++j) fn(out, out, srcs[j], count);
 }
 
+// Steps over pieces of `numel` elements of `dtype`, `pieces` per area.
+ShmSteps steps_over(DType dtype, size_t numel, size_t pieces) {
+  ShmSteps s;
+  s.per_step = kShmChunkBytes / dtype_size(dtype);
+  s.count = steps_for(numel, s.per_step);
+  s.area_bytes = pieces * kShmChunkBytes;
+  return s;
+}
+
+// A producer that copies step k's elements of `t` into its area.
+auto copy_in(const Tensor& t, size_t per_step) {
+  return [&t, per_step](size_t k, char* area) {
+    auto [b, c] = range(k, per_step, t.numel);
+    copy_bytes(area, at(t, b), c * dtype_size(t.dtype));
+  };
+}
+
+// A consumer that copies step k of each source's area into out[source].
+auto copy_out(std::span<const Tensor> out, const std::vector<int>& sources,
+              size_t per_step) {
+  return [out, &sources, per_step](size_t k,
+                                   const std::vector<const char*>& area) {
+    for (int j : sources) {
+      auto [b, c] = range(k, per_step, out[j].numel);
+      copy_bytes(at(out[j], b), area[j], c * dtype_size(out[j].dtype));
+    }
+  };
+}
+
 std::vector<int> all_but(int me, int n) {
   std::vector<int> out;
   for (int j = 0; j < n; ++j) {
@@ -61,7 +90,7 @@ std::vector<int> all_but(int me, int n) {
 // I have read everything of the steps before k". A writer reuses an area
 // kShmDepth steps later, once every peer has said so about it. Ends with a
 // meeting of all ranks, after which nobody reads the segments.
-bool GlooProcessGroup::shm_steps(const Steps& s) {
+bool GlooProcessGroup::shm_steps(const ShmSteps& s) {
   const size_t need = kShmDepth * s.area_bytes;
   if (shm_cap_ < need && !shm_grow(need)) return false;
   const auto deadline = std::chrono::steady_clock::now() + timeout();
@@ -104,16 +133,11 @@ bool GlooProcessGroup::shm_broadcast(Tensor t, int root) {
   }
   if (!shm_ready()) return false;
   const size_t es = dtype_size(t.dtype);
-  const size_t q = kShmChunkBytes / es;
-  Steps s;
-  s.count = steps_for(t.numel, q);
-  s.area_bytes = kShmChunkBytes;
+  ShmSteps s = steps_over(t.dtype, t.numel, 1);
+  const size_t q = s.per_step;
   s.produces = r == root;
   if (r != root) s.sources = {root};
-  s.produce = [&](size_t k, char* area) {
-    auto [b, c] = range(k, q, t.numel);
-    copy_bytes(area, at(t, b), c * es);
-  };
+  s.produce = copy_in(t, q);
   s.consume = [&](size_t k, const std::vector<const char*>& area) {
     if (r == root) return;
     auto [b, c] = range(k, q, t.numel);
@@ -137,17 +161,11 @@ bool GlooProcessGroup::shm_reduce(Tensor t, int root, ReduceOp rop) {
     return true;
   }
   if (!shm_ready()) return false;
-  const size_t es = dtype_size(t.dtype);
-  const size_t q = kShmChunkBytes / es;
-  Steps s;
-  s.count = steps_for(t.numel, q);
-  s.area_bytes = kShmChunkBytes;
+  ShmSteps s = steps_over(t.dtype, t.numel, 1);
+  const size_t q = s.per_step;
   s.produces = r != root;
   if (r == root) s.sources = all_but(root, size());
-  s.produce = [&](size_t k, char* area) {
-    auto [b, c] = range(k, q, t.numel);
-    copy_bytes(area, at(t, b), c * es);
-  };
+  s.produce = copy_in(t, q);
   s.consume = [&](size_t k, const std::vector<const char*>& area) {
     if (r != root) return;
     auto [b, c] = range(k, q, t.numel);
@@ -162,17 +180,11 @@ bool GlooProcessGroup::shm_reduce(Tensor t, int root, ReduceOp rop) {
 bool GlooProcessGroup::shm_all_reduce(Tensor t, ReduceOp rop) {
   if (!shm_ready()) return false;
   ReduceFn fn = reduce_fn(t.dtype, rop);
-  const size_t es = dtype_size(t.dtype);
-  const size_t q = kShmChunkBytes / es;
-  Steps s;
-  s.count = steps_for(t.numel, q);
-  s.area_bytes = kShmChunkBytes;
+  ShmSteps s = steps_over(t.dtype, t.numel, 1);
+  const size_t q = s.per_step;
   s.produces = true;
   s.sources = all_but(rank(), size());
-  s.produce = [&](size_t k, char* area) {
-    auto [b, c] = range(k, q, t.numel);
-    copy_bytes(area, at(t, b), c * es);
-  };
+  s.produce = copy_in(t, q);
   s.consume = [&](size_t k, const std::vector<const char*>& area) {
     auto [b, c] = range(k, q, t.numel);
     reduce_all(fn, at(t, b), area, c);
@@ -193,10 +205,8 @@ bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
   }
   if (!shm_ready()) return false;
   const size_t es = dtype_size(out.dtype);
-  const size_t q = kShmChunkBytes / es;
-  Steps s;
-  s.count = steps_for(out.numel, q);
-  s.area_bytes = n * kShmChunkBytes;
+  ShmSteps s = steps_over(out.dtype, out.numel, n);
+  const size_t q = s.per_step;
   s.produces = r == root;
   if (r != root) s.sources = {root};
   s.produce = [&](size_t k, char* area) {
@@ -213,12 +223,14 @@ bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
   return shm_steps(s);
 }
 
+// With root < 0 every rank gathers (all_gather).
 bool GlooProcessGroup::shm_gather(Tensor in, std::span<const Tensor> out,
                                   int root) {
   const int r = rank();
+  const bool gathers = root < 0 || r == root;
   if (with_check(in.nbytes())) {
-    if (r == root) {
-      for (int j : all_but(root, size())) {
+    if (gathers) {
+      for (int j : all_but(r, size())) {
         copy_bytes(out[j].data, payload_of(j), in.nbytes());
       }
     }
@@ -226,49 +238,11 @@ bool GlooProcessGroup::shm_gather(Tensor in, std::span<const Tensor> out,
     return true;
   }
   if (!shm_ready()) return false;
-  const size_t es = dtype_size(in.dtype);
-  const size_t q = kShmChunkBytes / es;
-  Steps s;
-  s.count = steps_for(in.numel, q);
-  s.area_bytes = kShmChunkBytes;
+  ShmSteps s = steps_over(in.dtype, in.numel, 1);
   s.produces = r != root;
-  if (r == root) s.sources = all_but(root, size());
-  s.produce = [&](size_t k, char* area) {
-    auto [b, c] = range(k, q, in.numel);
-    copy_bytes(area, at(in, b), c * es);
-  };
-  s.consume = [&](size_t k, const std::vector<const char*>& area) {
-    auto [b, c] = range(k, q, in.numel);
-    for (int j : s.sources) copy_bytes(at(out[j], b), area[j], c * es);
-  };
-  return shm_steps(s);
-}
-
-bool GlooProcessGroup::shm_all_gather(std::span<const Tensor> out, Tensor in) {
-  const int r = rank();
-  if (with_check(in.nbytes())) {
-    for (int j : all_but(r, size())) {
-      copy_bytes(out[j].data, payload_of(j), in.nbytes());
-    }
-    took("shm-check");
-    return true;
-  }
-  if (!shm_ready()) return false;
-  const size_t es = dtype_size(in.dtype);
-  const size_t q = kShmChunkBytes / es;
-  Steps s;
-  s.count = steps_for(in.numel, q);
-  s.area_bytes = kShmChunkBytes;
-  s.produces = true;
-  s.sources = all_but(r, size());
-  s.produce = [&](size_t k, char* area) {
-    auto [b, c] = range(k, q, in.numel);
-    copy_bytes(area, at(in, b), c * es);
-  };
-  s.consume = [&](size_t k, const std::vector<const char*>& area) {
-    auto [b, c] = range(k, q, in.numel);
-    for (int j : s.sources) copy_bytes(at(out[j], b), area[j], c * es);
-  };
+  if (gathers) s.sources = all_but(r, size());
+  s.produce = copy_in(in, s.per_step);
+  s.consume = copy_out(out, s.sources, s.per_step);
   return shm_steps(s);
 }
 
@@ -290,10 +264,8 @@ bool GlooProcessGroup::shm_reduce_scatter(Tensor out,
   }
   if (!shm_ready()) return false;
   const size_t es = dtype_size(out.dtype);
-  const size_t q = kShmChunkBytes / es;
-  Steps s;
-  s.count = steps_for(out.numel, q);
-  s.area_bytes = n * kShmChunkBytes;
+  ShmSteps s = steps_over(out.dtype, out.numel, n);
+  const size_t q = s.per_step;
   s.produces = true;
   s.sources = all_but(r, n);
   s.produce = [&](size_t k, char* area) {
@@ -339,10 +311,8 @@ bool GlooProcessGroup::shm_all_to_all(std::span<const Tensor> out,
     return true;
   }
   if (!shm_ready()) return false;
-  const size_t q = kShmChunkBytes / es;
-  Steps s;
-  s.count = steps_for(largest, q);
-  s.area_bytes = n * kShmChunkBytes;
+  ShmSteps s = steps_over(in[0].dtype, largest, n);
+  const size_t q = s.per_step;
   s.produces = true;
   s.sources = all_but(r, n);
   s.produce = [&](size_t k, char* area) {
