@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -61,19 +63,26 @@ int parse_int(std::string_view text, const std::string& what, int lo, int hi) {
 
 milliseconds resolve_timeout(const InitOptions& o) {
   if (o.timeout) {
-    if (o.timeout->count() <= 0) {
-      throw CommError("InitOptions.timeout must be positive, got " +
-                      std::to_string(o.timeout->count()) + " ms");
+    if (o.timeout->count() <= 0 || *o.timeout > kMaxTimeout) {
+      throw CommError("InitOptions.timeout is " +
+                      std::to_string(o.timeout->count()) +
+                      " ms; it must be from " + kTimeoutRangeText);
     }
     return *o.timeout;
   }
   if (const char* t = env("DLAUNCH_COMM_TIMEOUT")) {
+    // Seconds, finite, within [1 ms, kMaxTimeout]: NaN, inf and 1e308
+    // would otherwise overflow every deadline computed from it.
+    const double max_s = std::chrono::duration<double>(kMaxTimeout).count();
     char* end = nullptr;
     double s = std::strtod(t, &end);
-    if (end == t || *end != '\0' || !(s > 0) || s > 1e9) {
+    if (end == t || *end != '\0' ||
+        std::isspace(static_cast<unsigned char>(*t)) || !std::isfinite(s) ||
+        !(s >= 0.001) || s > max_s) {
       throw CommError(std::string("DLAUNCH_COMM_TIMEOUT is '") + t +
-                      "'; expected a positive number of seconds (e.g. 60 or "
-                      "0.5)");
+                      "'; expected seconds from 0.001 to " +
+                      std::to_string(static_cast<int64_t>(max_s)) +
+                      " (7 days), e.g. 60 or 0.5");
     }
     return milliseconds(static_cast<int64_t>(s * 1000 + 0.5));
   }

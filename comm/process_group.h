@@ -21,6 +21,13 @@ class CommError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The longest timeout comm accepts (DLAUNCH_COMM_TIMEOUT, InitOptions,
+// GroupOptions, new_group): 7 days, as for dlaunch's duration flags. The
+// shortest is 1 ms.
+inline constexpr std::chrono::milliseconds kMaxTimeout =
+    std::chrono::hours(24 * 7);
+inline constexpr const char* kTimeoutRangeText = "1 ms to 7 days";
+
 // A communication call ran past its timeout.
 class CommTimeoutError : public CommError {
  public:

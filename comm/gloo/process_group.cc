@@ -98,9 +98,9 @@ std::unique_ptr<ProcessGroup> GlooProcessGroup::new_group(
                        std::to_string(ranks[i - 1]) + ". ";
     }
   }
-  if (timeout.count() <= 0) {
-    c.local_error += "new_group timeout must be positive, got " +
-                     std::to_string(timeout.count()) + " ms. ";
+  if (timeout.count() <= 0 || timeout > kMaxTimeout) {
+    c.local_error += "new_group timeout is " + std::to_string(timeout.count()) +
+                     " ms; it must be from " + kTimeoutRangeText + ". ";
   }
   agree(op, c);
   std::string child = g_->name + "/" + std::to_string(++children_);
@@ -285,11 +285,10 @@ std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& o) {
         " is out of range for world size " + std::to_string(o.size) +
         " (need world size >= 1 and 0 <= rank < world size)");
   }
-  if (o.timeout.count() <= 0) {
-    throw CommError(
-        "gloo::create_process_group: timeout must be positive, "
-        "got " +
-        std::to_string(o.timeout.count()) + " ms");
+  if (o.timeout.count() <= 0 || o.timeout > kMaxTimeout) {
+    throw CommError("gloo::create_process_group: timeout is " +
+                    std::to_string(o.timeout.count()) +
+                    " ms; it must be from " + kTimeoutRangeText);
   }
   auto shared = std::make_shared<SharedStore>();
   shared->store = o.store;

@@ -1,4 +1,5 @@
-// init_process_group's argument and environment checks (no sockets).
+// init_process_group's argument and environment checks, and a one-rank
+// group over a file store (which listens on a socket).
 #include "comm/init.h"
 
 #include <gmock/gmock.h>
@@ -86,6 +87,37 @@ TEST_F(InitTest, BadInitMethodsAndTimeouts) {
   o.init_method = "env://";
   EXPECT_THAT(error_of([&] { init_process_group("gloo", o); }),
               HasSubstr("DLAUNCH_COMM_TIMEOUT is 'soon'"));
+}
+
+TEST_F(InitTest, TimeoutsOutsideOneMillisecondToSevenDaysAreRefused) {
+  InitOptions o;
+  o.init_method = "env://";
+  o.rank = 0;
+  o.world_size = 1;
+  for (const char* bad : {"nan", "inf", "-inf", "1e308", "604801", "1e9", "0",
+                          "-1", "1e-9", "0.0004", " 5", "5s"}) {
+    setenv("DLAUNCH_COMM_TIMEOUT", bad, 1);
+    std::string e = error_of([&] { init_process_group("gloo", o); });
+    EXPECT_THAT(e, HasSubstr(std::string("DLAUNCH_COMM_TIMEOUT is '") + bad +
+                             "'; expected seconds from 0.001 to 604800 "
+                             "(7 days)"))
+        << bad;
+  }
+  unsetenv("DLAUNCH_COMM_TIMEOUT");
+  for (auto t : {std::chrono::milliseconds(0), std::chrono::milliseconds(-5),
+                 kMaxTimeout + std::chrono::milliseconds(1)}) {
+    o.timeout = t;
+    EXPECT_THAT(
+        error_of([&] { init_process_group("gloo", o); }),
+        HasSubstr("InitOptions.timeout is " + std::to_string(t.count()) +
+                  " ms; it must be from 1 ms to 7 days"));
+  }
+  auto store = std::make_shared<store::HashStore>();
+  EXPECT_THAT(error_of([&] {
+                make_process_group("gloo", store, 0, 1,
+                                   kMaxTimeout + std::chrono::hours(1));
+              }),
+              HasSubstr("it must be from 1 ms to 7 days"));
 }
 
 TEST_F(InitTest, FileInitWithOneRankAndTimeoutFromTheEnvironment) {
