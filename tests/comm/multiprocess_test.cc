@@ -304,10 +304,13 @@ TEST(MultiProcessTest, PeerKilledMidTransferFailsPendingReceivesFast) {
   }
   ASSERT_TRUE(procs[2]->wait_for_output("rank 2 sending", seconds(30)))
       << procs[2]->err();
-  // Payload bytes queued towards both receivers: both are mid-transfer.
+  // Payload bytes queued towards both receivers (more than any control
+  // message): both are mid-transfer.
   ASSERT_TRUE(eventually(
-      [&] { return sockets_with_queued_bytes(procs[2]->pid(), 64 << 10) >= 2; },
-      seconds(10)));
+      [&] { return sockets_with_queued_bytes(procs[2]->pid(), 4096) >= 2; },
+      seconds(30)))
+      << "sockets of rank 2 with bytes queued: "
+      << sockets_with_queued_bytes(procs[2]->pid(), 1);
   procs[2]->signal(SIGKILL);
   EXPECT_EQ(procs[2]->wait(seconds(10)).signal, SIGKILL);
   for (int r : {0, 1}) procs[r]->signal(SIGCONT);
