@@ -1,4 +1,5 @@
-# `cmake --install`: the programs (component `runtime`), and comm and the
+# `cmake --install`: the programs with dlaunch(1) and dlaunch's bash
+# completion (component `runtime`), and comm and the
 # store for other CMake and pkg-config projects (component `dev`): headers
 # under include/dlaunch/ with their repo-rooted paths ("comm/init.h"),
 # static libraries, the dlaunch CMake package (dlaunch::comm,
@@ -21,6 +22,8 @@ if(DLAUNCH_BUILD_BENCH)
 endif()
 install(TARGETS ${DLAUNCH_INSTALLED_PROGRAMS}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+# dlaunch(1) and the bash completion: launcher/CMakeLists.txt, where they
+# are generated.
 
 # The libraries, named dlaunch::comm and dlaunch::store once imported.
 set_target_properties(dlaunch_comm PROPERTIES EXPORT_NAME comm)

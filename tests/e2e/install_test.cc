@@ -81,6 +81,13 @@ TEST_F(Install, PutsProgramsHeadersAndPackageFilesInThePrefix) {
   EXPECT_TRUE(pc);
 }
 
+TEST_F(Install, InstalledDlaunchPrintsItsVersion) {
+  CommandResult r = testing::run_command(
+      {{(prefix_ / "bin/dlaunch").string(), "--version"}, {}, {}, ""});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "dlaunch " DLAUNCH_PROJECT_VERSION "\n");
+}
+
 TEST_F(Install, InstalledDlaunchFindsItsGpuHelperBesideIt) {
   // auto asks dlaunch-cuda-devices (0 GPUs here: one worker per CPU); a
   // missing helper is an error, not a fallback.
