@@ -19,6 +19,7 @@
 
 #include "agent/posix_env.h"
 #include "launcher/flags.h"
+#include "launcher/job_file.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -103,7 +104,7 @@ int cuda_device_count(const agent::EnvMap& env) {
 }
 
 ParseResult parse_command_line(const std::vector<std::string>& args,
-                               const agent::EnvMap& env) {
+                               const agent::EnvMap& env, const NoteSink& note) {
   CLI::App app("dlaunch", "dlaunch");
   app.set_help_flag();   // our own --help text
   app.prefix_command();  // everything after PROG belongs to PROG
@@ -149,37 +150,76 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     return UsageError{"dlaunch: unknown option '" + rest[0] +
                       "'; run 'dlaunch --help' for the valid options"};
   }
-  if (rest.empty()) {
+  std::optional<JobFile> file;
+  if (has("config")) {
+    try {
+      file = load_job_file(given.at("config").value, env);
+    } catch (const JobFileError& e) {
+      return UsageError{"dlaunch: " + std::string(e.what())};
+    }
+  }
+
+  LaunchOptions o;
+  // A program on the command line replaces the file's program and args.
+  if (!rest.empty()) {
+    o.program = rest[0];
+    o.program_args.assign(rest.begin() + 1, rest.end());
+  } else if (file && file->program) {
+    o.program = file->program->value;
+    o.program_args = file->args.value_or(std::vector<std::string>{});
+  } else if (file) {
+    return UsageError{"dlaunch: " + file->top.text() +
+                      ": no program; add 'program: PROG' (and 'args: "
+                      "[...]') to the file or give PROG on the command line"};
+  } else {
     return UsageError{
         "dlaunch: no program given; usage: dlaunch [options] "
         "PROG [ARGS...] (see 'dlaunch --help')"};
   }
-
-  LaunchOptions o;
-  o.program = rest[0];
-  o.program_args.assign(rest.begin() + 1, rest.end());
   if (auto it = env.find("PYTHON"); it != env.end() && !it->second.empty()) {
     o.python = it->second;
   }
-  // Each job flag from the command line, else its PET_* variable, in the
-  // table's order.
+  // Each job flag from the command line, else its PET_* variable, else the
+  // job file, in the table's order.
   for (const FlagSpec& f : flags()) {
     if (f.action) continue;
-    std::string value;
+    const FileSetting* in_file = nullptr;
+    if (file) {
+      if (auto it = file->settings.find(f.name); it != file->settings.end()) {
+        in_file = &it->second;
+      }
+    }
+    std::string value, where = "--" + std::string(f.name);
     if (has(f.name)) {
       value = f.type == ValueType::kSwitch ? "1" : given.at(f.name).value;
     } else if (auto it = env.find(pet_variable(f)); it != env.end()) {
       value = it->second;
+      if (in_file && note) {
+        // A rerun of the file would otherwise change without a word.
+        note("dlaunch: note: " + it->first + "=" + value + " overrides " +
+             std::string(f.key) + ": " + in_file->value + " of " +
+             in_file->pos.text());
+      }
+    } else if (in_file) {
+      value = in_file->value;
+      where = in_file->pos.text() + ": " + std::string(f.key);
     } else {
       continue;
     }
     try {
       f.apply(f, value, o, env);
     } catch (const BadValue& b) {
-      return UsageError{"dlaunch: " +
-                        bad_value_text("--" + std::string(f.name), b)};
+      return UsageError{"dlaunch: " + bad_value_text(where, b)};
     }
   }
+  if (file) {
+    o.config_file = file->path;
+    o.env = file->env;
+    o.hosts = file->hosts;
+    o.faults = file->faults;
+  }
+  if (has("dry-run")) o.mode = LaunchOptions::Mode::kDryRun;
+  if (has("print-config")) o.mode = LaunchOptions::Mode::kPrintConfig;
   o.standalone = o.standalone || o.rdzv_endpoint.empty();
   if (o.module && o.no_python) {
     return UsageError{

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <functional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -25,12 +26,17 @@ struct UsageError {
 using ParseResult =
     std::variant<LaunchOptions, HelpRequested, VersionRequested, UsageError>;
 
+// Receives notes for stderr (a PET_* variable overriding a job file key).
+using NoteSink = std::function<void(const std::string&)>;
+
 // Parses `dlaunch [options] PROG [ARGS...]` (torchrun's flags, both
-// --dash-names and --under_score names; PET_<FLAG> variables in `env` fill
-// flags not given). Resolves --nproc-per-node cpu/gpu/auto and builds the
-// worker command (python -u for .py programs and -m modules).
+// --dash-names and --under_score names) and the --config job file; each
+// setting comes from the command line, else its PET_<KEY> variable in
+// `env`, else the file. Resolves --nproc-per-node cpu/gpu/auto and builds
+// the worker command (python -u for .py programs and -m modules).
 ParseResult parse_command_line(const std::vector<std::string>& args,
-                               const agent::EnvMap& env);
+                               const agent::EnvMap& env,
+                               const NoteSink& note = {});
 
 // The man-page style text of `dlaunch --help`, its options read from the
 // flag table (flags.h).

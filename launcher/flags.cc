@@ -279,7 +279,7 @@ std::vector<FlagSpec> make_table() {
        }},
       {.name = "python",
        .placeholder = "PATH",
-       .type = T::kPath,
+       .type = T::kCommand,
        .key = "python",
        .default_text = "$PYTHON, else python3",
        .help = "Interpreter for .py programs and modules.",
@@ -531,7 +531,26 @@ std::vector<FlagSpec> make_table() {
          return o.start_method;
        }},
 
-      // OTHER
+      // JOB FILES and other actions
+      {.name = "config",
+       .placeholder = "FILE",
+       .type = T::kPath,
+       .action = true,
+       .help = "Read the job from a YAML file (see JOB FILES below); flags "
+               "and PET_* variables override its keys.",
+       .section = "JOB FILES"},
+      {.name = "dry-run",
+       .type = T::kSwitch,
+       .action = true,
+       .help = "Print the plan (each worker's environment and command line) "
+               "and start nothing.",
+       .section = "JOB FILES"},
+      {.name = "print-config",
+       .type = T::kSwitch,
+       .action = true,
+       .help = "Print the effective job as YAML (a file for --config) and "
+               "start nothing.",
+       .section = "JOB FILES"},
       {.name = "help",
        .aliases = {"-h"},
        .type = T::kSwitch,

@@ -22,6 +22,8 @@ enum class ValueType {
   kString,   // text, or one of `choices` when there are any
   kPath,     // a file or folder; relative paths in a file resolve against
              // the file's folder
+  kCommand,  // a program: a bare name is looked up in PATH, a path with a
+             // '/' resolves like kPath
   kList,     // comma-separated on the command line, a sequence in a file
   kMap,      // K=V,... on the command line, a mapping in a file
 };

@@ -1,0 +1,451 @@
+#include "launcher/job_file.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "launcher/flags.h"
+
+namespace dlaunch::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Keys that are not flags.
+constexpr std::string_view kOwnKeys[] = {"program", "args", "env", "hosts",
+                                         "faults"};
+
+// Reads one job file; one instance per load.
+class Loader {
+ public:
+  Loader(const std::string& path, const agent::EnvMap& env)
+      : env_(env), name_(path) {
+    job_.path = fs::absolute(path).lexically_normal();
+    dir_ = job_.path.parent_path();
+    job_.top = {name_, 1, 1};
+  }
+
+  JobFile load() {
+    YAML::Node root;
+    try {
+      root = YAML::LoadFile(job_.path.string());
+    } catch (const YAML::BadFile&) {
+      throw JobFileError(
+          "--config: '" + name_ +
+          "': " + (fs::exists(job_.path) ? "cannot be read" : "no such file") +
+          "; give the path of a YAML job file");
+    } catch (const YAML::ParserException& e) {
+      throw JobFileError(pos(e.mark).text() + ": not valid YAML: " + e.msg);
+    }
+    if (root.IsNull()) return job_;
+    if (!root.IsMap()) {
+      fail(root,
+           "the file must be a mapping of keys (program: ..., "
+           "nproc_per_node: ...), not a " +
+               kind(root));
+    }
+    std::set<std::string> seen;
+    for (const auto& kv : root) {
+      const YAML::Node& k = kv.first;
+      const YAML::Node& v = kv.second;
+      if (!k.IsScalar()) fail(k, "a key must be a plain name");
+      const std::string key = k.Scalar();
+      if (!seen.insert(key).second) {
+        fail(k, key + ": appears twice; keep one");
+      }
+      read_key(key, k, v);
+    }
+    return job_;
+  }
+
+ private:
+  FilePos pos(const YAML::Mark& m) const {
+    if (m.is_null()) return job_.top;
+    return {name_, m.line + 1, m.column + 1};
+  }
+
+  [[noreturn]] void fail(const YAML::Node& at, const std::string& what) {
+    throw JobFileError(pos(at.Mark()).text() + ": " + what);
+  }
+
+  static std::string kind(const YAML::Node& n) {
+    if (n.IsSequence()) return "list";
+    if (n.IsMap()) return "mapping";
+    if (n.IsNull()) return "nothing";
+    return "'" + n.Scalar() + "'";
+  }
+
+  // `${VAR}`, `${VAR:-default}`, `$${` for a literal `${`; `${local_rank}`
+  // stays for the worker (torchrun's placeholder in args).
+  std::string expand(const YAML::Node& at, const std::string& key,
+                     const std::string& s) {
+    std::string out;
+    for (size_t i = 0; i < s.size();) {
+      if (s.compare(i, 3, "$${") == 0) {
+        out += "${";
+        i += 3;
+        continue;
+      }
+      if (s.compare(i, 2, "${") != 0) {
+        out += s[i++];
+        continue;
+      }
+      size_t end = s.find('}', i);
+      if (end == std::string::npos) {
+        fail(at, key + ": '" + s.substr(i) +
+                     "' has no closing '}'; write ${VAR}, ${VAR:-default} "
+                     "or $${ for a literal ${");
+      }
+      std::string inner = s.substr(i + 2, end - i - 2);
+      std::optional<std::string> fallback;
+      if (size_t d = inner.find(":-"); d != std::string::npos) {
+        fallback = inner.substr(d + 2);
+        inner = inner.substr(0, d);
+      }
+      bool name_ok =
+          !inner.empty() && !std::isdigit(inner[0]) &&
+          std::all_of(inner.begin(), inner.end(), [](char c) {
+            return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+          });
+      if (!name_ok) {
+        fail(at, key + ": '${" + inner +
+                     "}' is not a variable name; use letters, digits and _");
+      }
+      if (inner == "local_rank" && !fallback) {
+        out += "${local_rank}";
+      } else if (auto it = env_.find(inner); it != env_.end()) {
+        out += it->second;
+      } else if (fallback) {
+        out += *fallback;
+      } else {
+        fail(at, key + ": ${" + inner +
+                     "} is not set in the environment; set it or write ${" +
+                     inner + ":-DEFAULT}");
+      }
+      i = end + 1;
+    }
+    return out;
+  }
+
+  std::string scalar(const YAML::Node& v, const std::string& key,
+                     const std::string& want) {
+    if (!v.IsScalar()) {
+      fail(v, key + ": expected " + want + ", got " + kind(v));
+    }
+    return expand(v, key, v.Scalar());
+  }
+
+  // `p` against the file's folder when relative.
+  std::string resolve(const std::string& p) const {
+    if (p.empty() || fs::path(p).is_absolute()) return p;
+    return (dir_ / p).lexically_normal().string();
+  }
+
+  void read_key(const std::string& key, const YAML::Node& k,
+                const YAML::Node& v) {
+    if (key == "program") {
+      std::string p = scalar(v, key, "a program name or path");
+      if (p.empty()) fail(v, "program: must not be empty");
+      job_.program = FileSetting{
+          p.find('/') == std::string::npos ? p : resolve(p), pos(v.Mark())};
+    } else if (key == "args") {
+      if (v.IsNull()) {
+        job_.args.emplace();
+        return;
+      }
+      if (!v.IsSequence()) {
+        fail(v, "args: expected a list like [--epochs, \"3\"], got " + kind(v));
+      }
+      std::vector<std::string> args;
+      for (const auto& a : v) args.push_back(scalar(a, key, "a string"));
+      job_.args = std::move(args);
+    } else if (key == "env") {
+      if (v.IsNull()) return;
+      if (!v.IsMap()) {
+        fail(v, "env: expected a mapping like {NAME: value}, got " + kind(v));
+      }
+      for (const auto& e : v) {
+        std::string name = scalar(e.first, "env", "a variable name");
+        if (name.empty() || name.find('=') != std::string::npos) {
+          fail(e.first, "env: '" + name + "' is not a variable name");
+        }
+        job_.env[name] = scalar(e.second, "env." + name, "a string");
+      }
+    } else if (key == "hosts") {
+      read_hosts(v);
+    } else if (key == "faults") {
+      if (v.IsNull()) return;
+      if (!v.IsSequence()) {
+        fail(v,
+             "faults: expected a list (reserved for failure injection), "
+             "got " +
+                 kind(v));
+      }
+      for (const auto& f : v) {
+        YAML::Emitter out;
+        out << YAML::Flow << f;
+        job_.faults.push_back(out.c_str());
+      }
+    } else if (const FlagSpec* f = find_flag(key);
+               f && !f->action && f->key == key) {
+      job_.settings[std::string(f->name)] =
+          FileSetting{flag_value(*f, key, v), pos(v.Mark())};
+    } else {
+      unknown(key, k);
+    }
+  }
+
+  // The node as its flag's command-line text, after a type check.
+  std::string flag_value(const FlagSpec& f, const std::string& key,
+                         const YAML::Node& v) {
+    using T = ValueType;
+    if (f.type == T::kList && v.IsSequence()) {
+      std::string out;
+      for (const auto& item : v) {
+        out += (out.empty() ? "" : ",") + scalar(item, key, "a list item");
+      }
+      return out;
+    }
+    if (f.type == T::kMap && v.IsMap()) {
+      std::string out;
+      for (const auto& e : v) {
+        out += (out.empty() ? "" : ",") + scalar(e.first, key, "a name") + "=" +
+               scalar(e.second, key, "a value");
+      }
+      return out;
+    }
+    std::string want;
+    switch (f.type) {
+      case T::kSwitch:
+        want = "true or false";
+        break;
+      case T::kInt:
+        want = "an integer";
+        break;
+      case T::kSeconds:
+        want = "a number of seconds";
+        break;
+      case T::kList:
+        want = "a list";
+        break;
+      case T::kMap:
+        want = "a mapping";
+        break;
+      default:
+        want = "a string";
+    }
+    for (std::string_view c : f.choices) {
+      want += ", " + std::string(c);
+    }
+    if (!v.IsScalar()) fail(v, key + ": expected " + want + ", got " + kind(v));
+    std::string s = expand(v, key, v.Scalar());
+    bool ok = true;
+    if (f.type == T::kSwitch) {
+      try {
+        parse_switch(s);
+      } catch (const BadValue&) {
+        ok = false;
+      }
+    } else if (f.type == T::kInt) {
+      long long n = 0;
+      ok = parse_number(s, n) ||
+           std::find(f.choices.begin(), f.choices.end(), s) != f.choices.end();
+    } else if (f.type == T::kSeconds) {
+      // YAML spells them .inf and .nan: the flag's check then says why
+      // they are refused.
+      if (s == ".inf" || s == ".nan" || s == "-.inf") s.erase(s.find('.'), 1);
+      double d = 0;
+      ok = parse_number(s, d);
+    } else if (f.type == T::kPath) {
+      s = resolve(s);
+    } else if (f.type == T::kCommand && s.find('/') != std::string::npos) {
+      s = resolve(s);
+    }
+    if (!ok) fail(v, key + ": expected " + want + ", got '" + s + "'");
+    return s;
+  }
+
+  void read_hosts(const YAML::Node& v) {
+    if (v.IsNull()) return;
+    if (v.IsScalar()) {
+      std::string file = resolve(scalar(v, "hosts", "a hostfile path"));
+      std::ifstream in(file);
+      if (!in) {
+        fail(v, "hosts: cannot read hostfile '" + file +
+                    "'; give a list of hosts or a readable hostfile");
+      }
+      std::stringstream text;
+      text << in.rdbuf();
+      job_.hosts = parse_hostfile(text.str(), file);
+      return;
+    }
+    if (!v.IsSequence()) {
+      fail(v,
+           "hosts: expected a list like [node1, node2:4] or a hostfile "
+           "path, got " +
+               kind(v));
+    }
+    std::set<std::string> names;
+    for (const auto& h : v) {
+      std::string s = scalar(h, "hosts", "NAME or NAME:SLOTS");
+      std::vector<Host> one;
+      try {
+        one = parse_hostfile(s, name_);
+      } catch (const JobFileError& e) {
+        // Re-position at the list item: the text after "FILE:1:C: ".
+        std::string what = e.what();
+        fail(h, what.substr(what.find(": ") + 2));
+      }
+      if (one.size() != 1) fail(h, "hosts: '" + s + "' is not one host");
+      if (!names.insert(one[0].name).second) {
+        fail(h, "hosts: '" + one[0].name +
+                    "' is listed twice; give "
+                    "SLOTS instead (" +
+                    one[0].name + ":4)");
+      }
+      job_.hosts.push_back(one[0]);
+    }
+  }
+
+  [[noreturn]] void unknown(const std::string& key, const YAML::Node& k) {
+    std::vector<std::string> valid(std::begin(kOwnKeys), std::end(kOwnKeys));
+    for (const FlagSpec& f : flags()) {
+      std::string under(f.name);
+      std::replace(under.begin(), under.end(), '-', '_');
+      if (f.action && (key == f.name || key == under)) {
+        fail(k, "'" + key + "' is a command-line action (--" +
+                    std::string(f.name) + "), not a job key");
+      }
+      if (!f.action) valid.emplace_back(f.key);
+    }
+    std::string best;
+    size_t best_d = std::string::npos;
+    for (const std::string& v : valid) {
+      size_t d = distance(key, v);
+      if (d < best_d) {
+        best_d = d;
+        best = v;
+      }
+    }
+    std::string hint =
+        best_d <= std::max<size_t>(2, key.size() / 3)
+            ? "; did you mean " + best + "?"
+            : "; valid keys are the flags' names with '_' (nproc_per_node) "
+              "and program, args, env, hosts, faults";
+    fail(k, "unknown key '" + key + "'" + hint);
+  }
+
+  // Edit distance, with '-' and '_' counted equal.
+  static size_t distance(const std::string& a, const std::string& b) {
+    auto same = [](char x, char y) {
+      if (x == '-') x = '_';
+      if (y == '-') y = '_';
+      return std::tolower(x) == std::tolower(y);
+    };
+    std::vector<size_t> row(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      size_t diag = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j) {
+        size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1,
+                           diag + (same(a[i - 1], b[j - 1]) ? 0 : 1)});
+        diag = up;
+      }
+    }
+    return row[b.size()];
+  }
+
+  const agent::EnvMap& env_;
+  std::string name_;
+  fs::path dir_;
+  JobFile job_;
+};
+
+}  // namespace
+
+std::string FilePos::text() const {
+  return file + ":" + std::to_string(line) + ":" + std::to_string(column);
+}
+
+JobFile load_job_file(const std::string& path, const agent::EnvMap& env) {
+  return Loader(path, env).load();
+}
+
+std::vector<Host> parse_hostfile(const std::string& text,
+                                 const std::string& file) {
+  std::vector<Host> hosts;
+  std::set<std::string> names;
+  std::istringstream in(text);
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    line = line.substr(0, line.find('#'));
+    size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos) continue;
+    auto fail = [&](const std::string& what) {
+      throw JobFileError(file + ":" + std::to_string(line_no) + ":" +
+                         std::to_string(start + 1) + ": hosts: " + what);
+    };
+    std::istringstream words(line.substr(start));
+    std::string word, more;
+    words >> word;
+    Host h;
+    h.name = word;
+    std::string slots;
+    if (size_t colon = word.find(':'); colon != std::string::npos) {
+      h.name = word.substr(0, colon);
+      slots = word.substr(colon + 1);
+    }
+    if (words >> more) {
+      if (more.rfind("slots=", 0) != 0 || !slots.empty()) {
+        fail("'" + more +
+             "' is not valid; write NAME, NAME:SLOTS or NAME "
+             "slots=SLOTS");
+      }
+      slots = more.substr(6);
+    }
+    if (words >> more) {
+      fail("'" + more + "' is extra; write one host per line");
+    }
+    bool name_ok = !h.name.empty() &&
+                   std::all_of(h.name.begin(), h.name.end(), [](char c) {
+                     return std::isalnum(static_cast<unsigned char>(c)) ||
+                            c == '.' || c == '-' || c == '_';
+                   });
+    if (!name_ok) {
+      fail("'" + h.name +
+           "' is not a host name; use letters, digits, '.', "
+           "'-' and '_' (node1, 10.0.0.2)");
+    }
+    if (!slots.empty()) {
+      if (!parse_number(slots, h.slots) || h.slots < 1 || h.slots > 65536) {
+        fail("'" + slots + "' slots for " + h.name +
+             " is not valid; use a number 1..65536");
+      }
+    }
+    if (!names.insert(h.name).second) {
+      fail("'" + h.name + "' is listed twice; give slots instead");
+    }
+    hosts.push_back(h);
+  }
+  return hosts;
+}
+
+bool is_secret_name(const std::string& name) {
+  std::string up = name;
+  for (char& c : up) c = static_cast<char>(std::toupper(c));
+  for (const char* word :
+       {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY",
+        "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL", "AUTH"}) {
+    if (up.find(word) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace dlaunch::launcher

@@ -1,0 +1,236 @@
+#include "launcher/job_print.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <sstream>
+
+#include "agent/worker_env.h"
+#include "launcher/flags.h"
+#include "launcher/job_file.h"
+
+namespace dlaunch::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string part; std::getline(in, part, sep);) out.push_back(part);
+  return out;
+}
+
+// A path as the job file writes it: absolute; a bare command name
+// (python3) stays a PATH lookup.
+std::string absolute(const std::string& p, bool command) {
+  if (p.empty() || (command && p.find('/') == std::string::npos)) return p;
+  return fs::absolute(p).lexically_normal().string();
+}
+
+// Literal text, so the loader's ${VAR} expansion gives it back unchanged:
+// "${" becomes "$${" (${local_rank} stays the worker's placeholder).
+std::string literal(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s.compare(i, 2, "${") == 0 && s.compare(i, 13, "${local_rank}") != 0) {
+      out += '$';
+    }
+    out += s[i];
+  }
+  return out;
+}
+
+// An env value as printed: a secret becomes a reference to the launching
+// environment.
+std::string env_value(const std::string& name, const std::string& value) {
+  return is_secret_name(name) ? "${" + name + "}" : literal(value);
+}
+
+std::string host_text(const Host& h) {
+  return h.slots > 0 ? h.name + ":" + std::to_string(h.slots) : h.name;
+}
+
+// One argument as a shell would need it written.
+std::string shell_word(const std::string& s) {
+  if (!s.empty() &&
+      s.find_first_not_of("abcdefghijklmnopqrstuvwxyz"
+                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                          "0123456789_-./=:,+@%") == std::string::npos) {
+    return s;
+  }
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+}  // namespace
+
+std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "program" << YAML::Value
+      << literal(absolute(o.program, true));
+  out << YAML::Key << "args" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& a : o.program_args) out << literal(a);
+  out << YAML::EndSeq;
+  for (const FlagSpec& f : flags()) {
+    if (f.action || (!with_run_id && f.key == "rdzv_id")) continue;
+    std::optional<std::string> text = f.print(o);
+    if (!text) continue;
+    out << YAML::Key << std::string(f.key) << YAML::Value;
+    switch (f.type) {
+      case ValueType::kSwitch:
+        out << (*text == "true");
+        break;
+      case ValueType::kList:
+        out << YAML::Flow << YAML::BeginSeq;
+        for (const std::string& item : split(*text, ',')) out << literal(item);
+        out << YAML::EndSeq;
+        break;
+      case ValueType::kMap:
+        out << YAML::Flow << YAML::BeginMap;
+        for (const std::string& kv : split(*text, ',')) {
+          size_t eq = kv.find('=');
+          out << YAML::Key << kv.substr(0, eq) << YAML::Value
+              << literal(kv.substr(eq + 1));
+        }
+        out << YAML::EndMap;
+        break;
+      case ValueType::kPath:
+      case ValueType::kCommand:
+        out << literal(absolute(*text, f.type == ValueType::kCommand));
+        break;
+      default:
+        out << literal(*text);
+    }
+  }
+  if (!o.env.empty()) {
+    out << YAML::Key << "env" << YAML::Value << YAML::BeginMap;
+    for (const auto& [name, value] : o.env) {
+      out << YAML::Key << name << YAML::Value << env_value(name, value);
+    }
+    out << YAML::EndMap;
+  }
+  if (!o.hosts.empty()) {
+    out << YAML::Key << "hosts" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const Host& h : o.hosts) out << host_text(h);
+    out << YAML::EndSeq;
+  }
+  if (!o.faults.empty()) {
+    out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;
+    for (const std::string& f : o.faults) out << YAML::Load(f);
+    out << YAML::EndSeq;
+  }
+  out << YAML::EndMap;
+  return "# The effective dlaunch job; rerun it with: dlaunch --config FILE\n" +
+         std::string(out.c_str()) + "\n";
+}
+
+std::string dry_run_plan(const LaunchOptions& o) {
+  const std::string kRdzv = "<decided at rendezvous>";
+  const bool multi = o.hosts.size() > 1 || o.nnodes > 1;
+  std::ostringstream s;
+  s << "dlaunch --dry-run: the plan; nothing was started.\n\n";
+  s << "job\n";
+  s << "  config:    "
+    << (o.config_file.empty() ? "none (flags only)" : o.config_file.string())
+    << "\n";
+  std::string cmd;
+  for (const std::string& w : o.agent.entrypoint) {
+    cmd += (cmd.empty() ? "" : " ") + shell_word(w);
+  }
+  s << "  command:   " << cmd << "\n";
+  if (o.hosts.empty()) {
+    s << "  hosts:     this node only\n";
+  } else {
+    std::string names;
+    for (const Host& h : o.hosts) {
+      names += (names.empty() ? "" : ", ") + host_text(h);
+    }
+    s << "  hosts:     " << names
+      << " (parsed and checked; multi-node launch is not implemented yet, "
+         "so a run refuses hosts other than this one; ranks and GPU counts "
+         "of other hosts are decided there)\n";
+  }
+  s << "  workers:   " << o.agent.nproc_per_node << " on this node";
+  if (multi) {
+    s << ", world size " << kRdzv;
+  } else {
+    s << ", world size " << o.agent.nproc_per_node * o.nnodes;
+  }
+  s << "\n";
+  s << "  rendezvous: " << o.rdzv_backend
+    << (o.standalone ? ", store hosted here on a free port (standalone)"
+                     : ", store at " + o.rdzv_endpoint)
+    << "\n";
+  s << "  restarts:  up to " << o.agent.max_restarts << "; SIGKILL "
+    << format_seconds(o.agent.term_timeout) << " s after SIGTERM\n";
+  std::string run_id =
+      o.agent.run_id.empty() ? "<random, chosen at start>" : o.agent.run_id;
+  if (o.agent.log_dir.empty()) {
+    s << "  logs:      none (console only)\n";
+  } else {
+    fs::path run_dir = fs::absolute(o.agent.log_dir) / run_id;
+    s << "  logs:      " << (run_dir / "attempt_K/LOCAL_RANK").string()
+      << "/{stdout,stderr}.log, " << (run_dir / "summary.json").string() << ", "
+      << (run_dir / "job.yaml").string() << "\n";
+  }
+  if (!o.faults.empty()) {
+    s << "  faults:    " << o.faults.size()
+      << " entries, not yet applied (reserved for failure injection)\n";
+  }
+
+  agent::EnvMap shown;  // the env map, secrets hidden
+  for (const auto& [name, value] : o.env) {
+    shown[name] = is_secret_name(name) ? "<secret, not shown>" : value;
+  }
+  const int nproc = o.agent.nproc_per_node;
+  for (int i = 0; i < nproc; ++i) {
+    agent::WorkerIdentity id{.local_rank = i,
+                             .rank = o.node_rank * nproc + i,
+                             .world_size = nproc * o.nnodes,
+                             .local_world_size = nproc,
+                             .group_rank = o.node_rank,
+                             .group_world_size = o.nnodes,
+                             .role_rank = o.node_rank * nproc + i,
+                             .role_world_size = nproc * o.nnodes};
+    agent::JobInfo job{.role = o.agent.role,
+                       .master_addr = o.agent.master_addr,
+                       .master_port = o.agent.master_port,
+                       .restart_count = 0,
+                       .max_restarts = o.agent.max_restarts,
+                       .run_id = run_id};
+    std::string error_file =
+        o.agent.log_dir.empty()
+            ? "<a temporary folder>/" + std::to_string(i) + "/error.json"
+            : (fs::absolute(o.agent.log_dir) / run_id / "attempt_K" /
+               std::to_string(i) / "error.json")
+                  .string();
+    s << "\nworker " << i << " (local rank " << i << ")\n  command: ";
+    std::string line;
+    for (const std::string& w : o.agent.entrypoint) {
+      line +=
+          (line.empty() ? "" : " ") +
+          shell_word(agent::substitute(w, {{"local_rank", std::to_string(i)}}));
+    }
+    s << line << "\n  environment (set on top of dlaunch's own):\n";
+    for (std::string kv :
+         agent::worker_environment(shown, id, job, error_file)) {
+      std::string name = kv.substr(0, kv.find('='));
+      std::string value = kv.substr(kv.find('=') + 1);
+      if (name == "MASTER_PORT" && o.agent.master_port == 0) {
+        value = "<a free port, chosen when each attempt starts>";
+      } else if (name == "TORCHELASTIC_RESTART_COUNT") {
+        value = "0 (K on the Kth restart)";
+      } else if (multi && (name == "RANK" || name == "WORLD_SIZE" ||
+                           name == "GROUP_RANK" || name == "GROUP_WORLD_SIZE" ||
+                           name == "ROLE_RANK" || name == "ROLE_WORLD_SIZE")) {
+        value = kRdzv;
+      }
+      s << "    " << name << "=" << value << "\n";
+    }
+  }
+  return s.str();
+}
+
+}  // namespace dlaunch::launcher
