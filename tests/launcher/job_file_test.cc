@@ -1,0 +1,344 @@
+// YAML job files: every error kind with its line and column, the override
+// order (file < PET_* < flag), ${VAR} expansion and paths, secrets, the
+// --print-config round trip, and every example in configs/.
+#include "launcher/job_file.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "launcher/cli.h"
+#include "launcher/flags.h"
+#include "launcher/job_print.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dlaunch::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::TempDir;
+using testing::write_file;
+
+class JobFileTest : public ::testing::Test {
+ protected:
+  std::string write(const std::string& text,
+                    const std::string& name = "job.yaml") {
+    fs::create_directories((dir_ / name).parent_path());
+    write_file(dir_ / name, text);
+    return (dir_ / name).string();
+  }
+
+  ParseResult parse(const std::vector<std::string>& args,
+                    const agent::EnvMap& env = {}) {
+    notes_.clear();
+    return parse_command_line(
+        args, env, [this](const std::string& n) { notes_.push_back(n); });
+  }
+
+  LaunchOptions ok(const std::vector<std::string>& args,
+                   const agent::EnvMap& env = {}) {
+    ParseResult r = parse(args, env);
+    if (auto* e = std::get_if<UsageError>(&r)) {
+      ADD_FAILURE() << "rejected: " << e->message;
+      return {};
+    }
+    return std::get<LaunchOptions>(r);
+  }
+
+  // The one-line message for `yaml` as job.yaml, checked to mean exit 2.
+  std::string error(const std::string& yaml, const agent::EnvMap& env = {},
+                    std::vector<std::string> more = {}) {
+    std::vector<std::string> args = {"--config", write(yaml)};
+    args.insert(args.end(), more.begin(), more.end());
+    ParseResult r = parse(args, env);
+    if (!std::holds_alternative<UsageError>(r)) {
+      ADD_FAILURE() << "accepted:\n" << yaml;
+      return "";
+    }
+    const UsageError& e = std::get<UsageError>(r);
+    EXPECT_EQ(e.exit_code, 2);
+    EXPECT_EQ(e.message.find('\n'), std::string::npos) << e.message;
+    return e.message;
+  }
+
+  TempDir dir_;
+  std::vector<std::string> notes_;
+};
+
+TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
+  write("node1\nnode2 slots=2\nnode3 slots=two\n", "hostfile");
+  struct Case {
+    std::string yaml;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      // Unknown keys, with the nearest valid one.
+      {"program: x\nmax_restartz: 2\n",
+       "job.yaml:2:1: unknown key 'max_restartz'; did you mean max_restarts?"},
+      {"program: x\n  \nnproc-per-node: 2\n",
+       "job.yaml:3:1: unknown key 'nproc-per-node'; did you mean "
+       "nproc_per_node?"},
+      {"program: x\nwibble: 1\n", "job.yaml:2:1: unknown key 'wibble'; valid"},
+      {"program: x\ndry_run: true\n",
+       "job.yaml:2:1: 'dry_run' is a command-line action (--dry-run), not a "
+       "job key"},
+      {"program: x\nprogram: y\n", "job.yaml:2:1: program: appears twice"},
+      // Wrong types.
+      {"program: x\nnnodes: two\n",
+       "job.yaml:2:9: nnodes: expected an integer, got 'two'"},
+      {"program: x\nnproc_per_node: [1]\n",
+       "job.yaml:2:17: nproc_per_node: expected an integer, cpu, gpu, auto, "
+       "got list"},
+      {"program: x\nstandalone: maybe\n",
+       "job.yaml:2:13: standalone: expected true or false, got 'maybe'"},
+      {"program: x\nterm_timeout: soon\n",
+       "job.yaml:2:15: term_timeout: expected a number of seconds, got 'soon'"},
+      {"program: x\nargs: {a: 1}\n", "job.yaml:2:7: args: expected a list"},
+      {"program: x\nenv: [A]\n", "job.yaml:2:6: env: expected a mapping"},
+      {"program: x\nlocal_ranks_filter: [0, [1]]\n",
+       "job.yaml:2:25: local_ranks_filter: expected a list item, got list"},
+      {"- program\n", "job.yaml:1:1: the file must be a mapping"},
+      // A missing program: the file's first line.
+      {"nproc_per_node: 2\n", "job.yaml:1:1: no program; add 'program: PROG'"},
+      // Invalid values: the flags' own messages.
+      {"program: x\nmax_restarts: -1\n",
+       "job.yaml:2:15: max_restarts: '-1' is not valid; use a number >= 0"},
+      {"program: x\nterm_timeout: .inf\n",
+       "job.yaml:2:15: term_timeout: 'inf' is not valid; use a number of "
+       "seconds from 0.001 to 604800 (7 days)"},
+      {"program: x\n\nmonitor_interval: 1e308\n",
+       "job.yaml:3:19: monitor_interval: '1e308' is not valid"},
+      {"program: x\nrdzv_backend: etcd-v9\n",
+       "job.yaml:2:15: rdzv_backend: 'etcd-v9' is not valid; use static or "
+       "c10d"},
+      // ${VAR}s.
+      {"program: x\nenv:\n  A: ${DLAUNCH_TEST_UNSET}\n",
+       "job.yaml:3:6: env.A: ${DLAUNCH_TEST_UNSET} is not set in the "
+       "environment; set it or write ${DLAUNCH_TEST_UNSET:-DEFAULT}"},
+      {"program: x\nrole: ${oops\n",
+       "job.yaml:2:7: role: '${oops' has no "
+       "closing '}'"},
+      // Hosts, listed and in a hostfile.
+      {"program: x\nhosts:\n  - node1\n  - bad/host\n",
+       "job.yaml:4:5: hosts: 'bad/host' is not a host name"},
+      {"program: x\nhosts: [node1, node2:4, node1]\n",
+       "job.yaml:2:25: hosts: 'node1' is listed twice"},
+      {"program: x\nhosts: [node1:0]\n",
+       "job.yaml:2:9: hosts: '0' slots for node1 is not valid"},
+      {"program: x\nhosts: hostfile\n",
+       "hostfile:3:1: hosts: 'two' slots for node3 is not valid"},
+      {"program: x\nhosts: missing-hostfile\n",
+       "job.yaml:2:8: hosts: cannot read hostfile"},
+      {"program: x\nfaults: {kill: 1}\n",
+       "job.yaml:2:9: faults: expected a list"},
+      // Not YAML at all.
+      {"program: [x\n", "job.yaml:2:1: not valid YAML"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.yaml);
+    EXPECT_THAT(error(c.yaml), HasSubstr(c.expect));
+  }
+  std::string missing = (dir_ / "nope.yaml").string();
+  EXPECT_THAT(std::get<UsageError>(parse({"--config", missing})).message,
+              HasSubstr("--config: '" + missing + "': no such file"));
+}
+
+TEST_F(JobFileTest, InvalidValuesGetTheFlagsOwnMessages) {
+  struct Case {
+    std::string key, value;
+  };
+  for (const Case& c : std::vector<Case>{{"term_timeout", "nan"},
+                                         {"max_restarts", "-5"},
+                                         {"master_port", "70000"},
+                                         {"tee", "9"},
+                                         {"signals_to_handle", "SIGFOO"},
+                                         {"start_method", "thread"},
+                                         {"role", "\"\""}}) {
+    SCOPED_TRACE(c.key);
+    const FlagSpec* f = find_flag(c.key);
+    ASSERT_NE(f, nullptr);
+    std::string value = c.value == "\"\"" ? "" : c.value;
+    ParseResult r = parse({"--" + std::string(f->name), value, "true"});
+    ASSERT_TRUE(std::holds_alternative<UsageError>(r));
+    std::string flag_msg = std::get<UsageError>(r).message;
+    std::string prefix = "dlaunch: --" + std::string(f->name) + ": ";
+    ASSERT_EQ(flag_msg.rfind(prefix, 0), 0u) << flag_msg;
+    std::string flag_tail = flag_msg.substr(prefix.size());
+    std::string file_msg =
+        error("program: x\n" + c.key + ": " + c.value + "\n");
+    EXPECT_THAT(file_msg, HasSubstr("job.yaml:2:"));
+    EXPECT_EQ(file_msg.substr(file_msg.find(c.key + ": ") + c.key.size() + 2),
+              flag_tail);
+  }
+}
+
+TEST_F(JobFileTest, OverrideOrderIsFileThenPetThenFlag) {
+  struct Row {
+    std::optional<std::string> file, pet, flag;
+    std::string want;
+    bool note;  // the PET_* variable hides a key of the file
+  };
+  const std::vector<Row> rows = {
+      {{}, {}, {}, "0", false},   {"1", {}, {}, "1", false},
+      {{}, "2", {}, "2", false},  {{}, {}, "3", "3", false},
+      {"1", "2", {}, "2", true},  {"1", {}, "3", "3", false},
+      {{}, "2", "3", "3", false}, {"1", "2", "3", "3", false},
+  };
+  for (const Row& row : rows) {
+    SCOPED_TRACE(row.file.value_or("-") + " " + row.pet.value_or("-") + " " +
+                 row.flag.value_or("-"));
+    std::string yaml = "program: true\nrole: from-file\n";
+    if (row.file) yaml += "max_restarts: " + *row.file + "\n";
+    std::vector<std::string> args = {"--config", write(yaml)};
+    if (row.flag) args.insert(args.end(), {"--max_restarts", *row.flag});
+    agent::EnvMap env;
+    if (row.pet) env["PET_MAX_RESTARTS"] = *row.pet;
+    LaunchOptions o = ok(args, env);
+    EXPECT_EQ(std::to_string(o.agent.max_restarts), row.want);
+    EXPECT_EQ(o.agent.role, "from-file");  // keys nobody overrides stay
+    if (row.note) {
+      ASSERT_EQ(notes_.size(), 1u);
+      EXPECT_THAT(notes_[0], HasSubstr("PET_MAX_RESTARTS=2 overrides "
+                                       "max_restarts: 1 of "));
+      EXPECT_THAT(notes_[0], HasSubstr("job.yaml:3:15"));
+    } else {
+      EXPECT_TRUE(notes_.empty()) << notes_[0];
+    }
+  }
+  // A program on the command line replaces the file's program and args.
+  std::string f = write("program: sh\nargs: [-c, 'exit 3']\n");
+  EXPECT_EQ(ok({"--config", f}).agent.entrypoint,
+            (std::vector<std::string>{"sh", "-c", "exit 3"}));
+  EXPECT_EQ(ok({"--config", f, "echo", "hi"}).agent.entrypoint,
+            (std::vector<std::string>{"echo", "hi"}));
+}
+
+TEST_F(JobFileTest, VariablesExpandAndRelativePathsFollowTheFile) {
+  write("node1 slots=2  # the first\n\n# a comment\nnode2:2\n",
+        "sub/hosts.txt");
+  std::string f = write(
+      "program: ./bin/train\n"
+      "args: [--out, '${OUT}/x', --name, '${NAME:-anon}', --shard, "
+      "'${local_rank}', '$${HOME}']\n"
+      "log_dir: logs\n"
+      "python: ./venv/python\n"
+      "hosts: hosts.txt\n"
+      "env: {A: '${OUT}', B: '${UNSET_B:-dflt}'}\n",
+      "sub/job.yaml");
+  fs::path sub = dir_.path() / "sub";
+  LaunchOptions o = ok({"--config", f}, {{"OUT", "/o"}});
+  EXPECT_EQ(o.program, (sub / "bin/train").string());
+  EXPECT_EQ(o.program_args,
+            (std::vector<std::string>{"--out", "/o/x", "--name", "anon",
+                                      "--shard", "${local_rank}", "${HOME}"}));
+  EXPECT_EQ(o.agent.log_dir, sub / "logs");
+  EXPECT_EQ(o.python, (sub / "venv/python").string());
+  EXPECT_EQ(o.hosts, (std::vector<Host>{{"node1", 2}, {"node2", 2}}));
+  EXPECT_EQ(o.env,
+            (std::map<std::string, std::string>{{"A", "/o"}, {"B", "dflt"}}));
+  EXPECT_EQ(o.config_file, fs::path(f));
+  // A bare program or interpreter name stays a PATH lookup.
+  LaunchOptions bare =
+      ok({"--config", write("program: sh\npython: python3\n", "sub/b.yaml")});
+  EXPECT_EQ(bare.program, "sh");
+  EXPECT_EQ(bare.python, "python3");
+}
+
+TEST_F(JobFileTest, PrintConfigRoundTrips) {
+  std::string f = write(
+      "program: ./prog\n"
+      "args: [--lr, '0.1', '${local_rank}', '$${KEEP}', 'a b', 'x: y']\n"
+      "nproc_per_node: 3\n"
+      "max_restarts: 2\n"
+      "term_timeout: 0.25\n"
+      "log_dir: logs\n"
+      "tee: '0:3,1:1'\n"
+      "local_ranks_filter: [0, 2]\n"
+      "signals_to_handle: [SIGINT, SIGUSR1]\n"
+      "rdzv_conf: {join_timeout: 60, last_call: 5}\n"
+      "rdzv_id: r1\n"
+      "role: trainer\n"
+      "env: {SAFE: 'v ${x}', HF_TOKEN: '${HF_TOKEN}'}\n"
+      "hosts: [localhost:3]\n"
+      "faults:\n  - {kill: 1, after: 2}\n  - stall\n",
+      "a/job.yaml");
+  agent::EnvMap env{{"HF_TOKEN", "hunter2"}, {"x", "X"}};
+  LaunchOptions first = ok({"--config", f, "--monitor-interval", "2"}, env);
+  std::string yaml = job_yaml(first, /*with_run_id=*/true);
+  EXPECT_THAT(yaml, Not(HasSubstr("hunter2")));
+  EXPECT_THAT(yaml, HasSubstr("${HF_TOKEN}"));
+  // Loaded again from another folder: the same job.
+  LaunchOptions again = ok({"--config", write(yaml, "b/printed.yaml")}, env);
+  EXPECT_EQ(job_yaml(again, true), yaml);
+  EXPECT_EQ(again.agent.entrypoint, first.agent.entrypoint);
+  EXPECT_EQ(again.program, (dir_.path() / "a/prog").string());
+  EXPECT_EQ(again.program_args[3], "${KEEP}");
+  EXPECT_EQ(again.env, first.env);
+  EXPECT_EQ(again.env.at("HF_TOKEN"), "hunter2");
+  EXPECT_EQ(again.hosts, first.hosts);
+  EXPECT_EQ(again.faults, first.faults);
+  EXPECT_EQ(again.agent.log_dir, dir_.path() / "a/logs");
+  EXPECT_EQ(again.agent.run_id, "r1");
+  EXPECT_EQ(again.monitor_interval, std::chrono::seconds(2));
+  // job.yaml leaves the run id out, so a rerun gets a fresh log folder.
+  EXPECT_THAT(job_yaml(first, false), Not(HasSubstr("rdzv_id")));
+  // Flags alone round-trip too.
+  LaunchOptions plain = ok({"true"});
+  EXPECT_EQ(
+      job_yaml(ok({"--config", write(job_yaml(plain, true), "c.yaml")}), true),
+      job_yaml(plain, true));
+}
+
+TEST_F(JobFileTest, SecretsNeverAppearInPrintedOutput) {
+  std::string f = write(
+      "program: sh\nenv:\n  WANDB_API_KEY: k3y\n  DB_PASSWORD: pw0rd\n"
+      "  MY_SECRET: s3cret\n  PLAIN: visible\n");
+  LaunchOptions o = ok({"--config", f});
+  EXPECT_EQ(o.env.at("DB_PASSWORD"), "pw0rd");  // the workers get it
+  for (const std::string& out : {job_yaml(o, true), dry_run_plan(o)}) {
+    for (const char* secret : {"k3y", "pw0rd", "s3cret"}) {
+      EXPECT_THAT(out, Not(HasSubstr(secret)));
+    }
+    EXPECT_THAT(out, HasSubstr("visible"));
+  }
+  EXPECT_TRUE(is_secret_name("HF_TOKEN"));
+  EXPECT_FALSE(is_secret_name("NCCL_DEBUG"));
+}
+
+TEST_F(JobFileTest, DryRunShowsWhatOnlyARendezvousDecides) {
+  std::string f = write(
+      "program: sh\nargs: [-c, 'echo ${local_rank}']\nnproc_per_node: "
+      "2\nhosts: [n1:2, n2:2]\nfaults: [kill]\n");
+  std::string plan = dry_run_plan(ok({"--config", f, "--dry-run"}));
+  EXPECT_THAT(plan, HasSubstr("nothing was started"));
+  EXPECT_THAT(plan, HasSubstr("n1:2, n2:2"));
+  EXPECT_THAT(plan, HasSubstr("multi-node launch is not implemented yet"));
+  EXPECT_THAT(plan, HasSubstr("WORLD_SIZE=<decided at rendezvous>"));
+  EXPECT_THAT(plan, HasSubstr("LOCAL_RANK=1\n"));
+  EXPECT_THAT(plan, HasSubstr("command: sh -c 'echo 1'"));
+  EXPECT_THAT(plan, HasSubstr("not yet applied"));
+  EXPECT_THAT(plan, HasSubstr("MASTER_PORT=<a free port"));
+}
+
+TEST_F(JobFileTest, EveryExampleInConfigsLoadsAndDryRuns) {
+  int examples = 0;
+  for (const auto& entry :
+       fs::directory_iterator(fs::path(DLAUNCH_SOURCE_DIR) / "configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    ++examples;
+    SCOPED_TRACE(entry.path().string());
+    std::string text = testing::read_file(entry.path());
+    EXPECT_EQ(text.rfind("# ", 0), 0u) << "a comment header first";
+    LaunchOptions o = ok({"--config", entry.path().string(), "--dry-run"},
+                         {{"DLAUNCH_BIN", DLAUNCH_BIN_DIR}});
+    EXPECT_EQ(o.mode, LaunchOptions::Mode::kDryRun);
+    EXPECT_THAT(dry_run_plan(o), HasSubstr("nothing was started"));
+  }
+  EXPECT_GE(examples, 5);
+}
+
+}  // namespace
+}  // namespace dlaunch::launcher
