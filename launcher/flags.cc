@@ -536,8 +536,9 @@ std::vector<FlagSpec> make_table() {
        .placeholder = "FILE",
        .type = T::kPath,
        .action = true,
-       .help = "Read the job from a YAML file (see JOB FILES below); flags "
-               "and PET_* variables override its keys.",
+       .help =
+           "Read the job from a YAML file (see JOB FILE FORMAT below); flags "
+           "and PET_* variables override its keys.",
        .section = "JOB FILES"},
       {.name = "dry-run",
        .type = T::kSwitch,

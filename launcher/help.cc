@@ -13,6 +13,7 @@ constexpr std::string_view kHead = R"(NAME
 SYNOPSIS
     dlaunch [options] PROG [ARGS...]
     dlaunch [options] -m MODULE [ARGS...]
+    dlaunch --config JOB.yaml [options] [PROG [ARGS...]]
 
 DESCRIPTION
     Starts --nproc-per-node copies of PROG on this node, each with torchrun's
@@ -30,6 +31,21 @@ DESCRIPTION
 )";
 
 constexpr std::string_view kTail = R"(
+JOB FILE FORMAT
+    A YAML mapping: program, args (a list), env (a mapping; values are
+    strings), hosts (a list of NAME or NAME:SLOTS, or a hostfile path;
+    multi-node launch is not implemented yet, so only --dry-run shows
+    other hosts), faults (reserved for failure injection: carried, not
+    applied), and every option above under its key, the long name with
+    '_' (max_restarts: 3; lists as lists; rdzv_conf: {join_timeout: 60}).
+    Each setting comes from its flag, else its PET_ variable, else the
+    file; a program on the command line replaces program and args.
+    ${VAR} and ${VAR:-default} expand from the environment ($${ is a
+    literal ${); relative paths resolve against the file's folder. A bad
+    file is reported as FILE:LINE:COLUMN and nothing starts (exit 2).
+    Secret-looking env names (TOKEN, SECRET, PASSWORD, API_KEY, ...) are
+    written as ${NAME} by --print-config and job.yaml. Examples: configs/.
+
 ENVIRONMENT
     PET_<KEY>
         Every flag that configures the job may come from a PET_ variable
@@ -55,6 +71,7 @@ EXIT STATUS
 
 EXAMPLES
     dlaunch --nproc-per-node 4 train.py --epochs 3
+    dlaunch --config configs/sgd_cpu.yaml --max-restarts 2 --dry-run
     dlaunch --nproc-per-node gpu --max-restarts 3 --log-dir logs -t 3 train.py
     dlaunch --nproc-per-node 8 --no-python ./worker --shard ${local_rank}
 )";
