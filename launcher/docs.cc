@@ -162,6 +162,8 @@ std::string bash_completion() {
     } else if (f.type == ValueType::kPath) {
       reply = f.placeholder == "DIR" ? "COMPREPLY=($(compgen -d -- \"$cur\"))"
                                      : "COMPREPLY=($(compgen -f -- \"$cur\"))";
+    } else if (f.type == ValueType::kCommand) {
+      reply = "COMPREPLY=($(compgen -c -f -- \"$cur\"))";
     } else {
       reply = "COMPREPLY=()";  // free-form: nothing to offer
     }
