@@ -3,6 +3,7 @@
 #include <chrono>
 #include <vector>
 
+#include "comm/gloo/process_group.h"
 #include "workloads/op_runner.h"
 
 namespace dlaunch::workloads {
@@ -20,8 +21,12 @@ BenchRow bench_one(comm::ProcessGroup& pg, BenchOp op, size_t bytes,
                   std::chrono::steady_clock::now() - t0)
                   .count() /
               std::max(options.iters, 1);
+  const std::string path = comm::gloo::last_path(pg);
 
-  // nccl-tests averages the time over ranks; #wrong is summed.
+  // nccl-tests averages the time over ranks; #wrong is summed. A ping-pong
+  // reports rank 0's one-way time: half its round trip.
+  const bool pingpong = op == BenchOp::kPingPong;
+  if (pingpong) us = pg.rank() == 0 ? us / 2 : 0;
   std::vector<double> totals = {us, 0};
   if (options.check) {
     runner.fill();
@@ -37,7 +42,8 @@ BenchRow bench_one(comm::ProcessGroup& pg, BenchOp op, size_t bytes,
   row.redop = op_reduces(op) ? std::string(comm::reduce_op_name(options.redop))
                              : "none";
   row.root = op_has_root(op) ? options.root : -1;
-  row.time_us = totals[0] / pg.size();
+  row.time_us = pingpong ? totals[0] : totals[0] / pg.size();
+  row.path = path;
   row.wrong = options.check ? static_cast<int64_t>(totals[1]) : -1;
   compute_bandwidth(row, op, pg.size());
   return row;
@@ -55,12 +61,20 @@ int64_t run_bench(comm::ProcessGroup& pg, const BenchOptions& options,
           << options.iters << " iterations, " << options.warmup << " warm-up\n"
           << format_header() << std::flush;
     }
+    std::string path;  // printed whenever it changes
     for (size_t bytes : sizes) {
-      if (op == BenchOp::kSendRecv && pg.size() == 1) break;
+      if ((op == BenchOp::kSendRecv || op == BenchOp::kPingPong) &&
+          pg.size() == 1) {
+        break;
+      }
       size_t elems = bytes / comm::dtype_size(options.dtype);
       if (op_splits(op) && elems < static_cast<size_t>(pg.size())) continue;
       BenchRow row = bench_one(pg, op, bytes, options);
       if (row.wrong > 0) wrong += row.wrong;
+      if (print && row.path != path) {
+        path = row.path;
+        out << "#  path: " << path << "\n";
+      }
       if (print) out << format_row(row) << "\n" << std::flush;
     }
   }

@@ -23,12 +23,14 @@ int main(int argc, char** argv) {
                  "multiply the size by this (default 2)");
   app.add_option("-i,--stepbytes", step,
                  "add this many bytes instead when -f is 1 (default 0)");
-  app.add_option("-o,--op", ops,
-                 "operation: all, or a comma list of all_reduce, all_gather, "
-                 "broadcast, reduce, reduce_scatter, all_to_all, sendrecv, "
-                 "scatter, gather (default all; nccl-tests picks the "
-                 "collective by binary and uses -o for the reduction, which "
-                 "is --redop here)");
+  app.add_option(
+      "-o,--op", ops,
+      "operation: all, or a comma list of all_reduce, all_gather, "
+      "broadcast, reduce, reduce_scatter, all_to_all, sendrecv, "
+      "scatter, gather, pingpong (one-way latency between ranks 0 and 1, "
+      "as OSU's osu_latency; not in all) (default all; nccl-tests picks the "
+      "collective by binary and uses -o for the reduction, which "
+      "is --redop here)");
   app.add_option("-d,--datatype", dtype,
                  "float, double, half, bfloat16, int8, uint8, int32, int64 "
                  "(default float)");

@@ -15,6 +15,13 @@ constexpr BenchOp kAllOps[] = {
     BenchOp::kReduce,    BenchOp::kReduceScatter, BenchOp::kAllToAll,
     BenchOp::kSendRecv,  BenchOp::kScatter,       BenchOp::kGather,
 };
+// Named in -o lists but not run by "all".
+constexpr BenchOp kNamedOps[] = {
+    BenchOp::kAllReduce, BenchOp::kAllGather,     BenchOp::kBroadcast,
+    BenchOp::kReduce,    BenchOp::kReduceScatter, BenchOp::kAllToAll,
+    BenchOp::kSendRecv,  BenchOp::kScatter,       BenchOp::kGather,
+    BenchOp::kPingPong,
+};
 
 struct DtypeName {
   comm::DType dtype;
@@ -29,7 +36,7 @@ constexpr DtypeName kDtypes[] = {
 
 std::string all_op_names() {
   std::string s;
-  for (BenchOp op : kAllOps) {
+  for (BenchOp op : kNamedOps) {
     s += (s.empty() ? "" : ", ") + std::string(bench_op_name(op));
   }
   return s;
@@ -57,6 +64,8 @@ std::string_view bench_op_name(BenchOp op) {
       return "scatter";
     case BenchOp::kGather:
       return "gather";
+    case BenchOp::kPingPong:
+      return "pingpong";
   }
   return "?";
 }
@@ -70,7 +79,7 @@ std::vector<BenchOp> parse_bench_ops(std::string_view s) {
     std::string_view item =
         s.substr(pos, comma == std::string_view::npos ? s.npos : comma - pos);
     bool found = false;
-    for (BenchOp op : kAllOps) {
+    for (BenchOp op : kNamedOps) {
       if (item == bench_op_name(op)) {
         out.push_back(op);
         found = true;
@@ -101,6 +110,7 @@ double bus_factor(BenchOp op, int nranks) {
     case BenchOp::kBroadcast:
     case BenchOp::kReduce:
     case BenchOp::kSendRecv:
+    case BenchOp::kPingPong:
       return 1.0;
   }
   return 1.0;

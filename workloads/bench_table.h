@@ -21,18 +21,20 @@ enum class BenchOp : uint8_t {
   kSendRecv,
   kScatter,
   kGather,
+  kPingPong,  // ranks 0 and 1 only, not in "all" (OSU's osu_latency)
 };
 
 // "all_reduce", "all_gather", "broadcast", "reduce", "reduce_scatter",
 // "all_to_all", "sendrecv", "scatter", "gather" (nccl-tests' binary names
 // without _perf).
 std::string_view bench_op_name(BenchOp op);
-// "all" or a comma-separated list of names; throws std::invalid_argument
+// "all" (every operation but pingpong) or a comma-separated list of names,
+// pingpong included; throws std::invalid_argument
 // naming the bad entry and the valid names.
 std::vector<BenchOp> parse_bench_ops(std::string_view s);
 // nccl-tests' bus-bandwidth factor for `op` over `nranks`: 2(n-1)/n for
 // all-reduce; (n-1)/n for all-gather, reduce-scatter, all-to-all; 1 for
-// broadcast, reduce and send/recv.
+// broadcast, reduce, send/recv and pingpong.
 double bus_factor(BenchOp op, int nranks);
 // Whether the operation reduces (prints its redop) or has a root.
 bool op_reduces(BenchOp op);
@@ -71,6 +73,7 @@ struct BenchRow {
   double algbw = 0;    // GB/s (1e9 bytes), bytes / time
   double busbw = 0;    // algbw * bus_factor
   int64_t wrong = -1;  // elements wrong over all ranks; -1: not checked
+  std::string path;    // the comm path rank 0 took (gloo::last_path)
 };
 
 // Fills algbw and busbw from bytes and time_us.

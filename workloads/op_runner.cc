@@ -67,6 +67,7 @@ OpRunner::OpRunner(comm::ProcessGroup& pg, BenchOp op, size_t count,
       break;
     case BenchOp::kAllToAll:
     case BenchOp::kSendRecv:
+    case BenchOp::kPingPong:
       in_.resize(words(count_));
       out_.resize(words(count_));
       out_of_place_ = true;
@@ -178,6 +179,17 @@ void OpRunner::run() {
       send->wait(pg_.timeout());
       break;
     }
+    case BenchOp::kPingPong: {
+      // Rank 0 sends, rank 1 sends what it got back (OSU's osu_latency).
+      if (rank_ == 0) {
+        pg_.send(view(in_, 0, count_), 1);
+        pg_.recv(view(out_, 0, count_), 1);
+      } else if (rank_ == 1) {
+        pg_.recv(view(out_, 0, count_), 0);
+        pg_.send(view(out_, 0, count_), 0);
+      }
+      break;
+    }
   }
 }
 
@@ -212,6 +224,9 @@ bool OpRunner::expected(size_t i, double* v) const {
     case BenchOp::kSendRecv:
       *v = value((rank_ - 1 + n) % n, i);
       return true;
+    case BenchOp::kPingPong:
+      *v = value(0, i);
+      return rank_ < 2;
   }
   return false;
 }

@@ -339,6 +339,7 @@ std::unique_ptr<Work> GlooProcessGroup::post(bool is_send, Tensor t, int peer,
           "tag");
     }
   }
+  took("tcp");
   return std::make_unique<P2pWork>(g_, is_send, t, peer, tag);
 }
 

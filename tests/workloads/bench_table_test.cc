@@ -67,6 +67,10 @@ TEST(BenchTableTest, Ops) {
     EXPECT_THAT(e.what(), HasSubstr("all_to_all"));
   }
   EXPECT_THROW(parse_bench_ops(""), std::invalid_argument);
+  // pingpong is named, not part of "all".
+  EXPECT_EQ(parse_bench_ops("pingpong"),
+            std::vector<BenchOp>{BenchOp::kPingPong});
+  EXPECT_EQ(bench_op_name(BenchOp::kPingPong), "pingpong");
 }
 
 TEST(BenchTableTest, BusFactors) {

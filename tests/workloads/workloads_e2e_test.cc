@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,12 +29,15 @@ std::string bin(const std::string& name) {
 }
 
 // Runs `args` under dlaunch with `nproc` workers on this node.
-testing::CommandResult launch(int nproc, std::vector<std::string> args,
-                              std::vector<std::string> launcher_flags = {}) {
+testing::CommandResult launch(
+    int nproc, std::vector<std::string> args,
+    std::vector<std::string> launcher_flags = {},
+    const std::map<std::string, std::string>& env = {}) {
   testing::CommandOptions o;
   o.argv = {bin("dlaunch"), "--nproc-per-node", std::to_string(nproc)};
   o.argv.insert(o.argv.end(), launcher_flags.begin(), launcher_flags.end());
   o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.env = env;
   o.env["DLAUNCH_COMM_TIMEOUT"] = "60";
   return testing::run_command(o, kTimeout);
 }
@@ -88,6 +92,26 @@ TEST_P(Nproc, Bench) {
   EXPECT_THAT(r.out, HasSubstr("# all_reduce: " + std::to_string(GetParam())));
   EXPECT_THAT(r.out, HasSubstr("# sendrecv"));
   EXPECT_THAT(r.out, HasSubstr("Out of bounds values : 0 OK"));
+  // Ranks on one host: small collectives travel with the argument check.
+  EXPECT_THAT(r.out, HasSubstr("#  path: shm-check"));
+}
+
+// -o pingpong: ranks 0 and 1 bounce one buffer (checked on both); dl-bench
+// names the path, and DLAUNCH_COMM_SHM_MIN_BYTES=off forces TCP.
+TEST(BenchPingPong, RunsBetweenRanksZeroAndOneAndNamesItsPath) {
+  for (const char* shm : {"", "off"}) {
+    auto r = launch(3,
+                    {bin("dl-bench"), "-b", "8", "-e", "4K", "-f", "512", "-n",
+                     "3", "-w", "1", "-o", "pingpong,broadcast"},
+                    {}, {{"DLAUNCH_COMM_SHM_MIN_BYTES", shm}});
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    EXPECT_THAT(r.out, HasSubstr("# pingpong: 3 ranks"));
+    EXPECT_THAT(r.out, HasSubstr("Out of bounds values : 0 OK"));
+    EXPECT_THAT(r.out, HasSubstr(*shm ? "#  path: tcp" : "#  path: shm-check"));
+    if (*shm) {
+      EXPECT_THAT(r.out, Not(HasSubstr("shm-")));
+    }
+  }
 }
 
 TEST_P(Nproc, SgdSubset) {
