@@ -179,6 +179,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   if (auto it = env.find("PYTHON"); it != env.end() && !it->second.empty()) {
     o.python = it->second;
   }
+  const bool dry_run = has("dry-run") && !has("print-config");
   // Each job flag from the command line, else its PET_* variable, else the
   // job file, in the table's order.
   for (const FlagSpec& f : flags()) {
@@ -209,6 +210,11 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     try {
       f.apply(f, value, o, env);
     } catch (const BadValue& b) {
+      // A plan may be for GPU hosts made on a machine without one.
+      if (dry_run && f.name == "nproc-per-node" && value == "gpu") {
+        o.nproc_per_node_unresolved = b.message;
+        continue;
+      }
       return UsageError{"dlaunch: " + bad_value_text(where, b)};
     }
   }

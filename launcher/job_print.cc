@@ -152,9 +152,17 @@ std::string dry_run_plan(const LaunchOptions& o) {
          "so a run refuses hosts other than this one; ranks and GPU counts "
          "of other hosts are decided there)\n";
   }
-  s << "  workers:   " << o.agent.nproc_per_node << " on this node";
-  if (multi) {
-    s << ", world size " << kRdzv;
+  const bool gpus_elsewhere = !o.nproc_per_node_unresolved.empty();
+  const std::string kGpus = "<the GPU count of the host that runs it>";
+  if (gpus_elsewhere) {
+    s << "  workers:   one per visible CUDA device (--nproc-per-node gpu; "
+         "not resolved here: "
+      << o.nproc_per_node_unresolved << ")";
+  } else {
+    s << "  workers:   " << o.agent.nproc_per_node << " on this node";
+  }
+  if (multi || gpus_elsewhere) {
+    s << ", world size " << (multi ? kRdzv : kGpus);
   } else {
     s << ", world size " << o.agent.nproc_per_node * o.nnodes;
   }
@@ -184,7 +192,8 @@ std::string dry_run_plan(const LaunchOptions& o) {
   for (const auto& [name, value] : o.env) {
     shown[name] = is_secret_name(name) ? "<secret, not shown>" : value;
   }
-  const int nproc = o.agent.nproc_per_node;
+  // Unresolved GPUs: worker 0 stands for them all.
+  const int nproc = gpus_elsewhere ? 1 : o.agent.nproc_per_node;
   for (int i = 0; i < nproc; ++i) {
     agent::WorkerIdentity id{.local_rank = i,
                              .rank = o.node_rank * nproc + i,
@@ -222,6 +231,10 @@ std::string dry_run_plan(const LaunchOptions& o) {
         value = "<a free port, chosen when each attempt starts>";
       } else if (name == "TORCHELASTIC_RESTART_COUNT") {
         value = "0 (K on the Kth restart)";
+      } else if (gpus_elsewhere &&
+                 (name == "LOCAL_WORLD_SIZE" || name == "WORLD_SIZE" ||
+                  name == "ROLE_WORLD_SIZE" || name == "OMP_NUM_THREADS")) {
+        value = multi && name != "LOCAL_WORLD_SIZE" ? kRdzv : kGpus;
       } else if (multi && (name == "RANK" || name == "WORLD_SIZE" ||
                            name == "GROUP_RANK" || name == "GROUP_WORLD_SIZE" ||
                            name == "ROLE_RANK" || name == "ROLE_WORLD_SIZE")) {

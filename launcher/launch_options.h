@@ -71,6 +71,11 @@ struct LaunchOptions {
   std::vector<std::string> faults;
   // The job file read with --config (absolute); empty when none.
   std::filesystem::path config_file;
+  // --dry-run only: why this machine cannot resolve --nproc-per-node gpu
+  // (no CUDA device visible here, no driver); the plan then shows the
+  // worker counts as decided by the host that runs the job. Empty
+  // otherwise.
+  std::string nproc_per_node_unresolved;
   // What to do with the job: run it (default), print the plan
   // (--dry-run) or print the job as YAML (--print-config).
   enum class Mode { kRun, kDryRun, kPrintConfig } mode = Mode::kRun;

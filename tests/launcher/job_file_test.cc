@@ -323,6 +323,28 @@ TEST_F(JobFileTest, DryRunShowsWhatOnlyARendezvousDecides) {
   EXPECT_THAT(plan, HasSubstr("MASTER_PORT=<a free port"));
 }
 
+TEST_F(JobFileTest, DryRunLeavesTheGpuCountToAHostThatHasGpus) {
+  // Fake GPU counters, as dlaunch-cuda-devices answers.
+  write_file(dir_ / "no-gpus", "#!/bin/sh\necho 0\n", 0755);
+  write_file(dir_ / "two-gpus", "#!/bin/sh\necho 2\n", 0755);
+  std::string f = write("program: sh\nnproc_per_node: gpu\n");
+  agent::EnvMap none{{"DLAUNCH_CUDA_DEVICES", (dir_ / "no-gpus").string()}};
+  std::string plan = dry_run_plan(ok({"--config", f, "--dry-run"}, none));
+  EXPECT_THAT(plan, HasSubstr("one per visible CUDA device"));
+  EXPECT_THAT(plan, HasSubstr("not resolved here: no CUDA device is visible"));
+  EXPECT_THAT(plan, HasSubstr("LOCAL_WORLD_SIZE=<the GPU count of the host"));
+  // A run, or --print-config, needs the real count.
+  EXPECT_THAT(error("program: sh\nnproc_per_node: gpu\n", none),
+              HasSubstr("job.yaml:2:17: nproc_per_node gpu: no CUDA device"));
+  EXPECT_THAT(error("program: sh\nnproc_per_node: gpu\n", none,
+                    {"--dry-run", "--print-config"}),
+              HasSubstr("no CUDA device"));
+  agent::EnvMap two{{"DLAUNCH_CUDA_DEVICES", (dir_ / "two-gpus").string()}};
+  plan = dry_run_plan(ok({"--config", f, "--dry-run"}, two));
+  EXPECT_THAT(plan, HasSubstr("workers:   2 on this node"));
+  EXPECT_THAT(plan, HasSubstr("LOCAL_WORLD_SIZE=2\n"));
+}
+
 TEST_F(JobFileTest, EveryExampleInConfigsLoadsAndDryRuns) {
   int examples = 0;
   for (const auto& entry :
