@@ -2,12 +2,14 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 
@@ -43,6 +45,69 @@ uint32_t get_u32(const char* p) {
   return v;
 }
 
+// One blocking fcntl(F_SETLKW) on a helper thread (see lock_until).
+struct LockCall {
+  int fd = -1;
+  struct flock fl {};
+  std::mutex mu;  // guards the members below
+  std::condition_variable cv;
+  bool done = false;
+  int err = 0;  // errno of a failed fcntl, 0 when the lock is held
+};
+
+void* lock_thread(void* arg) {
+  auto* c = static_cast<LockCall*>(arg);
+  // Cancellation (at the caller's deadline) can only act inside fcntl:
+  // nothing on this frame needs unwinding there.
+  int rc = fcntl(c->fd, F_SETLKW, &c->fl);
+  int err = rc == -1 ? errno : 0;
+  std::lock_guard lock(c->mu);
+  c->done = true;
+  c->err = err;
+  c->cv.notify_all();
+  return nullptr;
+}
+
+// Takes the fcntl lock `fl` on `fd`, waiting at most until `deadline`.
+// Uncontended, at once; contended, F_SETLKW on a helper thread, which wakes
+// as soon as the holder lets go and is cancelled at the deadline (F_SETLKW
+// is a cancellation point; fcntl locks belong to the process, so the
+// helper's lock is this caller's). Returns 0 with the lock held, ETIMEDOUT,
+// or the errno of the failure.
+int lock_until(int fd, struct flock fl, Clock::time_point deadline) {
+  while (fcntl(fd, F_SETLK, &fl) == -1) {
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EACCES) return errno;
+    LockCall call;
+    call.fd = fd;
+    call.fl = fl;
+    pthread_t t;
+    if (int rc = pthread_create(&t, nullptr, lock_thread, &call); rc != 0) {
+      return rc;
+    }
+    bool done = false;
+    {
+      std::unique_lock lock(call.mu);
+      done = call.cv.wait_until(lock, deadline, [&] { return call.done; });
+    }
+    if (!done) pthread_cancel(t);
+    pthread_join(t, nullptr);
+    std::lock_guard lock(call.mu);
+    if (!call.done) {
+      // Cancelled; should that have raced with the lock being granted,
+      // give it back (no other operation of this process holds it: they
+      // are serialised by process_mutex()).
+      struct flock un = fl;
+      un.l_type = F_UNLCK;
+      fcntl(fd, F_SETLK, &un);
+      return ETIMEDOUT;
+    }
+    if (call.err == EINTR) continue;
+    return call.err;
+  }
+  return 0;
+}
+
 }  // namespace
 
 // An fcntl record lock on the whole file, held for one operation.
@@ -52,11 +117,18 @@ class FileStore::Lock {
     struct flock fl {};
     fl.l_type = exclusive ? F_WRLCK : F_RDLCK;
     fl.l_whence = SEEK_SET;
-    while (fcntl(s_.fd_, F_SETLKW, &fl) == -1) {
-      if (errno != EINTR) {
-        throw store::StoreError("FileStore " + s_.path_ +
-                                ": cannot lock the file: " + errno_text());
-      }
+    const auto t = s_.timeout();
+    int err = lock_until(s_.fd_, fl, Clock::now() + t);
+    if (err == ETIMEDOUT) {
+      throw store::StoreTimeoutError(
+          "FileStore " + s_.path_ + ": could not lock the file within " +
+          std::to_string(t.count()) +
+          " ms (another process holds it: a stuck or stopped process, or an "
+          "NFS server that does not answer)");
+    }
+    if (err != 0) {
+      throw store::StoreError("FileStore " + s_.path_ +
+                              ": cannot lock the file: " + std::strerror(err));
     }
   }
   ~Lock() {
@@ -72,7 +144,9 @@ class FileStore::Lock {
   const FileStore& s_;
 };
 
-FileStore::FileStore(std::string path) : path_(std::move(path)) {
+FileStore::FileStore(std::string path, std::chrono::milliseconds timeout)
+    : path_(std::move(path)) {
+  set_timeout(timeout);
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ == -1) {
     throw store::StoreError("FileStore: cannot open '" + path_ +
@@ -173,8 +247,17 @@ void FileStore::write_locked(std::string_view key, const std::string* value) {
                          offset_ + static_cast<off_t>(done));
     if (n == -1 && errno == EINTR) continue;
     if (n <= 0) {
-      throw store::StoreError("FileStore " + path_ +
-                              ": write: " + errno_text());
+      // Part of the record may be in the file (a full disk, a file size
+      // limit): cut it off, or every later reader would stop at a
+      // truncated record. Readers take the lock this writer holds, so none
+      // has seen it.
+      std::string why = n == 0 ? "no progress" : errno_text();
+      if (::ftruncate(fd_, offset_) != 0) {
+        why += "; removing the partial record failed too (" + errno_text() +
+               "): the file is damaged, delete it";
+      }
+      throw store::StoreError("FileStore " + path_ + ": write of key '" +
+                              std::string(key) + "' failed: " + why);
     }
     done += static_cast<size_t>(n);
   }

@@ -21,8 +21,12 @@ namespace dlaunch::comm {
 class FileStore : public store::Store {
  public:
   // Opens (creating if needed) `path`. Throws store::StoreError naming the
-  // path and the reason when it cannot be opened.
-  explicit FileStore(std::string path);
+  // path and the reason when it cannot be opened. `timeout` becomes
+  // timeout(), which also bounds every wait for the file lock
+  // (StoreTimeoutError: a process holding it is stuck or stopped, or the
+  // NFS server does not answer).
+  explicit FileStore(std::string path, std::chrono::milliseconds timeout =
+                                           std::chrono::minutes(5));
   ~FileStore() override;
   FileStore(const FileStore&) = delete;
   FileStore& operator=(const FileStore&) = delete;

@@ -16,6 +16,7 @@
 #include "comm/store/client.h"
 #include "comm/store/hash_store.h"
 #include "comm/store/prefix_store.h"
+#include "comm/store/resolve.h"
 #include "comm/store/server.h"
 
 namespace dlaunch::comm {
@@ -131,15 +132,18 @@ bool is_loopback(const std::string& host) {
 
 // The local address on the route to `host`: a connected UDP socket sends
 // nothing but lets the kernel pick the source address peers can reach.
-std::string local_address_towards(const std::string& host, int port) {
+// Empty when `host` does not resolve within `timeout`.
+std::string local_address_towards(const std::string& host, int port,
+                                  milliseconds timeout) {
   addrinfo hints{};
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
-  addrinfo* res = nullptr;
-  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) !=
-      0) {
-    return {};
-  }
+  std::string error;
+  store::AddrInfoList list =
+      store::resolve(host, std::to_string(port), hints,
+                     std::chrono::steady_clock::now() + timeout, error);
+  if (!list) return {};
+  addrinfo* res = list.get();
   std::string out;
   int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd != -1 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
@@ -152,13 +156,13 @@ std::string local_address_towards(const std::string& host, int port) {
     }
   }
   if (fd != -1) close(fd);
-  freeaddrinfo(res);
   return out;
 }
 
 // Where Gloo's pairs listen: $GLOO_SOCKET_IFNAME (an interface), else
 // $DLAUNCH_GLOO_HOST, else loopback for a loopback master, else the address
-// that routes to the master, else this machine's host name.
+// that routes to the master (resolved within g.timeout), else this machine's
+// host name.
 void pick_gloo_address(gloo::GroupOptions& g, const std::string& master,
                        int port) {
   if (const char* iface = env("GLOO_SOCKET_IFNAME")) {
@@ -174,7 +178,7 @@ void pick_gloo_address(gloo::GroupOptions& g, const std::string& master,
     return;
   }
   if (!master.empty()) {
-    std::string a = local_address_towards(master, port);
+    std::string a = local_address_towards(master, port, g.timeout);
     if (!a.empty()) {
       g.hostname = a;
       return;
@@ -251,7 +255,8 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
     }
     resolve_rank(options, false, "init_method " + method, g.rank, g.size);
     try {
-      std::shared_ptr<store::Store> fs = std::make_shared<FileStore>(path);
+      std::shared_ptr<store::Store> fs =
+          std::make_shared<FileStore>(path, timeout);
       // Workers killed by a restart leave their keys in the file; each
       // attempt of an elastic job keeps to its own key space.
       if (const char* attempt = env("TORCHELASTIC_RESTART_COUNT")) {

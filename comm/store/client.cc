@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "comm/store/resolve.h"
 #include "comm/store/text.h"
 
 namespace dlaunch::comm::store {
@@ -87,16 +88,10 @@ int try_connect(const TcpStoreOptions& o, const std::string& address,
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(o.host.c_str(), std::to_string(o.port).c_str(), &hints,
-                         &res);
-  if (rc != 0) {
-    error = "cannot resolve host: " + lower_first(::gai_strerror(rc));
-    return -1;
-  }
-  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> guard(res,
-                                                             ::freeaddrinfo);
-  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+  AddrInfoList res =
+      resolve(o.host, std::to_string(o.port), hints, deadline, error);
+  if (!res) return -1;
+  for (addrinfo* ai = res.get(); ai; ai = ai->ai_next) {
     int fd =
         ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
                  ai->ai_protocol);

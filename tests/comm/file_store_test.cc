@@ -1,11 +1,15 @@
 #include "comm/file_store.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <thread>
 
@@ -116,6 +120,82 @@ TEST(FileStoreTest, ConcurrentAddsFromSeveralProcessesAreAtomic) {
   }
   EXPECT_EQ(keep.get("count"), "800");
   EXPECT_EQ(keep.get("log"), "xxxx");
+}
+
+// Runs `child` in a forked process and returns its exit code (-1 when it
+// did not exit within 10 s or died of a signal).
+template <class F>
+int in_child(F&& child) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(child());
+  std::optional<int> status =
+      dlaunch::testing::wait_exit(pid, std::chrono::seconds(10));
+  return status && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+}
+
+TEST(FileStoreTest, WaitingForTheFileLockEndsAtTheTimeout) {
+  // This process holds the lock (as a stopped process or a hung NFS client
+  // would); another process's store must give up at its 300 ms timeout.
+  dlaunch::testing::TempDir dir;
+  const std::string path = dir / "store";
+  { FileStore create(path); }
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_NE(fd, -1);
+  struct flock fl {};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  ASSERT_EQ(fcntl(fd, F_SETLK, &fl), 0);
+  int code = in_child([&] {
+    try {
+      FileStore s(path, milliseconds(300));
+      return 1;
+    } catch (const store::StoreTimeoutError& e) {
+      return std::string(e.what()).find(
+                 "could not lock the file within 300 ms") != std::string::npos
+                 ? 0
+                 : 2;
+    } catch (...) {
+      return 3;
+    }
+  });
+  ::close(fd);
+  EXPECT_EQ(code, 0) << "1: got the lock, 2: wrong message, 3: other error, "
+                        "-1: still waiting after 10 s";
+  FileStore after(path, milliseconds(300));  // free again
+  after.set("k", "v");
+  EXPECT_EQ(after.get("k"), "v");
+}
+
+TEST(FileStoreTest, AFailedWriteLeavesTheFileReadable) {
+  // A file size limit cuts a record in the middle, as a full disk would.
+  dlaunch::testing::TempDir dir;
+  const std::string path = dir / "store";
+  int code = in_child([&] {
+    std::signal(SIGXFSZ, SIG_IGN);
+    try {
+      FileStore s(path);
+      s.set("before", "1");
+      struct stat st {};
+      ::stat(path.c_str(), &st);
+      struct rlimit rl {};
+      rl.rlim_cur = rl.rlim_max = static_cast<rlim_t>(st.st_size) + 10;
+      setrlimit(RLIMIT_FSIZE, &rl);
+      s.set("big", std::string(4096, 'x'));
+      return 1;
+    } catch (const store::StoreError& e) {
+      return std::string(e.what()).find("write of key 'big' failed") !=
+                     std::string::npos
+                 ? 0
+                 : 2;
+    }
+  });
+  ASSERT_EQ(code, 0) << "1: the write fit, 2: wrong message";
+  FileStore reader(path);
+  EXPECT_EQ(reader.get("before"), "1");
+  EXPECT_FALSE(reader.check({"big"}));
+  reader.set("after", "2");
+  FileStore again(path);
+  EXPECT_EQ(again.get("after"), "2");
 }
 
 TEST(FileStoreTest, UnopenablePathIsAClearError) {

@@ -1,5 +1,6 @@
 // The comm library across real processes: env://, tcp:// and file:// init,
 // every collective under `dlaunch`, and a peer SIGKILLed mid all-reduce.
+#include <arpa/inet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -377,6 +378,54 @@ TEST(MultiProcessTest, PeerKilledMidEachSharedMemoryOperationFailsTheOthers) {
       },
       seconds(10)));
   for (const auto& n : left) ADD_FAILURE() << "left in /dev/shm: " << n;
+}
+
+TEST(MultiProcessTest, StoreAddressThatNeverResolvesFailsAtTheTimeout) {
+  // A nameserver that never answers (a bound, silent UDP socket), given to
+  // the worker through a private mount of /etc/resolv.conf; the resolver
+  // alone would wait 30 s. The store connect must give up at the 1 s
+  // timeout, naming the host.
+  int dns = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(53);
+  inet_pton(AF_INET, "127.83.41.7", &a.sin_addr);
+  if (bind(dns, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(dns);
+    GTEST_SKIP() << "cannot bind a silent nameserver on 127.83.41.7:53";
+  }
+  dlaunch::testing::TempDir dir;
+  const std::string conf = (dir / "resolv.conf").string();
+  std::ofstream(conf) << "nameserver 127.83.41.7\n";
+  CommandOptions probe;
+  probe.argv = {
+      "unshare", "-m", "sh", "-c", "mount --bind \"$0\" /etc/resolv.conf",
+      conf};
+  if (dlaunch::testing::run_command(probe, seconds(10)).exit_code != 0) {
+    close(dns);
+    GTEST_SKIP() << "no private mount namespace here (unshare -m)";
+  }
+  CommandOptions o;
+  o.argv = {"unshare",
+            "-m",
+            "sh",
+            "-c",
+            "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"",
+            conf,
+            kWorker,
+            "collectives"};
+  o.env = {{"MASTER_ADDR", "dlaunch-test.invalid"},
+           {"MASTER_PORT", std::to_string(free_port())},
+           {"RANK", "1"},
+           {"WORLD_SIZE", "2"},
+           {"DLAUNCH_COMM_TIMEOUT", "1"},
+           {"RES_OPTIONS", "timeout:30 attempts:1"}};
+  CommandResult res = dlaunch::testing::run_command(o, seconds(60));
+  close(dns);
+  EXPECT_EQ(res.exit_code, 3) << res.out << res.err;
+  EXPECT_THAT(res.err, HasSubstr("cannot resolve host 'dlaunch-test.invalid'"));
+  EXPECT_THAT(res.err, HasSubstr("unreachable after 1 s"));
+  EXPECT_LT(res.elapsed, seconds(15)) << "the resolver's 30 s, not the 1 s";
 }
 
 }  // namespace

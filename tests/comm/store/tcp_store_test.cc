@@ -297,7 +297,7 @@ TEST(TcpStoreConnectTest, UnresolvableHostNamesTheResolverError) {
   EXPECT_THAT([&] { TcpStore::connect(o); },
               ::testing::ThrowsMessage<StoreError>(HasSubstr(
                   "store no-such-host.invalid:29400 unreachable after 50 ms "
-                  "(cannot resolve host: ")));
+                  "(cannot resolve host 'no-such-host.invalid': ")));
 }
 
 TEST(TcpStoreConnectTest, MissingHostOrPortFailsAtOnce) {

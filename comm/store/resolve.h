@@ -1,0 +1,26 @@
+#pragma once
+
+#include <netdb.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace dlaunch::comm::store {
+
+// A getaddrinfo(3) result list, freed with freeaddrinfo.
+using AddrInfoList = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
+
+// getaddrinfo(host, service, hints) that gives up at `deadline`: the system
+// resolver alone may wait 5 s per nameserver and attempt, more than a short
+// connect timeout allows. Numeric addresses resolve at once, in the caller;
+// names through glibc's getaddrinfo_a, and a lookup abandoned at the
+// deadline finishes on glibc's thread and frees itself. On failure returns
+// an empty list and sets `error` ("cannot resolve host 'x': ...", or "...:
+// no answer within 1 s").
+AddrInfoList resolve(const std::string& host, const std::string& service,
+                     const addrinfo& hints,
+                     std::chrono::steady_clock::time_point deadline,
+                     std::string& error);
+
+}  // namespace dlaunch::comm::store
