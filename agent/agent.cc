@@ -13,6 +13,7 @@
 
 #include "agent/program.h"
 #include "agent/report.h"
+#include "comm/store/text.h"
 
 namespace dlaunch::agent {
 namespace {
@@ -38,11 +39,7 @@ bool is_forward_only(int sig, const std::vector<int>& stop_signals) {
              stop_signals.end();
 }
 
-std::string seconds(std::chrono::milliseconds d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g s", static_cast<double>(d.count()) / 1e3);
-  return buf;
-}
+using comm::store::format_duration;
 
 }  // namespace
 
@@ -356,7 +353,7 @@ void Agent::on_term_timeout() {
   }
   signal_running(SIGKILL);
   sink_("dlaunch: " + std::to_string(alive_) + " worker(s) (local ranks " +
-        ranks + ") still running " + seconds(options_.term_timeout) +
+        ranks + ") still running " + format_duration(options_.term_timeout) +
         " after being signalled; sending SIGKILL\n");
   timer_ =
       env_.start_timer(options_.kill_timeout, [this] { on_kill_timeout(); });
@@ -372,7 +369,8 @@ void Agent::on_kill_timeout() {
     procs_[j].reset();
   }
   sink_("dlaunch: " + who + " did not exit within " +
-        seconds(options_.kill_timeout) + " after SIGKILL; abandoning\n");
+        format_duration(options_.kill_timeout) +
+        " after SIGKILL; abandoning\n");
   alive_ = 0;
   group_stopped();
 }
@@ -393,7 +391,7 @@ void Agent::on_signal(int sig) {
   result_.stop_signal = sig;
   sink_("dlaunch: received " + signal_name(sig) + "; forwarding it to " +
         std::to_string(alive_) + " worker(s), SIGKILL after " +
-        seconds(options_.term_timeout) + "\n");
+        format_duration(options_.term_timeout) + "\n");
   if (state_ == State::kStopping) {
     // Already stopping after a failure: pass the signal on too, keep the
     // running SIGKILL deadline.

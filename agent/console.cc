@@ -7,6 +7,7 @@
 #include <map>
 
 #include "agent/posix_env.h"
+#include "comm/store/text.h"
 
 namespace dlaunch::agent {
 
@@ -113,8 +114,8 @@ size_t Console::finish(std::chrono::milliseconds timeout) {
     std::string note = "\n[dlaunch: " + std::to_string(bytes) +
                        " bytes of this output never reached the console: it "
                        "accepted nothing for " +
-                       std::to_string(timeout.count()) +
-                       " ms after the job ended; this file has them all]\n";
+                       comm::store::format_duration(timeout) +
+                       " after the job ended; this file has them all]\n";
     write_all(fd, note);
     ::close(fd);
   }

@@ -7,7 +7,6 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -29,6 +28,7 @@
 #include "agent/console.h"
 #include "agent/line_buffer.h"
 #include "agent/watchdog.h"
+#include "comm/pidfd.h"
 
 namespace dlaunch::agent {
 
@@ -691,7 +691,7 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
   env.workers.insert(w->pid);
   ++env.running;
   // Our own pidfd, so that we can kill the group between exit and reaping.
-  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, w->pid, 0));
+  int pidfd = dlaunch::pidfd_open(w->pid);
   proc.detach();
   if (!env.watchdog.add_group(w->pid) && !env.watchdog_warned) {
     env.watchdog_warned = true;

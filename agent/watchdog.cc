@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <poll.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +14,8 @@
 #include <set>
 #include <string>
 #include <system_error>
+
+#include "comm/pidfd.h"
 
 namespace dlaunch::agent {
 namespace {
@@ -149,7 +150,7 @@ void Watchdog::stopped_cleanly() { send(kCleanStop); }
 Watchdog::~Watchdog() {
   if (write_fd_ < 0) return;
   ::close(write_fd_);
-  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  int pidfd = dlaunch::pidfd_open(pid_);
   if (pidfd >= 0) {
     pollfd pfd{pidfd, POLLIN, 0};
     ::poll(&pfd, 1, 1000);  // it exits at once; never wait without bound

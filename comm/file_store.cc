@@ -13,6 +13,8 @@
 #include <cstring>
 #include <mutex>
 
+#include "comm/store/text.h"
+
 namespace dlaunch::comm {
 namespace {
 
@@ -22,7 +24,7 @@ using std::chrono::milliseconds;
 constexpr char kUsersKey[] = "__dlaunch_file_store_users";
 constexpr uint32_t kDeleted = 0xffffffffu;
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() { return store::errno_text(errno); }
 
 // fcntl locks belong to the process, not the descriptor: they do not
 // exclude two FileStores of one process, and closing any descriptor of the

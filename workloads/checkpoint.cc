@@ -10,6 +10,8 @@
 #include <iterator>
 #include <string>
 
+#include "comm/store/text.h"
+
 namespace dlaunch::workloads {
 namespace {
 
@@ -69,7 +71,7 @@ class Reader {
   size_t pos_ = 0;
 };
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() { return comm::store::errno_text(errno); }
 
 }  // namespace
 

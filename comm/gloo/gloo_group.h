@@ -30,6 +30,7 @@
 #include "comm/gloo/shm_segment.h"
 #include "comm/gloo/store_adapter.h"
 #include "comm/process_group.h"
+#include "comm/store/text.h"
 
 namespace dlaunch::comm::gloo {
 
@@ -93,10 +94,8 @@ inline milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
   return std::max(left, milliseconds(1));
 }
 
-inline std::string ms_text(milliseconds t) {
-  if (t.count() % 1000 == 0) return std::to_string(t.count() / 1000) + " s";
-  return std::to_string(t.count()) + " ms";
-}
+// "250 ms", "30 s": the store's wording (comm/store/text.h), one helper.
+inline std::string ms_text(milliseconds t) { return store::format_duration(t); }
 
 // "rank 2", "rank 0 and rank 2", "rank 0, rank 1 and rank 2": each rank
 // named in full, so that messages can be searched for "rank N".

@@ -15,6 +15,7 @@
 #include <new>
 
 #include "comm/check.h"
+#include "comm/pidfd.h"
 
 namespace dlaunch::comm::gloo {
 namespace {
@@ -109,7 +110,7 @@ bool ShmChannel::open_peers(std::string& error) {
     const Header* h = header(j);
     if (h->pid != ::getpid() && h->pid_ns != 0 &&
         h->pid_ns == pid_namespace()) {
-      pidfds_[j] = static_cast<int>(::syscall(SYS_pidfd_open, h->pid, 0));
+      pidfds_[j] = dlaunch::pidfd_open(h->pid);
     }
   }
   return true;

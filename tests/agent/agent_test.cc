@@ -225,7 +225,7 @@ TEST_F(AgentTest, AWorkerThatSurvivesSigkillIsAbandonedAfterKillTimeout) {
   EXPECT_EQ(env.virtual_now(), ms(10 + 100 + 500));
   EXPECT_THAT(
       messages,
-      HasSubstr("local rank 1 (pid 1001) did not exit within 0.5 s after "
+      HasSubstr("local rank 1 (pid 1001) did not exit within 500 ms after "
                 "SIGKILL; abandoning"));
   EXPECT_FALSE(r.attempts[0].workers[1].status.has_value());
 }

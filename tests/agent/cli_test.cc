@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "launcher/flags.h"
+#include "tests/testing/bin.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dlaunch::launcher {
@@ -19,7 +20,7 @@ using ::testing::HasSubstr;
 
 // The test binaries live in build/tests, not beside the helper.
 const agent::EnvMap kHelperEnv{
-    {"DLAUNCH_CUDA_DEVICES", DLAUNCH_BIN_DIR "/dlaunch-cuda-devices"}};
+    {"DLAUNCH_CUDA_DEVICES", dlaunch::testing::bin("dlaunch-cuda-devices")}};
 
 LaunchOptions ok(std::vector<std::string> args, agent::EnvMap env = {}) {
   ParseResult r = parse_command_line(args, env);

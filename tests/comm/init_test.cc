@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "comm/store/hash_store.h"
+#include "tests/testing/temp_dir.h"
 
 namespace dlaunch::comm {
 namespace {
@@ -121,9 +122,8 @@ TEST_F(InitTest, TimeoutsOutsideOneMillisecondToSevenDaysAreRefused) {
 }
 
 TEST_F(InitTest, FileInitWithOneRankAndTimeoutFromTheEnvironment) {
-  char tmpl[] = "/tmp/dlaunch-init-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  std::string path = std::string(tmpl) + "/store";
+  dlaunch::testing::TempDir dir("dlaunch-init");
+  std::string path = dir / "store";
   setenv("DLAUNCH_COMM_TIMEOUT", "2.5", 1);
   // file:// has no address to route to, so Gloo would listen on this host's
   // name, which a minimal machine (a chroot without /etc/hosts) cannot
@@ -144,7 +144,6 @@ TEST_F(InitTest, FileInitWithOneRankAndTimeoutFromTheEnvironment) {
     EXPECT_EQ(v[0], 3.0f);
   }
   unsetenv("DLAUNCH_GLOO_HOST");
-  rmdir(tmpl);
 }
 
 }  // namespace

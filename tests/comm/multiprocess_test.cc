@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/file_store.h"
+#include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -32,8 +33,8 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 using ::testing::HasSubstr;
 
-const std::string kWorker = DLAUNCH_BIN_DIR "/comm_test_worker";
-const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+const std::string kWorker = dlaunch::testing::bin("comm_test_worker");
+const std::string kDlaunch = dlaunch::testing::bin("dlaunch");
 
 // A port nobody listens on right now (bind port 0, read it back, close).
 int free_port() {

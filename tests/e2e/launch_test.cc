@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -29,7 +30,7 @@ using testing::Subprocess;
 using testing::TempDir;
 using namespace std::chrono_literals;
 
-const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+const std::string kDlaunch = testing::bin("dlaunch");
 
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> out;
@@ -328,7 +329,7 @@ TEST(Launch, SigintStopsWorkersIgnoringItAfterTheTermTimeout) {
   EXPECT_EQ(r.exit_code, 128 + SIGINT);
   EXPECT_THAT(
       r.err,
-      HasSubstr("still running 0.3 s after being signalled; sending SIGKILL"));
+      HasSubstr("still running 300 ms after being signalled; sending SIGKILL"));
 }
 
 TEST(Launch, Usr1IsForwardedAndTheJobContinues) {

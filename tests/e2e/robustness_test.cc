@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -28,7 +29,7 @@ using testing::Subprocess;
 using testing::TempDir;
 using namespace std::chrono_literals;
 
-const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+const std::string kDlaunch = testing::bin("dlaunch");
 
 // Polls `cond` every 10 ms until it holds or `timeout` passes.
 template <typename Cond>
@@ -89,8 +90,15 @@ TEST(Robustness, AStalledConsoleDelaysNeitherSignalsNorTheExit) {
                 {},
                 "",
                 console.writer()});
-  // The console is full and the workers keep writing.
-  ASSERT_TRUE(eventually([&] { return console.full(); }, 20s))
+  // Both workers are writing and the console is full.
+  const auto log0 = dir / "s/attempt_0/0/stdout.log";
+  const auto log1 = dir / "s/attempt_0/1/stdout.log";
+  ASSERT_TRUE(eventually(
+      [&] {
+        return console.full() && !read_file(log0).empty() &&
+               !read_file(log1).empty();
+      },
+      20s))
       << console.unread();
   p.signal(SIGTERM);
   // Forwarded to both workers while nobody reads the console.
@@ -107,9 +115,10 @@ TEST(Robustness, AStalledConsoleDelaysNeitherSignalsNorTheExit) {
   EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
   EXPECT_THAT(r.err, HasSubstr("received SIGTERM; forwarding it to 2"));
   // What the console never got is in the log files, with a note saying so.
-  std::string log = read_file(dir / "s/attempt_0/0/stdout.log");
-  EXPECT_THAT(log, HasSubstr("line-0-x"));
-  EXPECT_THAT(log, HasSubstr("never reached the console"));
+  std::string logs = read_file(log0) + read_file(log1);
+  EXPECT_THAT(logs, HasSubstr("line-0-x"));
+  EXPECT_THAT(logs, HasSubstr("line-1-x"));
+  EXPECT_THAT(logs, HasSubstr("never reached the console"));
 }
 
 TEST(Robustness, AVanishedConsoleStopsOutputNotTheJob) {

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "comm/store/client.h"
+#include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -51,8 +52,8 @@ TEST(Standalone, HostsAWorkingStoreWhileTheJobRuns) {
   testing::TempDir dir;
   std::string go = (dir / "go").string();
   testing::Subprocess p(
-      {{DLAUNCH_BIN_DIR "/dlaunch", "--standalone", "--nproc-per-node", "1",
-        "sh", "-c",
+      {{dlaunch::testing::bin("dlaunch"), "--standalone", "--nproc-per-node",
+        "1", "sh", "-c",
         "echo ready; while [ ! -e " + go + " ]; do sleep 0.02; done"},
        {},
        {},

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -15,7 +16,7 @@ using testing::CommandResult;
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+const std::string kDlaunch = testing::bin("dlaunch");
 const std::string kPython = "/usr/bin/python3";
 const std::string kScripts = DLAUNCH_SOURCE_DIR "/tests/e2e/py/";
 

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
+
+#include "comm/pidfd.h"
 
 extern char** environ;
 
@@ -125,7 +126,7 @@ CommandResult Subprocess::wait(std::chrono::milliseconds timeout) {
   if (result_) return *result_;
   auto deadline = std::chrono::steady_clock::now() + timeout;
   CommandResult r;
-  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
+  int pidfd = dlaunch::pidfd_open(pid_);
   while (true) {
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
@@ -174,7 +175,7 @@ CommandResult run_command(const CommandOptions& options,
 }
 
 std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
-  int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  int pidfd = dlaunch::pidfd_open(pid);
   bool exited = true;
   if (pidfd >= 0) {
     pollfd p{pidfd, POLLIN, 0};

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "tests/testing/temp_dir.h"
+
 namespace dlaunch::workloads {
 namespace {
 
@@ -15,12 +17,7 @@ using ::testing::HasSubstr;
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/dl_ckpt_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { dir_ = tmp_.path(); }
 
   static Checkpoint sample() {
     Checkpoint c;
@@ -33,6 +30,7 @@ class CheckpointTest : public ::testing::Test {
     return c;
   }
 
+  ::dlaunch::testing::TempDir tmp_{"dl-ckpt-test"};
   fs::path dir_;
 };
 

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/temp_dir.h"
+
 namespace dlaunch::workloads {
 namespace {
 
@@ -19,12 +21,7 @@ using ::testing::HasSubstr;
 // A fresh folder per test, removed afterwards.
 class IdxTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/dl_idx_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { dir_ = tmp_.path(); }
 
   static std::vector<uint8_t> idx_bytes(std::vector<uint32_t> dims,
                                         const std::vector<uint8_t>& data,
@@ -62,6 +59,7 @@ class IdxTest : public ::testing::Test {
     w(split + "-labels-idx1-ubyte", idx_bytes({3}, {7, 0, 9}));
   }
 
+  ::dlaunch::testing::TempDir tmp_{"dl-idx-test"};
   fs::path dir_;
 };
 

@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "tests/testing/temp_dir.h"
 #include "tests/workloads/synthetic_data.h"
 #include "workloads/checkpoint.h"
 
@@ -21,12 +22,8 @@ using testing::synthetic;
 
 class SgdTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/dl_sgd_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { dir_ = tmp_.path(); }
+  ::dlaunch::testing::TempDir tmp_{"dl-sgd-test"};
   fs::path dir_;
 };
 

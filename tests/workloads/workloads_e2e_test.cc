@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 #include "workloads/checkpoint.h"
@@ -24,9 +25,7 @@ using ::testing::Not;
 
 constexpr auto kTimeout = std::chrono::seconds(120);
 
-std::string bin(const std::string& name) {
-  return std::string(DLAUNCH_BIN_DIR) + "/" + name;
-}
+using ::dlaunch::testing::bin;
 
 // Runs `args` under dlaunch with `nproc` workers on this node.
 testing::CommandResult launch(

@@ -22,6 +22,7 @@
 
 #include "comm/store/client.h"
 #include "comm/store/server.h"
+#include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
 
 namespace dlaunch::comm::store::testing {
@@ -189,10 +190,7 @@ inline uint16_t unused_port() {
   return l.port();
 }
 
-// Path of a built executable.
-inline std::string bin(const std::string& name) {
-  return std::string(DLAUNCH_BIN_DIR) + "/" + name;
-}
+using ::dlaunch::testing::bin;
 
 // Runs a program to its end (tests/testing/subprocess.h).
 inline ::dlaunch::testing::CommandResult run(
