@@ -29,6 +29,7 @@
 #include "agent/line_buffer.h"
 #include "agent/watchdog.h"
 #include "comm/pidfd.h"
+#include "comm/store/resolve.h"
 
 namespace dlaunch::agent {
 
@@ -747,35 +748,13 @@ std::chrono::system_clock::time_point PosixEnv::now() {
 }
 
 int PosixEnv::free_port(const std::string& host) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), "0", &hints, &res);
-  if (rc != 0) {
-    throw std::runtime_error("cannot resolve master address '" + host + "': " +
-                             ::gai_strerror(rc) + "; check --master-addr");
-  }
-  std::string why = "no address";
-  int port = -1;
-  for (addrinfo* a = res; a != nullptr && port < 0; a = a->ai_next) {
-    Fd s(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0));
-    if (s.get() < 0 || ::bind(s.get(), a->ai_addr, a->ai_addrlen) != 0) {
-      why = std::strerror(errno);
-      continue;
-    }
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&ss), &len);
-    port = ss.ss_family == AF_INET6
-               ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-               : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-  }
-  ::freeaddrinfo(res);
-  if (port < 0) {
-    throw std::runtime_error("cannot bind a free port on master address '" +
-                             host + "': " + why + "; check --master-addr");
-  }
+  // A lookup of the master address that hangs (a dead nameserver) must
+  // not hold the rendezvous up for good.
+  constexpr std::chrono::seconds kLookupTimeout(30);
+  std::string error;
+  int port = comm::store::free_port(
+      host, std::chrono::steady_clock::now() + kLookupTimeout, error);
+  if (port < 0) throw std::runtime_error(error + "; check --master-addr");
   return port;
 }
 

@@ -1,7 +1,11 @@
 #include "comm/store/resolve.h"
 
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <condition_variable>
 #include <mutex>
 
@@ -92,6 +96,37 @@ AddrInfoList resolve(const std::string& host, const std::string& service,
   res = l->cb.ar_result;
   l->cb.ar_result = nullptr;  // now the caller's
   return AddrInfoList(res, ::freeaddrinfo);
+}
+
+int free_port(const std::string& host, Clock::time_point deadline,
+              std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  AddrInfoList res = resolve(host, "0", hints, deadline, error);
+  if (!res) return -1;
+  std::string why = "no address";
+  for (addrinfo* a = res.get(); a != nullptr; a = a->ai_next) {
+    int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+    if (fd < 0 || ::bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      why = errno_text(errno);
+      if (fd >= 0) ::close(fd);
+      continue;
+    }
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    int rc = ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+    ::close(fd);
+    if (rc != 0) {
+      why = errno_text(errno);
+      continue;
+    }
+    return ss.ss_family == AF_INET6
+               ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+               : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  }
+  error = "cannot bind a free port on '" + host + "': " + why;
+  return -1;
 }
 
 }  // namespace dlaunch::comm::store

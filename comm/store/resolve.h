@@ -23,4 +23,13 @@ AddrInfoList resolve(const std::string& host, const std::string& service,
                      std::chrono::steady_clock::time_point deadline,
                      std::string& error);
 
+// A TCP port that is free on `host` right now: resolves it (giving up at
+// `deadline`), binds port 0 on its first address that accepts, reads the
+// port back and closes. The one free-port lookup (the agent's MASTER_PORT,
+// tests). On failure returns -1 and sets `error` ("cannot resolve host 'x':
+// ...", "cannot bind a free port on 'x': cannot assign requested address").
+int free_port(const std::string& host,
+              std::chrono::steady_clock::time_point deadline,
+              std::string& error);
+
 }  // namespace dlaunch::comm::store

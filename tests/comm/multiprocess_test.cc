@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "comm/file_store.h"
+#include "comm/store/resolve.h"
 #include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
@@ -36,17 +37,14 @@ using ::testing::HasSubstr;
 const std::string kWorker = dlaunch::testing::bin("comm_test_worker");
 const std::string kDlaunch = dlaunch::testing::bin("dlaunch");
 
-// A port nobody listens on right now (bind port 0, read it back, close).
+// A port nobody listens on right now on 127.0.0.1.
 int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
+  std::string error;
+  int port = dlaunch::comm::store::free_port(
+      "127.0.0.1", std::chrono::steady_clock::now() + std::chrono::seconds(5),
+      error);
+  EXPECT_GT(port, 0) << error;
+  return port;
 }
 
 // Starts `n` workers: rank r gets RANK=r, WORLD_SIZE=n and `env`.

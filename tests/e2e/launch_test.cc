@@ -464,7 +464,8 @@ TEST(Launch, AMasterAddressNotOnThisHostFailsTheRendezvousClearly) {
   CommandResult r = dlaunch({"--master-addr", "203.0.113.1", "true"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("rendezvous failed: cannot bind a free port on "
-                               "master address '203.0.113.1'"));
+                               "'203.0.113.1': cannot assign requested "
+                               "address"));
   EXPECT_THAT(r.err, HasSubstr("check --master-addr"));
 }
 

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/store/client.h"
+#include "comm/store/resolve.h"
 #include "comm/store/server.h"
 #include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
@@ -186,8 +187,11 @@ class RawListener {
 
 // A port on 127.0.0.1 that nothing listens on (bound, then released).
 inline uint16_t unused_port() {
-  RawListener l;
-  return l.port();
+  std::string error;
+  int port =
+      free_port("127.0.0.1", std::chrono::steady_clock::now() + 5s, error);
+  EXPECT_GT(port, 0) << error;
+  return static_cast<uint16_t>(port);
 }
 
 using ::dlaunch::testing::bin;
