@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/gloo/process_group.h"
 #include "comm/init.h"
 
 namespace {
@@ -189,7 +190,8 @@ void big_allreduce(ProcessGroup& pg) {
     check(v[i] == static_cast<float>(n * (i % 1000) + n * (n - 1) / 2),
           "big all_reduce");
   }
-  std::printf("rank %d of %d: big all_reduce ok\n", pg.rank(), n);
+  std::printf("rank %d of %d: big all_reduce ok (%s)\n", pg.rank(), n,
+              dlaunch::comm::gloo::last_path(pg).c_str());
 }
 
 // The last rank isends 64 MiB to every other rank, which irecv it; each

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/gloo/process_group.h"
 #include "tests/comm/rank_threads.h"
 #include "tests/comm/tensor_values.h"
 
@@ -40,9 +41,11 @@ class GlooCollectivesTest : public ::testing::TestWithParam<int> {};
 
 // all_reduce of every dtype and op, for each of `sizes`, on `n` ranks, with
 // comm's path-choosing knobs set as given for the group's creation.
+// Each all_reduce must take `path` (gloo::last_path; "local" on one rank).
 void all_reduce_every_dtype_and_op(int n, std::initializer_list<size_t> sizes,
                                    const char* fused_bytes,
-                                   const char* shm_min_bytes) {
+                                   const char* shm_min_bytes,
+                                   const std::string& path) {
   if (fused_bytes) setenv("DLAUNCH_COMM_FUSED_BYTES", fused_bytes, 1);
   if (shm_min_bytes) setenv("DLAUNCH_COMM_SHM_MIN_BYTES", shm_min_bytes, 1);
   run_ranks(n, [&](ProcessGroup& pg) {
@@ -52,6 +55,8 @@ void all_reduce_every_dtype_and_op(int n, std::initializer_list<size_t> sizes,
           if (!op_applies(d, op)) continue;
           Buffer b(d, values_for(op, pg.rank(), numel));
           pg.all_reduce(b.t, op);
+          EXPECT_EQ(gloo::last_path(pg), n == 1 ? "local" : path)
+              << label(d, op, pg.rank());
           auto got = b.values();
           for (size_t i = 0; i < numel; ++i) {
             expect_close(d, got[i], expected(d, op, n, i),
@@ -70,26 +75,27 @@ void all_reduce_every_dtype_and_op(int n, std::initializer_list<size_t> sizes,
 // The default between ranks on one host: the data travels with the
 // argument check through the shared-memory channel.
 TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOp) {
-  all_reduce_every_dtype_and_op(GetParam(), {kNumel}, nullptr, nullptr);
+  all_reduce_every_dtype_and_op(GetParam(), {kNumel}, nullptr, nullptr,
+                                "shm-check");
 }
 
 // The path between hosts (shared memory off): the data travels with the
 // argument check in one Gloo message per peer.
 TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpFusedOverTcp) {
-  all_reduce_every_dtype_and_op(GetParam(), {kNumel}, nullptr, "off");
+  all_reduce_every_dtype_and_op(GetParam(), {kNumel}, nullptr, "off", "tcp");
 }
 
 // The same through Gloo's ring (the path for large all_reduces between
 // hosts).
 TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpThroughTheRing) {
-  all_reduce_every_dtype_and_op(GetParam(), {kNumel}, "0", "off");
+  all_reduce_every_dtype_and_op(GetParam(), {kNumel}, "0", "off", "tcp");
 }
 
 // And through chunked shared memory (the path for large all_reduces between
 // ranks on one host), with uneven chunks.
 TEST_P(GlooCollectivesTest, AllReduceEveryDtypeAndOpThroughSharedMemory) {
   all_reduce_every_dtype_and_op(GetParam(), {kNumel, size_t{3}, size_t{1031}},
-                                "0", "1");
+                                "0", "1", "shm-chunks");
 }
 
 TEST_P(GlooCollectivesTest, ReduceEveryDtypeAndOpLeavesNonRootsAlone) {

@@ -316,9 +316,11 @@ TEST_P(GlooPathErrorsTest, PeerGoneMidAllReduceFailsOthersFastNamingIt) {
 TEST(GlooErrorsTest, PendingSendIsDrainedWhenTheGroupIsDestroyed) {
   const size_t n = 4 << 20;  // 16 MiB of float
   auto store = std::make_shared<store::HashStore>();
+  std::latch sender_destroyed(1);
   std::jthread receiver([&] {
     auto pg = make_process_group("gloo", store, 1, 2, std::chrono::seconds(20));
-    std::this_thread::sleep_for(milliseconds(300));  // still busy elsewhere
+    // Posts its recv only once the sender's group is gone.
+    sender_destroyed.wait();
     std::vector<float> v(n);
     pg->recv(Tensor::of(v), 0, 0);
     for (size_t i = 0; i < n; i += 4099) ASSERT_EQ(v[i], float(i % 1000)) << i;
@@ -329,7 +331,8 @@ TEST(GlooErrorsTest, PendingSendIsDrainedWhenTheGroupIsDestroyed) {
     for (size_t i = 0; i < n; ++i) v[i] = float(i % 1000);
     auto w = pg->isend(Tensor::of(v), 1, 0);
     pg.reset();  // destroy the group with the send in flight
-    w.reset();   // the Work's destructor drains it
+    sender_destroyed.count_down();
+    w.reset();  // the Work's destructor drains it
   }
   receiver.join();
 }
