@@ -41,7 +41,21 @@ TEST(StoreScaleTest, ThousandWaitersReleasedByOneSet) {
   }
   std::atomic<int> released{0};
   std::atomic<int> failed{0};
-  std::vector<std::thread> threads;
+  // jthreads join on every way out; before that, `release` (declared
+  // after them, so destroyed first) sets the key, so that a failed ASSERT
+  // below fails the test instead of std::terminate()-ing with threads
+  // running or waiting out their 30 s.
+  std::vector<std::jthread> threads;
+  struct Release {
+    uint16_t port;
+    ~Release() {
+      try {
+        testing::connect_to(port)->set("go", "");
+      } catch (const std::exception&) {
+        // The waiters then end at their own 30 s timeout.
+      }
+    }
+  } release{server->port()};
   for (auto& c : clients) {
     threads.emplace_back([&, store = c.get()] {
       try {
