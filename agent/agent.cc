@@ -131,7 +131,7 @@ void Agent::run_job() {
           " workers (set it yourself to tune)\n");
   }
 
-  start_attempt();
+  start_attempt(rendezvous::RoundReason::kStart);
   if (state_ != State::kDone) env_.run();
 }
 
@@ -166,24 +166,42 @@ void Agent::make_run_dir() {
   temp_run_dir_ = true;
 }
 
-void Agent::start_attempt() {
+void Agent::start_attempt(rendezvous::RoundReason reason) {
   rendezvous::RendezvousResult round;
   try {
-    round = rdzv_.next_round(options_.nproc_per_node, options_.rdzv_timeout);
+    round = rdzv_.next_round(options_.nproc_per_node, reason,
+                             options_.rdzv_timeout);
+  } catch (const rendezvous::RendezvousClosed& e) {
+    sink_(std::string("dlaunch: ") + e.what() + "\n");
+    finish(0);
+    return;
   } catch (const std::exception& e) {
     result_.error = std::string("dlaunch: rendezvous failed: ") + e.what();
     sink_(result_.error + "\n");
     finish(1);
     return;
   }
+  restart_count_ = round.restart_count;
+  round_ = round.round;
+  next_ = Next::kRestart;
+  remote_failure_.clear();
   AttemptRecord a;
   a.restart_count = restart_count_;
   a.round = round.round;
+  a.reason = rendezvous::reason_name(round.reason);
+  a.group_rank = round.group_rank;
+  a.members = round.members;
   a.master_addr = round.master_addr;
   a.master_port = round.master_port;
   a.start_time = env_.now();
   a.workers.resize(static_cast<size_t>(options_.nproc_per_node));
   result_.attempts.push_back(std::move(a));
+
+  // The other nodes' news reaches the loop as an event: it sleeps until
+  // then, whatever the workers do.
+  rdzv_.watch([this](const rendezvous::RoundEvent& e) {
+    env_.post([this, e] { on_round_event(e); });
+  });
 
   procs_.clear();
   procs_.resize(static_cast<size_t>(options_.nproc_per_node));
@@ -199,12 +217,53 @@ void Agent::start_attempt() {
   }
 }
 
+void Agent::on_round_event(const rendezvous::RoundEvent& e) {
+  using Kind = rendezvous::RoundEvent::Kind;
+  if (state_ == State::kDone || e.round != round_) return;
+  if (e.kind == Kind::kSucceeded) {
+    if (state_ == State::kBarrier) finish(0);
+    return;
+  }
+  if (stop_signal_ != 0) return;  // leaving anyway
+  attempt().ended_by = e.detail;
+  if (state_ != State::kStopping || next_ != Next::kFinish) {
+    switch (e.kind) {
+      case Kind::kFailure:
+        next_ = Next::kRestart;
+        remote_failure_ = e.detail;
+        break;
+      case Kind::kNodeLost:
+      case Kind::kNodeJoined:
+        // A failure already seen keeps its restart.
+        if (state_ == State::kStopping && next_ == Next::kRestart) break;
+        next_ = Next::kRound;
+        next_reason_ = e.kind == Kind::kNodeLost
+                           ? rendezvous::RoundReason::kNodeLost
+                           : rendezvous::RoundReason::kNodeJoined;
+        break;
+      case Kind::kFatal:
+        next_ = Next::kFinish;
+        result_.error = "dlaunch: " + e.detail;
+        break;
+      case Kind::kSucceeded:
+        break;
+    }
+  }
+  if (state_ == State::kRunning) {
+    sink_("dlaunch: " + e.detail + "; stopping " + std::to_string(alive_) +
+          " worker(s)\n");
+    stop_group(SIGTERM);
+  } else if (state_ == State::kBarrier) {
+    group_stopped();
+  }
+}
+
 bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
   const int local_rank = static_cast<int>(i);
   const int n = options_.nproc_per_node;
   WorkerRecord& w = attempt().workers[i];
   w.local_rank = local_rank;
-  w.rank = round.group_rank * n + local_rank;
+  w.rank = round.rank_offset + local_rank;
 
   WorkerIdentity id;
   id.local_rank = local_rank;
@@ -218,8 +277,11 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
   JobInfo job{options_.role,  round.master_addr,     round.master_port,
               restart_count_, options_.max_restarts, result_.run_id};
 
+  // attempt_K counts every start of the group (torchrun's K is the restart
+  // count, which a membership change leaves as it is).
+  const size_t attempt_no = result_.attempts.size() - 1;
   std::filesystem::path dir = result_.run_dir /
-                              ("attempt_" + std::to_string(restart_count_)) /
+                              ("attempt_" + std::to_string(attempt_no)) /
                               std::to_string(local_rank);
 
   const Streams redir = options_.redirects.for_rank(local_rank);
@@ -260,11 +322,10 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
       !temp_run_dir_ || !spec.out.file.empty() || !spec.err.file.empty();
   w.error_file = worker_dir ? dir / "error.json"
                             : result_.run_dir /
-                                  ("error_" + std::to_string(restart_count_) +
-                                   "_" + std::to_string(local_rank) + ".json");
+                                  ("error_" + std::to_string(attempt_no) + "_" +
+                                   std::to_string(local_rank) + ".json");
   spec.env = worker_environment(base_env_, id, job, w.error_file.string());
 
-  const size_t attempt_index = result_.attempts.size() - 1;
   try {
     std::error_code ec;
     if (worker_dir) {
@@ -277,8 +338,8 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
     // fresh temporary folder are new for every attempt.
     if (worker_dir) std::filesystem::remove(w.error_file, ec);
     w.start_time = env_.now();
-    procs_[i] = env_.spawn(spec, [this, attempt_index, i](ExitStatus s) {
-      if (attempt_index + 1 == result_.attempts.size()) on_exit(i, s);
+    procs_[i] = env_.spawn(spec, [this, attempt_no, i](ExitStatus s) {
+      if (attempt_no + 1 == result_.attempts.size()) on_exit(i, s);
     });
     w.pid = procs_[i]->pid();
     ++alive_;
@@ -306,11 +367,20 @@ void Agent::on_exit(size_t i, ExitStatus status) {
   }
   if (state_ == State::kRunning) {
     if (!status.ok()) {
+      next_ = Next::kRestart;
       stop_group(SIGTERM);
     } else if (alive_ == 0) {
       attempt().end_time = env_.now();
       attempt().outcome = "succeeded";
-      finish(0);
+      // The exit barrier: done when every node is (at once on one node).
+      state_ = State::kBarrier;
+      timer_ = env_.start_timer(options_.exit_barrier_timeout, [this] {
+        sink_("dlaunch: exit barrier: the other nodes did not finish within " +
+              seconds(options_.exit_barrier_timeout) +
+              "; this node's workers succeeded, exiting 0\n");
+        finish(0);
+      });
+      rdzv_.report(rendezvous::NodeOutcome::kSucceeded);
     }
     return;
   }
@@ -403,27 +473,53 @@ void Agent::on_signal(int sig) {
 
 void Agent::group_stopped() {
   timer_.reset();
-  attempt().end_time = env_.now();
+  const bool had_workers = state_ != State::kBarrier;
+  if (had_workers) attempt().end_time = env_.now();
   if (stop_signal_ != 0) {
     attempt().outcome = "stopped by " + signal_name(stop_signal_);
+    rdzv_.report(rendezvous::NodeOutcome::kLeaving);
     finish(128 + stop_signal_);
     return;
   }
-  attempt().outcome = "failed";
+  if (next_ == Next::kFinish) {
+    if (had_workers) attempt().outcome = "stopped: " + attempt().ended_by;
+    sink_(result_.error + "\n");
+    finish(1);
+    return;
+  }
+  if (next_ == Next::kRound) {
+    if (had_workers) attempt().outcome = "stopped: " + attempt().ended_by;
+    sink_(
+        "dlaunch: re-forming the worker group (membership changed; no "
+        "restart spent)\n");
+    start_attempt(next_reason_);
+    return;
+  }
   const WorkerRecord* root = result_.root_cause();
+  if (had_workers) {
+    attempt().outcome = root ? "failed" : "stopped: " + attempt().ended_by;
+  }
+  // Ours failed: every node restarts (or gives up) with us.
+  if (root) rdzv_.report(rendezvous::NodeOutcome::kFailed);
   int code = root && root->status ? root->status->shell_code() : 1;
   if (code == 0) code = 1;
+  const std::string what =
+      root ? "local rank " + std::to_string(root->local_rank) + " (pid " +
+                 std::to_string(root->pid) + ") failed with " +
+                 (root->status ? root->status->describe() : "an error")
+           : remote_failure_;
   if (restart_count_ < options_.max_restarts) {
-    ++restart_count_;
-    sink_("dlaunch: local rank " +
-          std::to_string(root ? root->local_rank : -1) + " (pid " +
-          std::to_string(root ? root->pid : -1) + ") failed with " +
-          (root && root->status ? root->status->describe() : "an error") +
-          "; restarting the worker group (restart " +
-          std::to_string(restart_count_) + " of " +
+    sink_("dlaunch: " + what + "; restarting the worker group (restart " +
+          std::to_string(restart_count_ + 1) + " of " +
           std::to_string(options_.max_restarts) + ")\n");
-    start_attempt();
+    start_attempt(rendezvous::RoundReason::kFailure);
     return;
+  }
+  if (!root) {
+    result_.error = "dlaunch: " + what + "; no restarts left (" +
+                    std::to_string(restart_count_) + " of " +
+                    std::to_string(options_.max_restarts) + " used)";
+    sink_(result_.error + "\n");
   }
   finish(code);
 }

@@ -35,11 +35,16 @@ class Agent {
   RunResult run();
 
  private:
-  enum class State { kRunning, kStopping, kDone };
+  // kBarrier: this node's workers succeeded; waiting for the other nodes'.
+  enum class State { kRunning, kStopping, kBarrier, kDone };
+  // What to do once the stopping group is down.
+  enum class Next { kRestart, kRound, kFinish };
 
   // Signals, the first attempt and the event loop until the job is over.
   void run_job();
-  void start_attempt();
+  void start_attempt(rendezvous::RoundReason reason);
+  // An event from the rendezvous, on the loop thread.
+  void on_round_event(const rendezvous::RoundEvent& e);
   // False when the worker could not be started.
   bool spawn_worker(size_t i, const rendezvous::RendezvousResult& round);
   void on_exit(size_t i, ExitStatus status);
@@ -67,8 +72,12 @@ class Agent {
   State state_ = State::kRunning;
   std::string executable_;
   bool temp_run_dir_ = false;
-  int restart_count_ = 0;
-  int stop_signal_ = 0;  // job-stopping signal received, 0 if none
+  int restart_count_ = 0;  // of the current round, the same on every node
+  int round_ = -1;         // the current rendezvous round
+  Next next_ = Next::kRestart;
+  rendezvous::RoundReason next_reason_ = rendezvous::RoundReason::kFailure;
+  std::string remote_failure_;  // another node's failure ended the round
+  int stop_signal_ = 0;         // job-stopping signal received, 0 if none
   size_t alive_ = 0;
   std::vector<std::unique_ptr<Process>> procs_;
   std::unique_ptr<Timer> timer_;

@@ -103,6 +103,10 @@ class Env {
   // what it holds, if the agent dies (SIGKILL) without removing it. Call
   // before the first spawn.
   virtual void remove_if_orphaned(const std::filesystem::path& dir) = 0;
+  // Runs `fn` on the thread inside run(), soon. The one method any thread
+  // may call (a rendezvous watcher delivers its event this way); `fn` is
+  // dropped unrun if run() never dispatches it.
+  virtual void post(std::function<void()> fn) = 0;
   // Dispatches callbacks until stop() is called.
   virtual void run() = 0;
   // Makes run() return once the current callback finishes.

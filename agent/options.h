@@ -60,6 +60,10 @@ struct AgentOptions {
   std::chrono::milliseconds drain_timeout{std::chrono::seconds(2)};
   // Bound on one rendezvous round (torchrun's join_timeout). Default 600 s.
   std::chrono::milliseconds rdzv_timeout{std::chrono::seconds(600)};
+  // After this node's workers succeeded, how long to wait for every other
+  // node's (--exit-barrier-timeout); the job then ends here with exit 0
+  // and a warning. Default 300 s (torchrun's).
+  std::chrono::milliseconds exit_barrier_timeout{std::chrono::seconds(300)};
   // MASTER_ADDR given to workers. Default 127.0.0.1 (one node).
   std::string master_addr = "127.0.0.1";
   // MASTER_PORT; 0 (default) picks a free port on master_addr each round.

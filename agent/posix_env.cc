@@ -14,6 +14,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/process/v2/posix/vfork_launcher.hpp>
@@ -756,6 +757,12 @@ int PosixEnv::free_port(const std::string& host) {
       host, std::chrono::steady_clock::now() + kLookupTimeout, error);
   if (port < 0) throw std::runtime_error(error + "; check --master-addr");
   return port;
+}
+
+void PosixEnv::post(std::function<void()> fn) {
+  // io_context::post is thread-safe: it wakes the epoll loop via its
+  // eventfd, so the loop sleeps until an event really arrives.
+  asio::post(impl_->io, std::move(fn));
 }
 
 void PosixEnv::run() {

@@ -48,6 +48,7 @@ class PosixEnv : public Env {
   std::chrono::system_clock::time_point now() override;
   int free_port(const std::string& host) override;
   void remove_if_orphaned(const std::filesystem::path& dir) override;
+  void post(std::function<void()> fn) override;
   void run() override;
   void stop() override;
 

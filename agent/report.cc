@@ -148,6 +148,10 @@ nlohmann::json summary_json(const RunResult& r) {
     nlohmann::json aj;
     aj["restart_count"] = a.restart_count;
     aj["round"] = a.round;
+    aj["reason"] = a.reason;
+    aj["group_rank"] = a.group_rank;
+    aj["members"] = a.members;
+    aj["ended_by"] = a.ended_by;
     aj["master_addr"] = a.master_addr;
     aj["master_port"] = a.master_port;
     aj["start_time"] = format_time(a.start_time);

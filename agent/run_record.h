@@ -44,11 +44,16 @@ struct WorkerRecord {
 struct AttemptRecord {
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT of its workers
   int round = 0;          // rendezvous round
+  // Why the round opened: "start", "failure", "node lost", "node joined".
+  std::string reason = "start";
+  int group_rank = 0;                // this node's, in the round
+  std::vector<std::string> members;  // the round's nodes, by group rank
   std::string master_addr;
   int master_port = 0;
   WallTime start_time{};
   WallTime end_time{};
-  std::string outcome;  // "succeeded", "failed", "stopped by SIGINT", ...
+  std::string outcome;   // "succeeded", "failed", "stopped by SIGINT", ...
+  std::string ended_by;  // the other nodes' event that ended it, if any
   std::vector<WorkerRecord> workers;
   int root_cause = -1;  // index in workers of the first observed failure
 };

@@ -226,7 +226,11 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   }
   if (has("dry-run")) o.mode = LaunchOptions::Mode::kDryRun;
   if (has("print-config")) o.mode = LaunchOptions::Mode::kPrintConfig;
-  o.standalone = o.standalone || o.rdzv_endpoint.empty();
+  try {
+    check_rendezvous(o);
+  } catch (const BadValue& b) {
+    return UsageError{"dlaunch: " + b.message};
+  }
   if (o.module && o.no_python) {
     return UsageError{
         "dlaunch: --module and --no-python cannot be used together; drop "

@@ -12,6 +12,15 @@
 
 namespace dlaunch::launcher {
 namespace {
+const agent::AgentOptions& AgentDefaults() {
+  static const agent::AgentOptions kDefaults;
+  return kDefaults;
+}
+}  // namespace
+}  // namespace dlaunch::launcher
+
+namespace dlaunch::launcher {
+namespace {
 
 using Options = LaunchOptions;
 
@@ -140,6 +149,78 @@ void not_empty(const std::string& v) {
   if (v.empty()) throw BadValue{"must not be empty"};
 }
 
+// HOST[:PORT] of the agents' store ([V6]:PORT for IPv6); port 29400 unless
+// given.
+void parse_endpoint(const std::string& v,
+                    agent::rendezvous::RendezvousOptions& r) {
+  const std::string forms =
+      "'" + v + "' is not valid; use HOST or HOST:PORT with a port 0..65535";
+  std::string host = v;
+  std::string port;
+  if (v[0] == '[') {
+    size_t close = v.find(']');
+    if (close == std::string::npos) throw BadValue{forms};
+    host = v.substr(1, close - 1);
+    if (close + 1 < v.size()) {
+      if (v[close + 1] != ':') throw BadValue{forms};
+      port = v.substr(close + 2);
+    }
+  } else if (size_t colon = v.rfind(':');
+             colon != std::string::npos && v.find(':') == colon) {
+    host = v.substr(0, colon);
+    port = v.substr(colon + 1);
+  }
+  if (host.empty()) throw BadValue{forms};
+  r.endpoint_host = host;
+  r.endpoint_port = 29400;
+  if (!port.empty() || v.back() == ':') {
+    r.endpoint_port =
+        parse_int(port, 0, 65535, "HOST or HOST:PORT with a port 0..65535");
+  }
+}
+
+// One --rdzv-conf key: torchrun's c10d keys; durations in seconds.
+void apply_rdzv_conf(const FlagSpec& f, const std::string& key,
+                     const std::string& v,
+                     agent::rendezvous::RendezvousOptions& r) {
+  auto seconds = [&] {
+    try {
+      return parse_duration(f, v);
+    } catch (const BadValue& b) {
+      throw BadValue{b.message, key};
+    }
+  };
+  if (key == "join_timeout") {
+    r.join_timeout = seconds();
+  } else if (key == "last_call_timeout") {
+    r.last_call_timeout = seconds();
+  } else if (key == "close_timeout") {
+    r.close_timeout = seconds();
+  } else if (key == "keep_alive_interval") {
+    r.keep_alive_interval = seconds();
+  } else if (key == "read_timeout" || key == "timeout") {
+    r.read_timeout = seconds();
+  } else if (key == "keep_alive_max_attempt") {
+    try {
+      r.keep_alive_max_attempt =
+          parse_int(v, 1, 1000, "a whole number 1..1000");
+    } catch (const BadValue& b) {
+      throw BadValue{b.message, key};
+    }
+  } else if (key == "is_host") {
+    try {
+      r.is_host = parse_switch(v);
+    } catch (const BadValue& b) {
+      throw BadValue{b.message, key};
+    }
+  } else {
+    throw BadValue{"unknown key '" + key +
+                   "'; valid keys are join_timeout, last_call_timeout, "
+                   "close_timeout, keep_alive_interval, "
+                   "keep_alive_max_attempt, is_host, read_timeout, timeout"};
+  }
+}
+
 std::vector<FlagSpec> make_table() {
   using T = ValueType;
   return {
@@ -212,7 +293,8 @@ std::vector<FlagSpec> make_table() {
        .placeholder = "HOST",
        .key = "master_addr",
        .default_text = "127.0.0.1",
-       .help = "MASTER_ADDR given to workers.",
+       .help = "MASTER_ADDR given to workers (static backend; c10d uses "
+               "group rank 0's --local-addr).",
        .section = "WORKERS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
@@ -228,7 +310,10 @@ std::vector<FlagSpec> make_table() {
        .type = T::kInt,
        .key = "master_port",
        .default_text = "0, a free port new for every restart",
-       .help = "MASTER_PORT given to workers.",
+       .help = "MASTER_PORT given to workers: their rank 0 binds it, so it "
+               "must differ from the agents' store port (--rdzv-endpoint's, "
+               "29400 by default). With c10d across nodes, 0 picks a port "
+               "free on group rank 0's node.",
        .section = "WORKERS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
@@ -392,91 +477,113 @@ std::vector<FlagSpec> make_table() {
 
       // RENDEZVOUS
       {.name = "nnodes",
-       .placeholder = "1",
-       .type = T::kInt,
+       .placeholder = "N|MIN:MAX",
        .key = "nnodes",
        .default_text = "1",
-       .help = "Nodes in the job; this version runs one node.",
+       .help = "Nodes in the job. MIN:MAX (c10d only) runs elastically with "
+               "any count in the range: nodes may fail, leave and join.",
        .section = "RENDEZVOUS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             if (v != "1" && v != "1:1") {
-               throw BadValue{"'" + v +
-                              "' is not supported yet; this version runs "
-                              "one node (use --nnodes 1)"};
-             }
-             o.nnodes = 1;
+             const std::string forms =
+                 "N or MIN:MAX with 1 <= MIN <= MAX, like 2 or 2:4";
+             size_t colon = v.find(':');
+             int lo = parse_int(v.substr(0, colon), 1, 1 << 20, forms);
+             int hi = colon == std::string::npos
+                          ? lo
+                          : parse_int(v.substr(colon + 1), 1, 1 << 20, forms);
+             if (lo > hi)
+               throw BadValue{"'" + v + "' is not valid; use " + forms};
+             o.rdzv.min_nodes = lo;
+             o.rdzv.max_nodes = hi;
            },
        .print = [](const Options& o) -> std::optional<std::string> {
-         return std::to_string(o.nnodes);
+         const auto& r = o.rdzv;
+         return r.min_nodes == r.max_nodes ? std::to_string(r.min_nodes)
+                                           : std::to_string(r.min_nodes) + ":" +
+                                                 std::to_string(r.max_nodes);
        }},
       {.name = "node-rank",
-       .placeholder = "0",
+       .placeholder = "K",
        .type = T::kInt,
        .key = "node_rank",
-       .default_text = "0",
-       .help = "This node's rank among the nodes.",
+       .help = "This node's rank with the static backend (0..N-1).",
        .section = "RENDEZVOUS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.node_rank = parse_int(v, 0, 0, "0 (one node)");
+             o.rdzv.node_rank = parse_int(v, 0, 1 << 20, "a number >= 0");
            },
        .print = [](const Options& o) -> std::optional<std::string> {
-         return std::to_string(o.node_rank);
+         if (o.rdzv.node_rank < 0) return std::nullopt;
+         return std::to_string(o.rdzv.node_rank);
        }},
       {.name = "rdzv-backend",
        .placeholder = "static|c10d",
        .key = "rdzv_backend",
        .default_text = "static",
-       .help = "Rendezvous backend.",
+       .help = "static: a fixed set of nodes, each given --node-rank. c10d: "
+               "nodes meet in the agents' TCP store and get group ranks in "
+               "the order they first joined; ranks stay put while nodes "
+               "live.",
        .section = "RENDEZVOUS",
        .choices = {"static", "c10d"},
-       .apply = [](const FlagSpec& f, const std::string& v, Options& o,
-                   const agent::EnvMap&) { o.rdzv_backend = one_of(f, v); },
+       .apply =
+           [](const FlagSpec& f, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             o.rdzv.backend = one_of(f, v, " (etcd is not supported yet)");
+           },
        .print = [](const Options& o) -> std::optional<std::string> {
-         return o.rdzv_backend;
+         return o.rdzv.backend;
        }},
       {.name = "rdzv-endpoint",
        .placeholder = "HOST[:PORT]",
        .key = "rdzv_endpoint",
-       .help = "Where the rendezvous store is served.",
+       .default_text = "none on one node; --master-addr:29400 for static",
+       .help = "The agents' store (port 29400 unless given). The agent on "
+               "HOST hosts it (see is_host); the others connect.",
        .section = "RENDEZVOUS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             size_t colon = v.rfind(':');
-             if (v.empty() || colon == 0) {
-               throw BadValue{"'" + v +
-                              "' is not valid; use HOST or HOST:PORT"};
+             if (v.empty()) {
+               o.rdzv.endpoint_host.clear();
+               return;
              }
-             if (colon != std::string::npos) {
-               parse_int(v.substr(colon + 1), 0, 65535,
-                         "HOST or HOST:PORT with a port 0..65535");
-             }
-             o.rdzv_endpoint = v;
+             parse_endpoint(v, o.rdzv);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
-         if (o.rdzv_endpoint.empty()) return std::nullopt;
-         return o.rdzv_endpoint;
+         const auto& r = o.rdzv;
+         if (r.endpoint_host.empty()) return std::nullopt;
+         bool v6 = r.endpoint_host.find(':') != std::string::npos;
+         return (v6 ? "[" + r.endpoint_host + "]" : r.endpoint_host) + ":" +
+                std::to_string(r.endpoint_port);
        }},
       {.name = "rdzv-conf",
        .placeholder = "K=V,...",
        .type = T::kMap,
        .key = "rdzv_conf",
-       .help = "Rendezvous settings, accepted as torchrun does.",
+       .help = "join_timeout (600 s), last_call_timeout (30), close_timeout "
+               "(30), keep_alive_interval (5), keep_alive_max_attempt (3), "
+               "read_timeout or timeout (60): seconds. is_host=true|false: "
+               "whether this agent hosts the store (default: when the "
+               "endpoint's HOST names this machine). Any other key is an "
+               "error.",
        .section = "RENDEZVOUS",
        .apply =
-           [](const FlagSpec&, const std::string& v, Options& o,
+           [](const FlagSpec& f, const std::string& v, Options& o,
               const agent::EnvMap&) {
              o.rdzv_conf.clear();
              if (v.empty()) return;
              for (const std::string& kv : split(v, ',')) {
                size_t eq = kv.find('=');
                if (eq == std::string::npos || eq == 0) {
-                 throw BadValue{"'" + kv + "' is not valid; use K=V,..."};
+                 throw BadValue{"'" + kv +
+                                "' is not KEY=VALUE; use a comma-separated "
+                                "list like join_timeout=600,is_host=true"};
                }
+               apply_rdzv_conf(f, kv.substr(0, eq), kv.substr(eq + 1), o.rdzv);
                o.rdzv_conf[kv.substr(0, eq)] = kv.substr(eq + 1);
              }
            },
@@ -485,6 +592,40 @@ std::vector<FlagSpec> make_table() {
          std::vector<std::string> kv;
          for (const auto& [k, v] : o.rdzv_conf) kv.push_back(k + "=" + v);
          return join(kv, ',');
+       }},
+      {.name = "local-addr",
+       .placeholder = "ADDR",
+       .key = "local_addr",
+       .default_text = "the host name",
+       .help = "The address other nodes reach this one at; with c10d, "
+               "group rank 0's is MASTER_ADDR.",
+       .section = "RENDEZVOUS",
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             not_empty(v);
+             o.rdzv.local_addr = v;
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (o.rdzv.local_addr.empty()) return std::nullopt;
+         return o.rdzv.local_addr;
+       }},
+      {.name = "exit-barrier-timeout",
+       .placeholder = "SECONDS",
+       .type = T::kSeconds,
+       .key = "exit_barrier_timeout",
+       .default_text = "300",
+       .help = "After this node's workers succeeded, how long to wait for "
+               "the other nodes' (a failed node releases the others at "
+               "once).",
+       .section = "RENDEZVOUS",
+       .apply =
+           [](const FlagSpec& f, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             o.agent.exit_barrier_timeout = parse_duration(f, v);
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         return format_seconds(o.agent.exit_barrier_timeout);
        }},
       {.name = "standalone",
        .type = T::kSwitch,
@@ -625,6 +766,70 @@ std::chrono::milliseconds parse_duration(const FlagSpec& flag,
                    max + ", like 0.5 or 30"};
   }
   return std::chrono::milliseconds(std::llround(d * 1e3));
+}
+
+void check_rendezvous(LaunchOptions& o) {
+  agent::rendezvous::RendezvousOptions& r = o.rdzv;
+  const std::string nnodes = "--nnodes " + *find_flag("nnodes")->print(o);
+  o.agent.rdzv_timeout = r.join_timeout;
+  if (o.standalone && r.max_nodes > 1) {
+    throw BadValue{"--standalone runs one node; drop it or use --nnodes 1"};
+  }
+  if (o.standalone && !r.endpoint_host.empty()) {
+    throw BadValue{
+        "--standalone hosts its own store on a free port; drop it or "
+        "--rdzv-endpoint"};
+  }
+  if (r.backend == "static" && r.min_nodes != r.max_nodes) {
+    throw BadValue{nnodes +
+                   ": the static backend runs a fixed number of nodes; use "
+                   "--rdzv-backend c10d for MIN:MAX"};
+  }
+  if (r.backend == "static" && r.max_nodes > 1 && r.node_rank < 0) {
+    throw BadValue{nnodes + " with the static backend needs --node-rank (0.." +
+                   std::to_string(r.max_nodes - 1) + ")"};
+  }
+  if (r.node_rank >= r.max_nodes) {
+    throw BadValue{"--node-rank " + std::to_string(r.node_rank) +
+                   " is not below " + nnodes + "; use 0.." +
+                   std::to_string(r.max_nodes - 1)};
+  }
+  if (r.backend == "c10d" && r.node_rank >= 0) {
+    throw BadValue{
+        "--node-rank applies to --rdzv-backend static; c10d assigns node "
+        "ranks itself (drop --node-rank)"};
+  }
+  if (r.backend == "c10d" && r.max_nodes > 1) {
+    if (r.endpoint_host.empty()) {
+      throw BadValue{nnodes +
+                     " with --rdzv-backend c10d needs --rdzv-endpoint "
+                     "HOST[:PORT] (where the agents meet)"};
+    }
+    if (o.agent.master_addr != AgentDefaults().master_addr) {
+      throw BadValue{
+          "--master-addr applies to --rdzv-backend static; with c10d "
+          "MASTER_ADDR is group rank 0's address (drop --master-addr, or "
+          "set --local-addr on each node)"};
+    }
+  }
+  if (r.endpoint_port == 0 && r.max_nodes > 1) {
+    throw BadValue{
+        "--rdzv-endpoint with port 0 (a free port) works for one node only; "
+        "the other nodes need a fixed port like 29400"};
+  }
+  // Static multi-node: node rank 0 hosts the agents' store at the master
+  // address, on 29400 so that MASTER_PORT stays the workers'.
+  if (r.endpoint_host.empty() && r.max_nodes > 1) {
+    r.endpoint_host = o.agent.master_addr;
+  }
+  if (!r.endpoint_host.empty() && r.max_nodes > 1 &&
+      o.agent.master_port == r.endpoint_port) {
+    throw BadValue{"--master-port " + std::to_string(o.agent.master_port) +
+                   " is the agents' store port (--rdzv-endpoint); the "
+                   "workers' rank 0 must bind another: pick a different "
+                   "--master-port"};
+  }
+  if (r.endpoint_host.empty()) o.standalone = true;
 }
 
 std::string format_seconds(std::chrono::milliseconds d) {

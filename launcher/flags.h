@@ -116,6 +116,13 @@ bool parse_switch(const std::string& value);
 std::chrono::milliseconds parse_duration(const FlagSpec& flag,
                                          const std::string& value);
 
+// Checks the rendezvous flags together, once every flag is applied (static
+// needs --node-rank, c10d across nodes needs --rdzv-endpoint, ...), and
+// fills what follows from them (static's endpoint, --standalone on one
+// node, the agent's rendezvous timeout). Throws BadValue with the whole
+// message.
+void check_rendezvous(LaunchOptions& options);
+
 // "0.5", "30": seconds as the shortest text that reads back the same.
 std::string format_seconds(std::chrono::milliseconds d);
 

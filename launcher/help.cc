@@ -78,12 +78,9 @@ EXAMPLES
 
 // The sections of the options, in order, with their titles.
 constexpr std::pair<std::string_view, std::string_view> kSections[] = {
-    {"WORKERS", "WORKERS"},
-    {"PROGRAMS", "PROGRAMS"},
-    {"OUTPUT", "OUTPUT"},
-    {"SIGNALS", "SIGNALS"},
-    {"RENDEZVOUS", "RENDEZVOUS (one node for now)"},
-    {"JOB FILES", "JOB FILES"},
+    {"WORKERS", "WORKERS"},       {"PROGRAMS", "PROGRAMS"},
+    {"OUTPUT", "OUTPUT"},         {"SIGNALS", "SIGNALS"},
+    {"RENDEZVOUS", "RENDEZVOUS"}, {"JOB FILES", "JOB FILES"},
     {"OTHER", "OTHER"},
 };
 

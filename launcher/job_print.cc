@@ -128,7 +128,7 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
 
 std::string dry_run_plan(const LaunchOptions& o) {
   const std::string kRdzv = "<decided at rendezvous>";
-  const bool multi = o.hosts.size() > 1 || o.nnodes > 1;
+  const bool multi = o.hosts.size() > 1 || o.rdzv.max_nodes > 1;
   std::ostringstream s;
   s << "dlaunch --dry-run: the plan; nothing was started.\n\n";
   s << "job\n";
@@ -164,12 +164,13 @@ std::string dry_run_plan(const LaunchOptions& o) {
   if (multi || gpus_elsewhere) {
     s << ", world size " << (multi ? kRdzv : kGpus);
   } else {
-    s << ", world size " << o.agent.nproc_per_node * o.nnodes;
+    s << ", world size " << o.agent.nproc_per_node;
   }
   s << "\n";
-  s << "  rendezvous: " << o.rdzv_backend
+  s << "  rendezvous: " << o.rdzv.backend
     << (o.standalone ? ", store hosted here on a free port (standalone)"
-                     : ", store at " + o.rdzv_endpoint)
+                     : ", store at " + o.rdzv.endpoint_host + ":" +
+                           std::to_string(o.rdzv.endpoint_port))
     << "\n";
   s << "  restarts:  up to " << o.agent.max_restarts << "; SIGKILL "
     << format_seconds(o.agent.term_timeout) << " s after SIGTERM\n";
@@ -194,15 +195,17 @@ std::string dry_run_plan(const LaunchOptions& o) {
   }
   // Unresolved GPUs: worker 0 stands for them all.
   const int nproc = gpus_elsewhere ? 1 : o.agent.nproc_per_node;
+  // One node: the ranks are known; several: shown as if this node were
+  // group rank 0 of one (the rendezvous decides).
   for (int i = 0; i < nproc; ++i) {
     agent::WorkerIdentity id{.local_rank = i,
-                             .rank = o.node_rank * nproc + i,
-                             .world_size = nproc * o.nnodes,
+                             .rank = i,
+                             .world_size = nproc,
                              .local_world_size = nproc,
-                             .group_rank = o.node_rank,
-                             .group_world_size = o.nnodes,
-                             .role_rank = o.node_rank * nproc + i,
-                             .role_world_size = nproc * o.nnodes};
+                             .group_rank = 0,
+                             .group_world_size = 1,
+                             .role_rank = i,
+                             .role_world_size = nproc};
     agent::JobInfo job{.role = o.agent.role,
                        .master_addr = o.agent.master_addr,
                        .master_port = o.agent.master_port,

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "agent/options.h"
+#include "agent/rendezvous/rendezvous.h"
 
 namespace dlaunch::launcher {
 
@@ -25,16 +26,11 @@ struct Host {
 struct LaunchOptions {
   // The node agent's options (workers, restarts, logs, signals).
   agent::AgentOptions agent;
-  // Nodes in the job. Default 1; only 1 is supported so far.
-  int nnodes = 1;
-  // This node's rank among them. Default 0.
-  int node_rank = 0;
-  // Rendezvous backend: "static" or "c10d". Default "static" (one node).
-  std::string rdzv_backend = "static";
-  // host:port of the rendezvous store; empty (default) on one node.
-  std::string rdzv_endpoint;
+  // How this node meets the others (--nnodes, --rdzv-*, --node-rank,
+  // --local-addr, --exit-barrier-timeout). Default: one node.
+  agent::rendezvous::RendezvousOptions rdzv;
   // Host an embedded TCP store on a free port for rendezvous (torchrun's
-  // --standalone). Default: on exactly when nnodes is 1 and no endpoint
+  // --standalone). Default: on exactly when one node runs and no endpoint
   // was given.
   bool standalone = false;
   // Rendezvous settings (--rdzv-conf K=V,...); accepted as torchrun does.

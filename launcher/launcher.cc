@@ -1,16 +1,22 @@
 #include "launcher/launcher.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <variant>
 
 #include "agent/agent.h"
 #include "agent/posix_env.h"
+#include "agent/rendezvous/c10d_rendezvous.h"
 #include "agent/rendezvous/static_rendezvous.h"
 #include "comm/store/server.h"
 #include "launcher/cli.h"
@@ -72,40 +78,155 @@ void write_job_yaml(const LaunchOptions& o) {
   }
 }
 
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+// Whether `host` names this machine: --local-addr, the host name, a
+// loopback name, or an address of one of its interfaces.
+bool names_this_machine(const std::string& host, const std::string& local) {
+  if (host == local || host == host_name() || is_loopback(host)) return true;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  std::set<std::string> wanted;
+  char buf[INET6_ADDRSTRLEN];
+  for (addrinfo* a = res; a; a = a->ai_next) {
+    const void* src =
+        a->ai_family == AF_INET
+            ? static_cast<const void*>(
+                  &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
+            : static_cast<const void*>(
+                  &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
+    if (::inet_ntop(a->ai_family, src, buf, sizeof buf)) wanted.insert(buf);
+  }
+  ::freeaddrinfo(res);
+  for (const std::string& w : wanted) {
+    if (is_loopback(w)) return true;
+  }
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return false;
+  bool mine = false;
+  for (ifaddrs* i = ifs; i && !mine; i = i->ifa_next) {
+    if (!i->ifa_addr) continue;
+    int fam = i->ifa_addr->sa_family;
+    if (fam != AF_INET && fam != AF_INET6) continue;
+    const void* src =
+        fam == AF_INET
+            ? static_cast<const void*>(
+                  &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
+            : static_cast<const void*>(
+                  &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    if (::inet_ntop(fam, src, buf, sizeof buf)) mine = wanted.contains(buf);
+  }
+  ::freeifaddrs(ifs);
+  return mine;
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& job) {
   LaunchOptions options = job;
+  // Agents of one job must agree on its id: torchrun's default is "none".
+  if (options.agent.run_id.empty() && !options.rdzv.endpoint_host.empty()) {
+    options.agent.run_id = "none";
+  }
   if (!options.agent.log_dir.empty()) {
     if (options.agent.run_id.empty()) options.agent.run_id = random_run_id();
     write_job_yaml(options);
   }
   agent::PosixEnv env;  // first: it records the limits workers get
-  // --standalone: this node hosts the rendezvous store on torchrun's
-  // localhost:0 endpoint. Workers do not use it
+  const agent::rendezvous::RendezvousOptions& r = options.rdzv;
+  auto pick_port = [&env](const std::string& host) {
+    return env.free_port(host);
+  };
+  // The agents' store, when this agent hosts it (--standalone, or the
+  // endpoint names this machine). Workers do not use it
   // (TORCHELASTIC_USE_AGENT_STORE=False: rank 0 serves theirs).
   std::unique_ptr<comm::store::StoreServer> store;
-  if (options.standalone) {
-    try {
-      store = comm::store::StoreServer::start({.host = "127.0.0.1", .port = 0});
-    } catch (const std::exception& e) {
-      throw std::runtime_error(
-          std::string("--standalone: cannot host the rendezvous store: ") +
-          e.what());
+  std::unique_ptr<agent::rendezvous::Rendezvous> rdzv;
+  if (r.endpoint_host.empty()) {
+    if (options.standalone) {
+      try {
+        store =
+            comm::store::StoreServer::start({.host = "127.0.0.1", .port = 0});
+      } catch (const std::exception& e) {
+        throw std::runtime_error(
+            std::string("--standalone: cannot host the rendezvous store: ") +
+            e.what());
+      }
     }
+    rdzv = std::make_unique<agent::rendezvous::StaticRendezvous>(
+        options.agent.master_addr, options.agent.master_port, pick_port);
+  } else {
+    const bool asked = r.is_host.has_value();
+    int port = r.endpoint_port;
+    if (asked ? *r.is_host
+              : names_this_machine(r.endpoint_host, r.local_addr)) {
+      try {
+        store = comm::store::StoreServer::start(
+            {.host = is_loopback(r.endpoint_host) ? r.endpoint_host : "0.0.0.0",
+             .port = static_cast<uint16_t>(port)});
+        port = store->port();
+      } catch (const std::exception& e) {
+        // Unasked, another agent of this machine may host it already.
+        if (asked || port == 0) {
+          throw std::runtime_error(
+              std::string("cannot host the agents' store (is_host): ") +
+              e.what());
+        }
+      }
+    }
+    agent::rendezvous::C10dRendezvous::Params p;
+    p.options = r;
+    p.run_id = options.agent.run_id.empty() ? "none" : options.agent.run_id;
+    p.store_host = r.endpoint_host;
+    p.store_port = port;
+    if (!r.local_addr.empty()) {
+      p.node_addr = r.local_addr;
+    } else if (r.max_nodes == 1 ||
+               (r.backend == "static" && r.node_rank == 0)) {
+      p.node_addr = options.agent.master_addr;
+    } else {
+      p.node_addr = host_name();
+    }
+    p.master_port = options.agent.master_port;
+    p.pick_port = pick_port;
+    p.log = write_stderr;
+    rdzv = std::make_unique<agent::rendezvous::C10dRendezvous>(std::move(p));
   }
   env.set_drain_timeout(options.agent.drain_timeout);
-  agent::rendezvous::StaticRendezvous rdzv(
-      options.agent.master_addr, options.agent.master_port,
-      [&env](const std::string& host) { return env.free_port(host); });
   // Workers inherit dlaunch's environment with the job's env map on top.
   agent::EnvMap base = agent::current_environment();
   for (const auto& [name, value] : options.env) base[name] = value;
-  // The agent's messages queue behind the workers' lines: a stalled or
-  // vanished console never blocks or kills the agent.
-  agent::Agent agent(options.agent, env, rdzv, std::move(base),
-                     [&env](const std::string& s) { env.write_console(2, s); });
-  return agent.run().exit_code;
+  agent::RunResult result;
+  {
+    // The agent's messages queue behind the workers' lines: a stalled or
+    // vanished console never blocks or kills the agent.
+    agent::Agent agent(
+        options.agent, env, *rdzv, std::move(base),
+        [&env](const std::string& s) { env.write_console(2, s); });
+    result = agent.run();
+  }
+  rdzv.reset();  // closes this agent's connections
+  // The hosting agent lets the others read the job's end before its store
+  // goes away, within close_timeout (not when a signal stops it: then the
+  // others learn that the host is gone).
+  if (store && !r.endpoint_host.empty() && result.stop_signal == 0 &&
+      !store->wait_idle(r.close_timeout)) {
+    write_stderr("dlaunch: " + std::to_string(store->num_connections()) +
+                 " agent connection(s) still open on this node's store " +
+                 std::to_string(r.close_timeout.count()) +
+                 " ms (close_timeout) after the end; closing it\n");
+  }
+  return result.exit_code;
 }
 
 int main(int argc, char** argv) {

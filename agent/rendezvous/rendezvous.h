@@ -1,10 +1,83 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace dlaunch::agent::rendezvous {
+
+// How this node meets the others, with torchrun's defaults. The command
+// line (launcher/cli.h) fills it from --nnodes, --rdzv-* and friends; a YAML
+// job config fills the same struct. Plain data.
+struct RendezvousOptions {
+  // "static" (fixed nodes, --node-rank) or "c10d" (elastic, over the TCP
+  // store). Default "static".
+  std::string backend = "static";
+  // Nodes in a round: at least min_nodes, at most max_nodes (--nnodes N or
+  // MIN:MAX). Default 1:1.
+  int min_nodes = 1;
+  int max_nodes = 1;
+  // The agents' store (--rdzv-endpoint HOST[:PORT]). Empty host (default):
+  // one node, no store needed. Port default 29400; 0 means a free port,
+  // possible only for one node that hosts the store.
+  std::string endpoint_host;
+  int endpoint_port = 29400;
+  // Whether this agent hosts the store (torchrun's is_host). Unset
+  // (default): it does when the endpoint's host is one of this machine's
+  // names or addresses (or --local-addr).
+  std::optional<bool> is_host;
+  // This node's group rank with the static backend (--node-rank); -1 when
+  // not given (default).
+  int node_rank = -1;
+  // The address other nodes reach this one at (--local-addr); empty
+  // (default): the host name.
+  std::string local_addr;
+  // A round must form within this long (join_timeout). Default 600 s.
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  // Once min_nodes joined, how long more may join (last_call_timeout).
+  // Default 30 s.
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
+  // How long closing the rendezvous at the end may take (close_timeout).
+  // Default 30 s.
+  std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
+  // An agent silent for keep_alive_interval * keep_alive_max_attempt has
+  // left. Defaults 5 s and 3.
+  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
+  int keep_alive_max_attempt = 3;
+  // Bound on one store request (read_timeout, or torchrun's `timeout`).
+  // Default 60 s.
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
+};
+
+// Why a round opened (summary.json lists it for every round).
+enum class RoundReason { kStart, kFailure, kNodeLost, kNodeJoined };
+// "start", "failure", "node lost", "node joined".
+std::string reason_name(RoundReason reason);
+
+// What ended the current round while this node's workers ran or waited in
+// the exit barrier.
+struct RoundEvent {
+  enum class Kind {
+    kSucceeded,   // every node's workers succeeded: the job is over
+    kFailure,     // a worker failed on another node: restart the group
+    kNodeLost,    // a node died, froze or left: new round, no restart spent
+    kNodeJoined,  // a new node waits to join: new round, no restart spent
+    kFatal,       // the job cannot go on (store host lost, static node lost)
+  };
+  Kind kind = Kind::kSucceeded;
+  int round = 0;       // the round it ended
+  std::string detail;  // "node 127.0.0.3 (group rank 2) left", for messages
+};
+
+// What this node tells the others at the end of its part of a round.
+enum class NodeOutcome {
+  kSucceeded,  // its workers all exited 0: it enters the exit barrier
+  kFailed,     // a worker failed: every node restarts (or gives up)
+  kLeaving,    // stopped by a signal: the others go on without it
+};
 
 // The outcome of one rendezvous round: who this node is in the group and
 // where rank 0 serves the workers' store.
@@ -12,10 +85,19 @@ struct RendezvousResult {
   int round = 0;             // 0 for the first round, +1 for each new one
   int group_rank = 0;        // this node's rank (GROUP_RANK)
   int group_world_size = 1;  // nodes in the round (GROUP_WORLD_SIZE)
-  // Workers in the whole job; homogeneous nodes: group_world_size * local.
+  // Workers in the whole job: the sum of every node's local world size.
   int world_size = 1;
+  // RANK of this node's local rank 0: the local world sizes of the nodes
+  // before it in group-rank order.
+  int rank_offset = 0;
   std::string master_addr;  // MASTER_ADDR
   int master_port = 0;      // MASTER_PORT, free for rank 0 to bind
+  // TORCHELASTIC_RESTART_COUNT: worker-group restarts so far, the same on
+  // every node (membership changes spend none).
+  int restart_count = 0;
+  RoundReason reason = RoundReason::kStart;
+  // Every node's address, in group-rank order.
+  std::vector<std::string> members;
 };
 
 // A round could not complete: the message says who was waited for, the
@@ -25,17 +107,36 @@ class RendezvousError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The job this node came to join has already finished: nothing to do
+// (the agent exits 0 saying so).
+class RendezvousClosed : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
 // How agents agree on group membership before each start or restart of
-// their workers. Implementations: static single node (static_rendezvous.h);
-// later c10d over the TCP store, static multi-node and etcd. One agent
-// thread calls it; next_round() blocks for at most `timeout`.
+// their workers, and how they learn that a round is over. Implementations:
+// one node (static_rendezvous.h); c10d over the TCP store and static
+// multi-node (c10d_rendezvous.h); later etcd, with the same semantics.
+// The agent's thread calls every method; only watch()'s callback may run
+// on another thread.
 class Rendezvous {
  public:
+  // Called once per watch(), from any thread.
+  using EventCallback = std::function<void(const RoundEvent&)>;
+
   virtual ~Rendezvous() = default;
-  // Joins the next round with `local_world_size` workers on this node.
-  // Throws RendezvousError.
-  virtual RendezvousResult next_round(int local_world_size,
+  // Joins the next round with `local_world_size` workers on this node;
+  // `reason` says why this node opens it (a failure it saw adds one
+  // restart). Blocks for at most `timeout`; throws RendezvousError.
+  virtual RendezvousResult next_round(int local_world_size, RoundReason reason,
                                       std::chrono::milliseconds timeout) = 0;
+  // Calls `on_event` once, with what ends the round next_round() returned
+  // last: an event from another node, or kSucceeded once every node
+  // reported kSucceeded. The agent's event loop stays idle meanwhile.
+  virtual void watch(EventCallback on_event) = 0;
+  // Tells the other nodes how this node's part of the round ended.
+  virtual void report(NodeOutcome outcome) = 0;
 };
 
 }  // namespace dlaunch::agent::rendezvous

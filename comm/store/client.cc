@@ -188,11 +188,13 @@ TcpStore::TcpStore(const TcpStoreOptions& options, int fd)
     : options_(options),
       address_(options.host + ":" + std::to_string(options.port)),
       fd_(fd),
+      live_fd_(fd),
       in_(kReadChunk) {
   timeout_ = options.timeout;
 }
 
 TcpStore::~TcpStore() {
+  live_fd_.store(-1);
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -202,7 +204,13 @@ std::unique_ptr<TcpStore> TcpStore::clone() const {
   return connect(o);
 }
 
+void TcpStore::interrupt() {
+  int fd = live_fd_.load();
+  if (fd >= 0) ::shutdown(fd, SHUT_RDWR);
+}
+
 void TcpStore::fail(const std::string& why) {
+  live_fd_.store(-1);
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   broken_ = why;
@@ -330,6 +338,7 @@ void TcpStore::throw_timed_out(milliseconds wait,
     throw StoreTimeoutError(msg);
   }
   msg += " (store " + address_ + " did not answer)";
+  live_fd_.store(-1);
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
   broken_ = msg;
@@ -436,6 +445,16 @@ int64_t TcpStore::append(std::string_view key, std::string_view value) {
   request_.keys.assign(1, key);
   request_.values.assign(1, value);
   return call(MsgType::kInteger, milliseconds(0)).integer;
+}
+
+void TcpStore::append_on_close(std::string_view key, std::string_view value,
+                               milliseconds keep_alive) {
+  request_.type = MsgType::kAppendOnClose;
+  request_.keys.assign(1, key);
+  request_.values.assign(1, value);
+  request_.timeout_ms =
+      static_cast<uint64_t>(std::max(keep_alive, milliseconds(0)).count());
+  call(MsgType::kOk, milliseconds(0));
 }
 
 }  // namespace dlaunch::comm::store

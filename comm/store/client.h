@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -67,6 +68,17 @@ class TcpStore : public Store {
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
   int64_t append(std::string_view key, std::string_view value) override;
+  // When this connection ends -- closed, its process dead, or silent for
+  // `keep_alive` (zero: never) -- the server appends `value` to `key`,
+  // waking whoever waits for the key: how agents learn at once that a peer
+  // is gone. With a keep-alive, send something (check({})) more often.
+  void append_on_close(std::string_view key, std::string_view value,
+                       std::chrono::milliseconds keep_alive);
+
+  // Thread-safe: makes a call blocked in another thread fail now
+  // (StoreError), and every later call. For the owner of a thread parked
+  // in wait() that must stop it; not to be raced with destruction.
+  void interrupt();
 
   const TcpStoreOptions& options() const { return options_; }
   // "host:port", as used in messages.
@@ -93,7 +105,8 @@ class TcpStore : public Store {
   TcpStoreOptions options_;
   std::string address_;
   int fd_ = -1;
-  std::string broken_;  // why fd_ was closed
+  std::atomic<int> live_fd_{-1};  // fd_ for interrupt(), -1 once closed
+  std::string broken_;            // why fd_ was closed
   std::string out_;
   std::vector<char> in_;
   size_t in_begin_ = 0;

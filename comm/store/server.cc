@@ -9,6 +9,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <charconv>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -91,6 +92,11 @@ class StoreServer::Impl {
   size_t num_connections() const { return num_connections_.load(); }
   size_t num_waiting() const { return num_waiting_.load(); }
   size_t buffered_bytes() const { return buffered_bytes_.load(); }
+  bool wait_idle(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(idle_mu_);
+    return idle_cv_.wait_for(lock, timeout,
+                             [this] { return num_connections_.load() == 0; });
+  }
 
   // Called on the event-loop thread by connections.
   void handle(Connection& c, const wire::Request& r);
@@ -126,6 +132,9 @@ class StoreServer::Impl {
   // Counts keys of `keys` not present; registers `c` as a waiter on them.
   size_t register_missing(Connection& c, const std::vector<std::string>& keys);
   void respond_error(Connection& c, std::string message);
+  // Appends `value` to `key` (created when missing, waking its waiters);
+  // returns the new value.
+  std::string& append(std::string_view key, std::string_view value);
   std::string* find(std::string_view key) {
     auto it = data_.find(key);
     return it == data_.end() ? nullptr : &it->second;
@@ -146,6 +155,9 @@ class StoreServer::Impl {
   KeyMap<std::vector<Connection*>> waiters_;
   std::unordered_map<Connection*, std::shared_ptr<Connection>> connections_;
   wire::Response response_;  // scratch, reused for every response
+  // Scratch for answering parked requests, which happens inside handle()
+  // (a write wakes waiters) while response_ holds that request's answer.
+  wire::Response wake_response_;
   uint64_t next_wait_id_ = 0;
   bool shutting_down_ = false;
   bool accept_failing_ = false;  // logged the current accept failure
@@ -154,6 +166,8 @@ class StoreServer::Impl {
   std::atomic<size_t> num_connections_{0};
   std::atomic<size_t> num_waiting_{0};
   std::atomic<size_t> buffered_bytes_{0};
+  std::mutex idle_mu_;  // with idle_cv_: wait_idle() sleeps until 0 clients
+  std::condition_variable idle_cv_;
 };
 
 // One client connection. Reads frames into a growing buffer, handles every
@@ -181,6 +195,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
         socket_(std::move(socket)),
         timer_(socket_.get_executor()),
         deadline_(socket_.get_executor()),
+        keep_alive_timer_(socket_.get_executor()),
         in_(kInitialBufferBytes),
         last_received_(std::chrono::steady_clock::now()) {
     boost::system::error_code ec;
@@ -195,6 +210,31 @@ class Connection : public std::enable_shared_from_this<Connection> {
     read();
   }
 
+  // Closes a connection that sent nothing for keep_alive_: its peer is
+  // frozen or cut off (a dead peer's kernel would have closed it).
+  void arm_keep_alive(std::chrono::milliseconds after) {
+    keep_alive_timer_.expires_after(after);
+    keep_alive_timer_.async_wait(
+        [self = shared_from_this()](const boost::system::error_code& ec) {
+          if (ec || self->closed_) return;
+          auto silent = std::chrono::steady_clock::now() - self->last_received_;
+          if (silent < self->keep_alive_) {
+            self->arm_keep_alive(
+                std::chrono::duration_cast<std::chrono::milliseconds>(
+                    self->keep_alive_ - silent) +
+                std::chrono::milliseconds(1));
+            return;
+          }
+          spdlog::warn(
+              "store: closing connection from {}: silent for {} ms, past its "
+              "keep-alive",
+              self->peer_,
+              std::chrono::duration_cast<std::chrono::milliseconds>(silent)
+                  .count());
+          self->close();
+        });
+  }
+
   // Closes the socket and drops any parked request; pending handlers finish
   // with operation_aborted. Idempotent.
   void close() {
@@ -204,6 +244,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     boost::system::error_code ec;
     timer_.cancel();
     deadline_.cancel();
+    keep_alive_timer_.cancel();
     socket_.close(ec);
     server_.release(in_.size() - kInitialBufferBytes);
     std::vector<char>().swap(in_);
@@ -243,6 +284,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
     } else {
       read();
     }
+  }
+
+  // append_on_close: what to append when this connection ends, and the
+  // keep-alive that ends it when the client falls silent (0: none).
+  void append_on_close(std::string_view key, std::string_view value,
+                       std::chrono::milliseconds keep_alive) {
+    on_close_.emplace_back(key, value);
+    if (keep_alive.count() > 0 &&
+        (keep_alive_.count() == 0 || keep_alive < keep_alive_)) {
+      keep_alive_ = keep_alive;
+      arm_keep_alive(keep_alive_);
+    }
+  }
+  // Taken by the server when the connection closes.
+  std::vector<std::pair<std::string, std::string>>& on_close() {
+    return on_close_;
   }
 
   std::optional<Parked>& parked() { return parked_; }
@@ -471,6 +528,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   tcp::socket socket_;
   asio::steady_timer timer_;     // a parked request's timeout
   asio::steady_timer deadline_;  // handshake and idle deadlines
+  asio::steady_timer keep_alive_timer_;
+  std::chrono::milliseconds keep_alive_{0};
+  std::vector<std::pair<std::string, std::string>> on_close_;
   std::string peer_;
   std::vector<char> in_;
   size_t in_begin_ = 0;
@@ -595,8 +655,18 @@ void StoreServer::Impl::stop() {
 
 void StoreServer::Impl::on_closed(Connection& c) {
   if (c.parked()) unpark(c);
+  // A peer that died (or went silent) is announced to whoever waits on the
+  // keys it named; a server shutting down announces nothing.
+  if (!shutting_down_) {
+    for (const auto& [key, value] : c.on_close()) append(key, value);
+  }
+  c.on_close().clear();
   connections_.erase(&c);
-  num_connections_.store(connections_.size(), std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(idle_mu_);
+    num_connections_.store(connections_.size(), std::memory_order_relaxed);
+  }
+  if (connections_.empty()) idle_cv_.notify_all();
 }
 
 void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
@@ -703,22 +773,28 @@ void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
       }
       out.type = MsgType::kOk;
       break;
-    case MsgType::kAppend: {
-      std::string* v = find(r.keys[0]);
-      if (v) {
-        v->append(r.values[0]);
-      } else {
-        v = &data_.emplace(r.keys[0], r.values[0]).first->second;
-        key_created(r.keys[0]);
-      }
+    case MsgType::kAppend:
       out.type = MsgType::kInteger;
-      out.integer = static_cast<int64_t>(v->size());
+      out.integer = static_cast<int64_t>(append(r.keys[0], r.values[0]).size());
       break;
-    }
+    case MsgType::kAppendOnClose:
+      c.append_on_close(
+          r.keys[0], r.values[0],
+          std::chrono::milliseconds(std::min(r.timeout_ms, kMaxWaitMs)));
+      out.type = MsgType::kOk;
+      break;
     default:
       DLAUNCH_CHECK(false, "decode_request let a non-request type through");
   }
   wire::encode_response(out, c.out());
+}
+
+std::string& StoreServer::Impl::append(std::string_view key,
+                                       std::string_view value) {
+  if (std::string* v = find(key)) return v->append(value);
+  std::string& v = data_.emplace(key, value).first->second;
+  key_created(key);
+  return v;
 }
 
 void StoreServer::Impl::respond_error(Connection& c, std::string message) {
@@ -766,30 +842,31 @@ void StoreServer::Impl::try_complete(Connection& c) {
   Connection::Parked& p = *c.parked();
   p.missing = register_missing(c, p.keys);
   if (p.missing > 0) return;  // a key was deleted again meanwhile
-  response_.values.clear();
+  wake_response_.values.clear();
   if (p.type == MsgType::kWait) {
-    response_.type = MsgType::kOk;
+    wake_response_.type = MsgType::kOk;
   } else {
-    response_.type =
+    wake_response_.type =
         p.type == MsgType::kGet ? MsgType::kValue : MsgType::kValues;
-    for (const std::string& k : p.keys) response_.values.push_back(*find(k));
+    for (const std::string& k : p.keys)
+      wake_response_.values.push_back(*find(k));
   }
   unpark(c);
-  wire::encode_response(response_, c.out());
+  wire::encode_response(wake_response_, c.out());
   c.flush();
   c.unparked();
 }
 
 void StoreServer::Impl::on_wait_timeout(Connection& c) {
   Connection::Parked& p = *c.parked();
-  response_.type = MsgType::kTimedOut;
-  response_.total_keys = static_cast<uint32_t>(p.keys.size());
-  response_.missing.clear();
+  wake_response_.type = MsgType::kTimedOut;
+  wake_response_.total_keys = static_cast<uint32_t>(p.keys.size());
+  wake_response_.missing.clear();
   for (uint32_t i = 0; i < p.keys.size(); ++i) {
-    if (!find(p.keys[i])) response_.missing.push_back(i);
+    if (!find(p.keys[i])) wake_response_.missing.push_back(i);
   }
   unpark(c);
-  wire::encode_response(response_, c.out());
+  wire::encode_response(wake_response_, c.out());
   c.flush();
   c.unparked();
 }
@@ -842,5 +919,8 @@ size_t StoreServer::num_connections() const { return impl_->num_connections(); }
 size_t StoreServer::num_waiting() const { return impl_->num_waiting(); }
 
 size_t StoreServer::buffered_bytes() const { return impl_->buffered_bytes(); }
+bool StoreServer::wait_idle(std::chrono::milliseconds timeout) const {
+  return impl_->wait_idle(timeout);
+}
 
 }  // namespace dlaunch::comm::store

@@ -71,6 +71,11 @@ class StoreServer {
   // 64 KiB (what max_server_buffer_bytes bounds).
   size_t buffered_bytes() const;
 
+  // Blocks until no client is connected, or `timeout` passes (false). An
+  // agent hosting the store waits so before it stops it, letting the
+  // others read the last answers.
+  bool wait_idle(std::chrono::milliseconds timeout) const;
+
   // Closes the listening socket and every connection, then joins the event
   // loop. Clients blocked in get/wait see their connection close and throw
   // StoreError. Idempotent.

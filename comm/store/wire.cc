@@ -137,7 +137,7 @@ class Reader {
 bool is_request(MsgType type) {
   auto v = static_cast<uint8_t>(type);
   return v >= static_cast<uint8_t>(MsgType::kSet) &&
-         v <= static_cast<uint8_t>(MsgType::kAppend);
+         v <= static_cast<uint8_t>(MsgType::kAppendOnClose);
 }
 
 bool is_response(MsgType type) {
@@ -170,6 +170,8 @@ std::string msg_type_name(MsgType type) {
       return "multi_set";
     case MsgType::kAppend:
       return "append";
+    case MsgType::kAppendOnClose:
+      return "append_on_close";
     case MsgType::kOk:
       return "ok";
     case MsgType::kValue:
@@ -231,6 +233,12 @@ void encode_request(const Request& r, std::string& out) {
       need(1, 1);
       put_bytes(out, r.keys[0]);
       put_bytes(out, r.values[0]);
+      break;
+    case MsgType::kAppendOnClose:
+      need(1, 1);
+      put_bytes(out, r.keys[0]);
+      put_bytes(out, r.values[0]);
+      put_le<uint64_t>(out, r.timeout_ms);
       break;
     case MsgType::kGet:
       need(1, 0);
@@ -319,6 +327,11 @@ DecodeStatus decode_request(const Frame& frame, Request& r,
     case MsgType::kAppend:
       r.keys.push_back(in.bytes());
       r.values.push_back(in.bytes());
+      break;
+    case MsgType::kAppendOnClose:
+      r.keys.push_back(in.bytes());
+      r.values.push_back(in.bytes());
+      r.timeout_ms = in.le<uint64_t>();
       break;
     case MsgType::kGet:
       r.keys.push_back(in.bytes());

@@ -20,7 +20,7 @@ namespace dlaunch::comm::store::wire {
 
 // "DLST" read as a little-endian u32.
 inline constexpr uint32_t kMagic = 0x54534C44;
-inline constexpr uint16_t kVersion = 1;
+inline constexpr uint16_t kVersion = 2;
 inline constexpr size_t kHelloBytes = 8;
 inline constexpr size_t kFrameHeaderBytes = 5;
 // Default cap on a frame body; the server's is StoreServerOptions.
@@ -28,17 +28,18 @@ inline constexpr size_t kDefaultMaxFrameBytes = size_t{64} << 20;
 
 enum class MsgType : uint8_t {
   // Requests (client -> server).
-  kSet = 1,         // key, value                  -> kOk
-  kGet = 2,         // key, u64 timeout ms         -> kValue | kTimedOut
-  kAdd = 3,         // key, i64 delta              -> kInteger
-  kCompareSet = 4,  // key, expected, desired      -> kValue
-  kWait = 5,        // keys, u64 timeout ms        -> kOk | kTimedOut
-  kCheck = 6,       // keys                        -> kBool
-  kDeleteKey = 7,   // key                         -> kBool
-  kNumKeys = 8,     // (empty)                     -> kInteger
-  kMultiGet = 9,    // keys, u64 timeout ms        -> kValues | kTimedOut
-  kMultiSet = 10,   // keys, values (same count)   -> kOk
-  kAppend = 11,     // key, value                  -> kInteger
+  kSet = 1,             // key, value                  -> kOk
+  kGet = 2,             // key, u64 timeout ms         -> kValue | kTimedOut
+  kAdd = 3,             // key, i64 delta              -> kInteger
+  kCompareSet = 4,      // key, expected, desired      -> kValue
+  kWait = 5,            // keys, u64 timeout ms        -> kOk | kTimedOut
+  kCheck = 6,           // keys                        -> kBool
+  kDeleteKey = 7,       // key                         -> kBool
+  kNumKeys = 8,         // (empty)                     -> kInteger
+  kMultiGet = 9,        // keys, u64 timeout ms        -> kValues | kTimedOut
+  kMultiSet = 10,       // keys, values (same count)   -> kOk
+  kAppend = 11,         // key, value                  -> kInteger
+  kAppendOnClose = 12,  // key, value, u64 keep-alive ms -> kOk (since v2)
   // Responses (server -> client).
   kOk = 64,        // (empty)
   kValue = 65,     // value
@@ -88,7 +89,8 @@ struct Request {
   std::vector<std::string_view> values;  // set/append: 1; compare_set: 2
                                          // (expected, desired); multi_set: n
   int64_t delta = 0;                     // add
-  uint64_t timeout_ms = 0;               // get, wait, multi_get
+  uint64_t timeout_ms = 0;               // get, wait, multi_get;
+                                         // append_on_close: keep-alive
 };
 
 // A response; same conventions as Request.

@@ -93,8 +93,9 @@ TEST(Cli, EverythingAfterTheProgramBelongsToIt) {
   EXPECT_EQ(o.agent.entrypoint,
             (std::vector<std::string>{"prog", "--nproc-per-node", "9", "-x",
                                       "${local_rank}"}));
-  LaunchOptions ep = ok({"--rdzv-endpoint", "node1:29400", "prog"});
-  EXPECT_EQ(ep.rdzv_endpoint, "node1:29400");
+  LaunchOptions ep = ok({"--rdzv-endpoint", "node1:29401", "prog"});
+  EXPECT_EQ(ep.rdzv.endpoint_host, "node1");
+  EXPECT_EQ(ep.rdzv.endpoint_port, 29401);
   EXPECT_FALSE(ep.standalone);  // an endpoint was given
   EXPECT_EQ(ok({"--", "prog", "-v"}).agent.entrypoint,
             (std::vector<std::string>{"prog", "-v"}));
@@ -239,10 +240,45 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
       {{"--term-timeout", "0", "true"}, "--term-timeout: '0' is not valid"},
       {{"--monitor-interval", "-1", "true"}, "--monitor-interval"},
       {{"--signals-to-handle", "SIGFOO", "true"}, "'SIGFOO' is not valid"},
-      {{"--nnodes", "2", "true"}, "--nnodes: '2' is not supported yet"},
+      {{"--nnodes", "2", "true"}, "static backend needs --node-rank (0..1)"},
+      {{"--nnodes", "0", "true"}, "--nnodes: '0' is not valid"},
+      {{"--nnodes", "3:2", "true"}, "1 <= MIN <= MAX"},
+      {{"--nnodes", "2:3", "true"}, "use --rdzv-backend c10d for MIN:MAX"},
+      {{"--nnodes", "2", "--rdzv-backend", "c10d", "true"},
+       "needs --rdzv-endpoint"},
+      {{"--nnodes", "2", "--node-rank", "2", "true"},
+       "is not below --nnodes 2; use 0..1"},
+      {{"--rdzv-backend", "c10d", "--node-rank", "0", "--rdzv-endpoint", "h",
+        "true"},
+       "c10d assigns node ranks itself"},
+      {{"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:0",
+        "true"},
+       "port 0 (a free port) works for one node only"},
+      {{"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h",
+        "--master-addr", "a", "true"},
+       "drop --master-addr"},
+      {{"--nnodes", "2", "--node-rank", "0", "--master-port", "29400", "true"},
+       "pick a different --master-port"},
+      {{"--standalone", "--nnodes", "2", "--node-rank", "0", "true"},
+       "--standalone runs one node"},
+      {{"--standalone", "--rdzv-endpoint", "h:1", "true"},
+       "drop it or --rdzv-endpoint"},
       {{"--rdzv-backend", "etcd-v9", "true"}, "use static or c10d"},
       {{"--rdzv-endpoint", "host:http", "true"}, "HOST or HOST:PORT"},
       {{"--rdzv-endpoint", ":29400", "true"}, "HOST or HOST:PORT"},
+      {{"--rdzv-conf", "bogus", "true"}, "'bogus' is not KEY=VALUE"},
+      {{"--rdzv-conf", "colour=red", "true"},
+       "unknown key 'colour'; valid keys are join_timeout, "
+       "last_call_timeout, close_timeout, keep_alive_interval, "
+       "keep_alive_max_attempt, is_host, read_timeout, timeout"},
+      {{"--rdzv-conf", "join_timeout=nan", "true"},
+       "--rdzv-conf join_timeout: 'nan' is not valid"},
+      {{"--rdzv-conf", "last_call_timeout=inf", "true"}, "'inf' is not valid"},
+      {{"--rdzv-conf", "keep_alive_max_attempt=0", "true"}, "1..1000"},
+      {{"--rdzv-conf", "is_host=maybe", "true"}, "use true or false"},
+      {{"--exit-barrier-timeout", "1e308", "true"},
+       "--exit-barrier-timeout: '1e308'"},
+      {{"--local-addr", "", "true"}, "--local-addr: must not be empty"},
       {{"--start-method", "thread", "true"}, "spawn, fork or forkserver"},
       {{"-m", "--no-python", "x"}, "cannot be used together"},
   };
@@ -251,6 +287,53 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
     EXPECT_EQ(e.exit_code, 2);
     EXPECT_THAT(e.message, HasSubstr(c.expect));
   }
+}
+
+TEST(Cli, RendezvousFlagsAreHonoured) {
+  LaunchOptions o =
+      ok({"--nnodes", "2:4", "--rdzv_backend", "c10d", "--rdzv-endpoint",
+          "127.0.0.1", "--rdzv-conf",
+          "join_timeout=5,last_call_timeout=0.5,close_timeout=2,keep_alive_"
+          "interval=0.25,keep_alive_max_attempt=2,is_host=false,read_"
+          "timeout=7",
+          "--local_addr", "127.0.0.3", "--exit-barrier-timeout", "9",
+          "--master-port", "1234", "true"});
+  const auto& r = o.rdzv;
+  EXPECT_EQ(r.backend, "c10d");
+  EXPECT_EQ(r.min_nodes, 2);
+  EXPECT_EQ(r.max_nodes, 4);
+  EXPECT_EQ(r.endpoint_host, "127.0.0.1");
+  EXPECT_EQ(r.endpoint_port, 29400);  // torchrun's default port
+  EXPECT_EQ(r.join_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(r.last_call_timeout, std::chrono::milliseconds(500));
+  EXPECT_EQ(r.close_timeout, std::chrono::seconds(2));
+  EXPECT_EQ(r.keep_alive_interval, std::chrono::milliseconds(250));
+  EXPECT_EQ(r.keep_alive_max_attempt, 2);
+  EXPECT_EQ(r.is_host, std::optional<bool>(false));
+  EXPECT_EQ(r.read_timeout, std::chrono::seconds(7));
+  EXPECT_EQ(r.local_addr, "127.0.0.3");
+  EXPECT_EQ(o.agent.exit_barrier_timeout, std::chrono::seconds(9));
+  EXPECT_EQ(o.agent.rdzv_timeout, std::chrono::seconds(5));
+  EXPECT_EQ(o.agent.master_port, 1234);
+  EXPECT_FALSE(o.standalone);
+
+  // torchrun's single-node lines keep working.
+  LaunchOptions one = ok({"--rdzv-backend", "c10d", "--rdzv-endpoint",
+                          "localhost:0", "--nnodes", "1", "true"});
+  EXPECT_EQ(one.rdzv.endpoint_host, "localhost");
+  EXPECT_EQ(one.rdzv.endpoint_port, 0);
+  EXPECT_TRUE(ok({"--standalone", "true"}).standalone);
+  EXPECT_EQ(ok({"--rdzv-endpoint", "[::1]:29500", "true"}).rdzv.endpoint_port,
+            29500);
+
+  // Static multi-node: node rank 0 hosts the agents' store at the master
+  // address on port 29400; PET_ variables work as for every flag.
+  LaunchOptions st = ok({"--master-addr", "127.0.0.2", "true"},
+                        {{"PET_NNODES", "3"}, {"PET_NODE_RANK", "2"}});
+  EXPECT_EQ(st.rdzv.backend, "static");
+  EXPECT_EQ(st.rdzv.node_rank, 2);
+  EXPECT_EQ(st.rdzv.endpoint_host, "127.0.0.2");
+  EXPECT_EQ(st.rdzv.endpoint_port, 29400);
 }
 
 TEST(Cli, HelpReadsLikeAManPage) {
@@ -315,7 +398,17 @@ TEST(FlagTable, PrintedValuesReadBackTheSame) {
                         "--signals-to-handle",
                         "SIGINT,SIGUSR1",
                         "--rdzv-conf",
-                        "a=1,b=x",
+                        "join_timeout=5,is_host=true",
+                        "--nnodes",
+                        "2:3",
+                        "--rdzv-backend",
+                        "c10d",
+                        "--rdzv-endpoint",
+                        "h:29500",
+                        "--local-addr",
+                        "127.0.0.2",
+                        "--exit-barrier-timeout",
+                        "9",
                         "--monitor-interval",
                         "1.5",
                         "--log-dir",

@@ -79,6 +79,10 @@ class FakeEnv : public Env {
     orphan_dir = dir;
   }
   std::filesystem::path orphan_dir;
+  // Queued at the current virtual time (tests post from the run thread).
+  void post(std::function<void()> fn) override {
+    schedule(ms(0), std::move(fn));
+  }
   void run() override;
   void stop() override { stopped_ = true; }
 

@@ -157,8 +157,12 @@ TEST(StaticRendezvous, OneNodeRoundsWithAFreshPortUnlessOneWasGiven) {
                                          EXPECT_EQ(host, "127.0.0.1");
                                          return picked++;
                                        });
-  auto r0 = picking.next_round(4, std::chrono::seconds(1));
-  auto r1 = picking.next_round(4, std::chrono::seconds(1));
+  using rendezvous::RoundReason;
+  auto r0 = picking.next_round(4, RoundReason::kStart, std::chrono::seconds(1));
+  auto r1 =
+      picking.next_round(4, RoundReason::kFailure, std::chrono::seconds(1));
+  EXPECT_EQ(r0.restart_count, 0);
+  EXPECT_EQ(r1.restart_count, 1);  // a failure spends a restart
   EXPECT_EQ(r0.round, 0);
   EXPECT_EQ(r1.round, 1);
   EXPECT_EQ(r0.group_rank, 0);
@@ -170,8 +174,11 @@ TEST(StaticRendezvous, OneNodeRoundsWithAFreshPortUnlessOneWasGiven) {
     ADD_FAILURE() << "a fixed port must not be replaced";
     return 0;
   });
-  EXPECT_EQ(fixed.next_round(2, std::chrono::seconds(1)).master_port, 29500);
-  EXPECT_EQ(fixed.next_round(2, std::chrono::seconds(1)).master_addr,
+  EXPECT_EQ(fixed.next_round(2, RoundReason::kStart, std::chrono::seconds(1))
+                .master_port,
+            29500);
+  EXPECT_EQ(fixed.next_round(2, RoundReason::kStart, std::chrono::seconds(1))
+                .master_addr,
             "10.0.0.1");
 }
 

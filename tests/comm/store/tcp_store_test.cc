@@ -224,6 +224,61 @@ TEST_F(TcpStoreTest, AppendCreatesThenExtends) {
   EXPECT_EQ(store_->get("log"), "abcde");
 }
 
+// A write that wakes a parked client answers its own request, not the
+// waiter's: compare_set once answered "ok" here (the waiter's answer).
+TEST_F(TcpStoreTest, WritesThatWakeWaitersGetTheirOwnAnswers) {
+  for (int op = 0; op < 2; ++op) {
+    std::string key = "woken" + std::to_string(op);
+    auto waiter = std::async(std::launch::async, [&] {
+      auto c = connect_to(server_->port());
+      c->wait({key}, 10s);
+      return c->get(key);
+    });
+    ASSERT_TRUE(
+        testing::eventually([&] { return server_->num_waiting() == 1; }, 10s));
+    if (op == 0) {
+      EXPECT_EQ(store_->compare_set(key, "", "v"), "v");
+    } else {
+      EXPECT_EQ(store_->append(key, "v"), 1);
+    }
+    EXPECT_EQ(waiter.get(), "v");
+  }
+}
+
+TEST_F(TcpStoreTest, AppendOnCloseWakesWaitersWhenTheClientGoes) {
+  auto waiter = std::async(std::launch::async, [&] {
+    auto c = connect_to(server_->port());
+    c->wait({"gone"}, 10s);
+    return c->get("gone");
+  });
+  auto dying = connect_to(server_->port());
+  dying->append_on_close("gone", "node 1;", 0ms);
+  dying->append_on_close("other", "x", 0ms);
+  ASSERT_TRUE(
+      testing::eventually([&] { return server_->num_waiting() == 1; }, 10s));
+  EXPECT_FALSE(store_->check({"gone"}));  // not before it closes
+  dying.reset();
+  EXPECT_EQ(waiter.get(), "node 1;");
+  EXPECT_EQ(store_->get("other"), "x");
+}
+
+TEST_F(TcpStoreTest, KeepAliveClosesASilentClientAndRunsItsAppends) {
+  auto frozen = connect_to(server_->port());
+  auto lively = connect_to(server_->port());
+  frozen->append_on_close("frozen", "lost;", 200ms);
+  lively->append_on_close("lively", "lost;", 200ms);
+  // `lively` talks more often than its keep-alive; `frozen` says nothing.
+  auto start = Clock::now();
+  while (!store_->check({"frozen"})) {
+    ASSERT_LT(ms_since(start), 10000) << "the silent client was never closed";
+    lively->check({});
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(store_->get("frozen"), "lost;");
+  EXPECT_FALSE(store_->check({"lively"}));
+  EXPECT_THROW(frozen->check({}), StoreError);
+}
+
 TEST_F(TcpStoreTest, CloneIsANewConnectionWithTheSameTimeout) {
   store_->set_timeout(1234ms);
   auto c = store_->clone();
@@ -392,15 +447,15 @@ TEST(TcpStoreHandshakeTest, OtherProtocolVersionFailsAtOnce) {
     auto peer = listener.accept();
     peer->recv_n(wire::kHelloBytes);
     std::string hello;
-    wire::encode_hello(wire::Hello{wire::kMagic, 2}, hello);
+    wire::encode_hello(wire::Hello{wire::kMagic, 3}, hello);
     peer->send(hello);
   });
   std::string addr = "127.0.0.1:" + std::to_string(listener.port());
   EXPECT_THAT([&] { testing::connect_to(listener.port()); },
               ::testing::ThrowsMessage<StoreError>(HasSubstr(
                   "store " + addr +
-                  " speaks protocol version 2; this client speaks version "
-                  "1")));
+                  " speaks protocol version 3; this client speaks version "
+                  "2")));
   serve.get();
 }
 

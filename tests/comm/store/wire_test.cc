@@ -37,7 +37,7 @@ void round_trip(const Request& in) {
 TEST(WireTest, HelloIsMagicVersionAndZeroLittleEndian) {
   std::string bytes;
   encode_hello({}, bytes);
-  EXPECT_EQ(bytes, std::string("DLST\x01\x00\x00\x00", 8));
+  EXPECT_EQ(bytes, std::string("DLST\x02\x00\x00\x00", 8));
   Hello h{0, 0};
   EXPECT_EQ(decode_hello(bytes.substr(0, 7), h), DecodeStatus::kNeedMore);
   EXPECT_EQ(decode_hello(bytes, h), DecodeStatus::kOk);
@@ -76,6 +76,10 @@ TEST(WireTest, EveryRequestRoundTrips) {
       {.type = MsgType::kMultiGet, .keys = {"x", "y"}, .timeout_ms = 7},
       {.type = MsgType::kMultiSet, .keys = {"x", "y"}, .values = {"1", "2"}},
       {.type = MsgType::kAppend, .keys = {"log"}, .values = {"line\n"}},
+      {.type = MsgType::kAppendOnClose,
+       .keys = {"gone"},
+       .values = {"node 3;"},
+       .timeout_ms = 15000},
   };
   for (const Request& r : requests) {
     SCOPED_TRACE(msg_type_name(r.type));

@@ -1,0 +1,499 @@
+#include "agent/rendezvous/c10d_rendezvous.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <climits>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+namespace dlaunch::agent::rendezvous {
+
+using comm::store::StoreError;
+using comm::store::StoreTimeoutError;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// How often a node waiting for a round says how it is going.
+constexpr milliseconds kProgressEvery(5000);
+// A watcher's wait is renewed this often (a job may run for weeks).
+constexpr milliseconds kWatchSlice(std::chrono::hours(24));
+
+int to_int(const std::string& s, int fallback = -1) {
+  int v = fallback;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() ? v : fallback;
+}
+
+std::string secs(milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s",
+                static_cast<double>(d.count()) / 1e3);
+  return buf;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, sep)) out.push_back(item);
+  return out;
+}
+
+// The entries of a round's event text: "VERB NODE_ID;" each.
+std::vector<std::pair<std::string, std::string>> entries(
+    const std::string& text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const std::string& e : split(text, ';')) {
+    if (e.empty()) continue;
+    size_t sp = e.find(' ');
+    out.emplace_back(e.substr(0, sp),
+                     sp == std::string::npos ? "" : e.substr(sp + 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+// One node's join record for a round, as stored under r/R/node/SEQ.
+struct C10dRendezvous::Member {
+  std::string id;
+  std::string addr;
+  int nproc = 0;
+  int prev_round = -1;
+  int prev_rank = -1;
+  int restarts = 0;
+  int master_port = 0;
+  int node_rank = -1;
+  int seq = 0;
+
+  std::string encode() const {
+    return id + "\n" + addr + "\n" + std::to_string(nproc) + "\n" +
+           std::to_string(prev_round) + "\n" + std::to_string(prev_rank) +
+           "\n" + std::to_string(restarts) + "\n" +
+           std::to_string(master_port) + "\n" + std::to_string(node_rank);
+  }
+  static Member decode(const std::string& text, int seq) {
+    std::vector<std::string> f = split(text, '\n');
+    if (f.size() != 8) {
+      throw RendezvousError("malformed join record '" + text +
+                            "' in the store (another dlaunch version?)");
+    }
+    return Member{f[0],         f[1],         to_int(f[2]),
+                  to_int(f[3]), to_int(f[4]), to_int(f[5]),
+                  to_int(f[6]), to_int(f[7]), seq};
+  }
+};
+
+C10dRendezvous::C10dRendezvous(Params params)
+    : p_(std::move(params)),
+      prefix_("dlaunch/rdzv/" + p_.run_id + "/"),
+      node_id_(p_.node_addr + "/" + std::to_string(::getpid())) {
+  comm::store::TcpStoreOptions so;
+  so.host = p_.store_host;
+  so.port = static_cast<uint16_t>(p_.store_port);
+  so.connect_timeout = p_.options.join_timeout;
+  so.timeout = p_.options.read_timeout;
+  try {
+    store_ = comm::store::TcpStore::connect(so);
+    watcher_ = store_->clone();
+    alive_ = store_->clone();
+  } catch (const StoreError& e) {
+    throw RendezvousError(std::string("cannot reach the agents' store: ") +
+                          e.what() +
+                          "; start the agent that hosts it (is_host) or "
+                          "check --rdzv-endpoint");
+  }
+  alive_thread_ = std::thread([this] { keep_alive_loop(); });
+}
+
+C10dRendezvous::~C10dRendezvous() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  stop_watcher();
+  if (alive_thread_.joinable()) alive_thread_.join();
+}
+
+void C10dRendezvous::stop_watcher() {
+  if (!watcher_thread_.joinable()) return;
+  if (watcher_done_.load()) {
+    watcher_thread_.join();
+    return;
+  }
+  // Still parked in wait(): break its connection, and give the next
+  // watcher a fresh one.
+  watcher_->interrupt();
+  watcher_thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!stopping_) watcher_ = store_->clone();
+}
+
+std::string C10dRendezvous::key(int round, const std::string& name) const {
+  return prefix_ + "r/" + std::to_string(round) + "/" + name;
+}
+
+void C10dRendezvous::keep_alive_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    cv_.wait_for(lock, p_.options.keep_alive_interval,
+                 [this] { return stopping_; });
+    if (stopping_) break;
+    try {
+      alive_->check({});
+    } catch (const StoreError&) {
+      return;  // the store is gone: the watcher reports it
+    }
+  }
+}
+
+RendezvousResult C10dRendezvous::next_round(int local_world_size,
+                                            RoundReason reason,
+                                            milliseconds timeout) {
+  const RendezvousOptions& o = p_.options;
+  const bool fixed = o.backend == "static";
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  const std::string where = p_.store_host + ":" + std::to_string(p_.store_port);
+  try {
+    if (store_->check({prefix_ + "finished"})) {
+      throw RendezvousClosed(
+          "the job '" + p_.run_id +
+          "' already finished (its rendezvous is closed); nothing to do");
+    }
+    int r = 0;
+    int target = o.max_nodes;
+    if (round_ < 0) {
+      r = to_int(store_->compare_set(prefix_ + "cur", "", "0"), 0);
+    } else {
+      r = round_ + 1;
+      store_->compare_set(prefix_ + "cur", std::to_string(round_),
+                          std::to_string(r));
+      // A re-formed round closes as soon as every survivor and every node
+      // that asked to join is back: no last call.
+      std::string ev = store_->check({key(round_, "ev")})
+                           ? store_->get(key(round_, "ev"))
+                           : "";
+      std::set<std::string> gone, joined;
+      for (const auto& [verb, id] : entries(ev)) {
+        if (verb == "lost" || verb == "left") gone.insert(id);
+        if (verb == "joined") joined.insert(id);
+      }
+      gone.erase(node_id_);
+      if (!fixed) {
+        int expect = members_ - static_cast<int>(gone.size()) +
+                     static_cast<int>(joined.size());
+        target = std::clamp(expect, o.min_nodes, o.max_nodes);
+      }
+    }
+    const int restarts =
+        restart_count_ + (reason == RoundReason::kFailure && round_ >= 0);
+    const milliseconds keep_alive =
+        o.keep_alive_interval * o.keep_alive_max_attempt;
+
+    while (true) {
+      const int seq = static_cast<int>(store_->add(key(r, "n"), 1));
+      const auto joined_at = Clock::now();
+      Member me;
+      me.id = node_id_;
+      me.addr = p_.node_addr;
+      me.nproc = local_world_size;
+      me.prev_round = round_;
+      me.prev_rank = group_rank_;
+      me.restarts = restarts;
+      me.master_port =
+          p_.master_port != 0 ? p_.master_port : p_.pick_port(p_.node_addr);
+      me.node_rank = o.node_rank;
+      store_->set(key(r, "node/" + std::to_string(seq)), me.encode());
+      {
+        // Dying from here on ends this round for the others at once.
+        std::lock_guard<std::mutex> lock(mu_);
+        alive_->append_on_close(key(r, "ev"), "lost " + node_id_ + ";",
+                                keep_alive);
+      }
+      if (seq == target) {
+        store_->compare_set(key(r, "closed"), "", std::to_string(seq));
+      }
+
+      // Wait for the round to close, saying how it goes.
+      int closed = -1;
+      auto next_progress = joined_at + milliseconds(1000);
+      while (closed < 0) {
+        auto now = Clock::now();
+        const bool last_call = !fixed && seq >= o.min_nodes;
+        const auto call_ends = joined_at + o.last_call_timeout;
+        if (last_call && now >= call_ends) {
+          int n = static_cast<int>(store_->add(key(r, "n"), 0));
+          store_->compare_set(key(r, "closed"), "",
+                              std::to_string(std::min(n, o.max_nodes)));
+        }
+        if (now >= next_progress) {
+          int n = static_cast<int>(store_->add(key(r, "n"), 0));
+          std::string line =
+              "dlaunch: waiting for nodes: " + std::to_string(n) + "/" +
+              std::to_string(target) + " joined (min " +
+              std::to_string(o.min_nodes) + ", max " +
+              std::to_string(o.max_nodes) + ")";
+          if (last_call && now < call_ends) {
+            line +=
+                ", last call ends in " +
+                secs(std::chrono::duration_cast<milliseconds>(call_ends - now));
+          }
+          p_.log(line + "\n");
+          next_progress = now + kProgressEvery;
+        }
+        if (now >= deadline) {
+          int n = static_cast<int>(store_->add(key(r, "n"), 0));
+          std::string who;
+          for (int i = 1; i <= n; ++i) {
+            auto v = store_->multi_get({key(r, "node/" + std::to_string(i))});
+            who += (who.empty() ? "" : ", ") + Member::decode(v[0], i).addr;
+          }
+          throw RendezvousError(
+              std::to_string(n) + "/" + std::to_string(o.min_nodes) +
+              " nodes joined round " + std::to_string(r) + " of job '" +
+              p_.run_id + "' at " + where + " after " +
+              secs(std::chrono::duration_cast<milliseconds>(now - start)) +
+              " (min " + std::to_string(o.min_nodes) + ", max " +
+              std::to_string(o.max_nodes) + "; joined: " + who +
+              "); start the missing nodes or lower --nnodes");
+        }
+        auto until =
+            std::min({deadline, next_progress,
+                      last_call ? std::max(call_ends, now) : deadline});
+        auto slice =
+            std::max(milliseconds(1),
+                     std::chrono::duration_cast<milliseconds>(until - now));
+        try {
+          store_->wait({key(r, "closed")}, slice);
+          closed = to_int(store_->get(key(r, "closed")));
+        } catch (const StoreTimeoutError&) {
+        }
+      }
+
+      if (seq > closed) {
+        // The round formed without this node: ask for the next one (when
+        // there is room) and wait for the running round to end.
+        if (fixed) {
+          throw RendezvousError(
+              "round " + std::to_string(r) + " of job '" + p_.run_id +
+              "' already has its " + std::to_string(closed) +
+              " nodes; is --node-rank " + std::to_string(o.node_rank) +
+              " given to two nodes?");
+        }
+        if (closed < o.max_nodes) {
+          store_->append(key(r, "ev"), "joined " + node_id_ + ";");
+        }
+        p_.log("dlaunch: round " + std::to_string(r) + " is running with " +
+               std::to_string(closed) + " nodes" +
+               (closed < o.max_nodes ? "; it restarts to take this node in\n"
+                                     : " (the most allowed); waiting for a "
+                                       "place\n"));
+        auto left =
+            std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+        std::string ev = wait_event(r, std::max(left, milliseconds(1)));
+        if (classify(r, ev).kind == RoundEvent::Kind::kSucceeded) {
+          throw RendezvousClosed("the job '" + p_.run_id +
+                                 "' finished while this node waited to "
+                                 "join; nothing to do");
+        }
+        ++r;
+        store_->compare_set(prefix_ + "cur", std::to_string(r - 1),
+                            std::to_string(r));
+        target = o.max_nodes;
+        continue;
+      }
+
+      // A member: read everyone's record and order the group.
+      std::vector<std::string> keys;
+      for (int i = 1; i <= closed; ++i) {
+        keys.push_back(key(r, "node/" + std::to_string(i)));
+      }
+      std::vector<std::string> vals = store_->multi_get(keys);
+      std::vector<Member> ms;
+      for (int i = 0; i < closed; ++i)
+        ms.push_back(Member::decode(vals[i], i + 1));
+      if (fixed) {
+        std::sort(ms.begin(), ms.end(), [](const Member& a, const Member& b) {
+          return a.node_rank < b.node_rank;
+        });
+        for (int i = 0; i < closed; ++i) {
+          if (ms[i].node_rank != i) {
+            throw RendezvousError(
+                "the static backend needs --node-rank 0.." +
+                std::to_string(closed - 1) + " once each; got " +
+                std::to_string(ms[i].node_rank) + " from " + ms[i].addr +
+                (i > 0 ? " after " + ms[i - 1].addr : std::string()));
+          }
+        }
+      } else {
+        // Stable ranks: members of the previous round keep their order.
+        auto order = [r](const Member& m) {
+          return std::make_pair(
+              m.prev_round == r - 1 && m.prev_rank >= 0 ? m.prev_rank : INT_MAX,
+              m.seq);
+        };
+        std::stable_sort(ms.begin(), ms.end(),
+                         [&](const Member& a, const Member& b) {
+                           return order(a) < order(b);
+                         });
+      }
+
+      RendezvousResult res;
+      res.round = r;
+      res.group_world_size = closed;
+      res.reason = reason;
+      res.world_size = 0;
+      res.restart_count = 0;
+      for (int i = 0; i < closed; ++i) {
+        if (ms[i].id == node_id_) {
+          res.group_rank = i;
+          res.rank_offset = res.world_size;
+        }
+        res.world_size += ms[i].nproc;
+        res.restart_count = std::max(res.restart_count, ms[i].restarts);
+        res.members.push_back(ms[i].addr);
+      }
+      res.master_addr = ms[0].addr;
+      res.master_port = ms[0].master_port;
+
+      round_ = r;
+      group_rank_ = res.group_rank;
+      members_ = closed;
+      restart_count_ = res.restart_count;
+      reported_ = false;
+      std::string names;
+      for (const std::string& m : res.members) {
+        names += (names.empty() ? "" : ", ") + m;
+      }
+      p_.log("dlaunch: round " + std::to_string(r) + " (" +
+             reason_name(reason) + "): " + std::to_string(closed) + " nodes [" +
+             names + "], this node is group rank " +
+             std::to_string(res.group_rank) + ", " +
+             std::to_string(res.world_size) + " workers\n");
+      return res;
+    }
+  } catch (const StoreError& e) {
+    throw RendezvousError(std::string("the agents' store at ") + where +
+                          " failed: " + e.what());
+  }
+}
+
+std::string C10dRendezvous::wait_event(int round, milliseconds timeout) {
+  store_->wait({key(round, "ev")}, timeout);
+  return store_->get(key(round, "ev"));
+}
+
+RoundEvent C10dRendezvous::classify(int round, const std::string& text) const {
+  RoundEvent ev;
+  ev.round = round;
+  auto es = entries(text);
+  if (!es.empty() && es[0].first == "exit") {
+    ev.kind = RoundEvent::Kind::kSucceeded;
+    return ev;
+  }
+  const bool fixed = p_.options.backend == "static";
+  const std::pair<std::string, std::string>* lost = nullptr;
+  const std::pair<std::string, std::string>* joined = nullptr;
+  for (const auto& e : es) {
+    if (e.first == "failed" && e.second != node_id_) {
+      ev.kind = RoundEvent::Kind::kFailure;
+      ev.detail = "a worker on node " + e.second + " failed";
+      return ev;
+    }
+    if ((e.first == "lost" || e.first == "left") && !lost) lost = &e;
+    if (e.first == "joined" && !joined) joined = &e;
+  }
+  if (lost && lost->second == node_id_) {
+    ev.kind = RoundEvent::Kind::kFatal;
+    ev.detail =
+        "the agents' store declared this node lost (silent past its "
+        "keep-alive of " +
+        secs(p_.options.keep_alive_interval *
+             p_.options.keep_alive_max_attempt) +
+        "); was it stopped or cut off?";
+  } else if (lost) {
+    ev.kind = fixed ? RoundEvent::Kind::kFatal : RoundEvent::Kind::kNodeLost;
+    ev.detail = "node " + lost->second +
+                (lost->first == "left" ? " left" : " is gone") +
+                (fixed ? "; the static backend cannot go on without it (use "
+                         "--rdzv-backend c10d with --nnodes MIN:MAX)"
+                       : "");
+  } else if (joined) {
+    ev.kind = RoundEvent::Kind::kNodeJoined;
+    ev.detail = "node " + joined->second + " asks to join";
+  } else {
+    ev.kind = RoundEvent::Kind::kFatal;
+    ev.detail = "unexpected rendezvous event '" + text + "'";
+  }
+  return ev;
+}
+
+void C10dRendezvous::watch(EventCallback on_event) {
+  stop_watcher();
+  const int r = round_;
+  const std::string where = p_.store_host + ":" + std::to_string(p_.store_port);
+  watcher_done_.store(false);
+  watcher_thread_ = std::thread([this, r, where, cb = std::move(on_event)] {
+    struct Done {
+      std::atomic<bool>& done;
+      ~Done() { done.store(true); }
+    } done{watcher_done_};
+    std::string text;
+    try {
+      while (true) {
+        try {
+          watcher_->wait({key(r, "ev")}, kWatchSlice);
+          text = watcher_->get(key(r, "ev"));
+          break;
+        } catch (const StoreTimeoutError&) {
+        }
+      }
+    } catch (const StoreError& e) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) return;
+      }
+      cb(RoundEvent{RoundEvent::Kind::kFatal, r,
+                    "lost the agents' store at " + where + " (" + e.what() +
+                        "): the agent hosting it is gone, which ends the "
+                        "job with the c10d backend (an etcd backend, a "
+                        "later feature, will survive it)"});
+      return;
+    }
+    cb(classify(r, text));
+  });
+}
+
+void C10dRendezvous::report(NodeOutcome outcome) {
+  if (round_ < 0 || reported_) return;
+  reported_ = true;
+  const std::string ev = key(round_, "ev");
+  try {
+    switch (outcome) {
+      case NodeOutcome::kSucceeded:
+        if (store_->add(key(round_, "done"), 1) == members_) {
+          store_->set(prefix_ + "finished", "1");
+          store_->append(ev, "exit;");
+        }
+        break;
+      case NodeOutcome::kFailed:
+        store_->append(ev, "failed " + node_id_ + ";");
+        break;
+      case NodeOutcome::kLeaving:
+        store_->append(ev, "left " + node_id_ + ";");
+        break;
+    }
+  } catch (const StoreError& e) {
+    p_.log(std::string("dlaunch: cannot tell the other nodes: ") + e.what() +
+           "\n");
+  }
+}
+
+}  // namespace dlaunch::agent::rendezvous

@@ -1,0 +1,87 @@
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/rendezvous/rendezvous.h"
+#include "comm/store/client.h"
+
+namespace dlaunch::agent::rendezvous {
+
+// Rendezvous of several node agents in the agents' TCP store, in rounds
+// (torchrun's c10d backend, docs/rendezvous.md). Nodes join a round; it
+// closes at max_nodes, after last_call_timeout once min_nodes joined, or
+// at once when every survivor of the previous round is back. Group ranks
+// are stable: earlier members keep their order. Each agent binds "lost" to
+// its store connection (append_on_close, with keep-alive heartbeats), so a
+// dead or frozen agent ends the round for the others at once. With
+// `fixed_ranks` (the static backend) ranks are --node-rank and any lost
+// node ends the job. Threads: the agent's thread calls the methods; a
+// watcher thread waits on the round's event key, a keep-alive thread pings.
+class C10dRendezvous : public Rendezvous {
+ public:
+  using PortPicker = std::function<int(const std::string& host)>;
+  using MessageSink = std::function<void(const std::string&)>;
+
+  struct Params {
+    RendezvousOptions options;
+    std::string run_id;      // keys live under dlaunch/rdzv/RUN_ID/
+    std::string store_host;  // where the agents' store listens
+    int store_port = 0;
+    std::string node_addr;  // this node's address (MASTER_ADDR if rank 0)
+    int master_port = 0;    // fixed MASTER_PORT; 0: a free port each round
+    PortPicker pick_port;   // a free port on node_addr
+    MessageSink log;        // progress lines ("waiting for nodes: ...")
+  };
+
+  // Connects to the store, retrying until join_timeout (the hosting agent
+  // may start later). Throws RendezvousError.
+  explicit C10dRendezvous(Params params);
+  // Stops the watcher and keep-alive threads and closes the connections
+  // (the others see this node as lost unless it reported first).
+  ~C10dRendezvous() override;
+
+  RendezvousResult next_round(int local_world_size, RoundReason reason,
+                              std::chrono::milliseconds timeout) override;
+  void watch(EventCallback on_event) override;
+  void report(NodeOutcome outcome) override;
+
+ private:
+  struct Member;
+  std::string key(int round, const std::string& name) const;
+  // Waits until round `r`'s event key exists; returns its text.
+  std::string wait_event(int round, std::chrono::milliseconds timeout);
+  RoundEvent classify(int round, const std::string& text) const;
+  void keep_alive_loop();
+  void stop_watcher();
+
+  Params p_;
+  std::string prefix_;
+  std::string node_id_;  // unique per agent: address and pid
+  std::unique_ptr<comm::store::TcpStore> store_;    // agent thread
+  std::unique_ptr<comm::store::TcpStore> watcher_;  // watcher thread
+  std::unique_ptr<comm::store::TcpStore> alive_;    // keep-alive thread
+
+  // State of the rounds this node was in.
+  int round_ = -1;          // last round joined
+  int group_rank_ = -1;     // in round_
+  int restart_count_ = 0;   // of round_
+  int members_ = 0;         // nodes in round_
+  std::string last_event_;  // round_'s event text, once seen
+  bool reported_ = false;   // report() called for round_
+
+  std::thread watcher_thread_;
+  std::atomic<bool> watcher_done_{true};  // its callback has run
+  std::thread alive_thread_;
+  std::mutex mu_;  // guards alive_ and stopping_
+  std::condition_variable cv_;
+  bool stopping_ = false;
+};
+
+}  // namespace dlaunch::agent::rendezvous

@@ -1,0 +1,358 @@
+// Multi-node rendezvous over real processes: every agent is its own
+// `dlaunch` advertising its own 127.0.0.x, the first one hosting the
+// agents' store (is_host=true), the others connecting (is_host=false).
+// Waits are bounded and on observed output, never on sleeps.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dlaunch {
+namespace {
+
+using testing::CommandResult;
+using ::testing::HasSubstr;
+using testing::Subprocess;
+using namespace std::chrono_literals;
+
+const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+const std::string kScripts = DLAUNCH_SOURCE_DIR "/tests/e2e/py/";
+
+// Each worker prints its whole env contract on one line.
+const std::string kShowEnv =
+    "echo \"ENV node=$NODE rank=$RANK local=$LOCAL_RANK ws=$WORLD_SIZE "
+    "lws=$LOCAL_WORLD_SIZE gr=$GROUP_RANK gws=$GROUP_WORLD_SIZE "
+    "master=$MASTER_ADDR:$MASTER_PORT rc=$TORCHELASTIC_RESTART_COUNT "
+    "id=$TORCHELASTIC_RUN_ID\"";
+
+int free_port() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+struct EnvLine {
+  int node, rank, local, ws, lws, gr, gws, rc;
+  std::string master, id;
+};
+
+// Every ENV line in `out`.
+std::vector<EnvLine> env_lines(const std::string& out) {
+  std::vector<EnvLine> v;
+  std::regex re(
+      "ENV node=(\\d+) rank=(\\d+) local=(\\d+) ws=(\\d+) lws=(\\d+) "
+      "gr=(\\d+) gws=(\\d+) master=(\\S+) rc=(\\d+) id=(\\S+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    v.push_back({std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3]),
+                 std::stoi(m[4]), std::stoi(m[5]), std::stoi(m[6]),
+                 std::stoi(m[7]), std::stoi(m[9]), m[8], m[10]});
+  }
+  return v;
+}
+
+class Rendezvous : public ::testing::Test {
+ protected:
+  // Starts agent `i` (0 hosts the store) advertising 127.0.0.(i+1).
+  Subprocess& start(int i, const std::vector<std::string>& flags,
+                    const std::string& script, std::string host = "") {
+    std::vector<std::string> argv = {
+        kDlaunch,
+        "--rdzv-endpoint",
+        "127.0.0.1:" + std::to_string(port_),
+        "--rdzv-id",
+        id_,
+        "--local-addr",
+        "127.0.0." + std::to_string(i + 1),
+        "--rdzv-conf",
+        "is_host=" +
+            (host.empty() ? std::string(i == 0 ? "true" : "false") : host) +
+            ",join_timeout=60,last_call_timeout=1"};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    if (std::find(flags.begin(), flags.end(), "--rdzv-backend") ==
+        flags.end()) {
+      argv.insert(argv.end(), {"--rdzv-backend", "c10d"});
+    }
+    argv.insert(argv.end(), {"sh", "-c", script});
+    agents_[i] = std::make_unique<Subprocess>(
+        testing::CommandOptions{argv, {{"NODE", std::to_string(i)}}, {}, ""});
+    return *agents_[i];
+  }
+  CommandResult finish(int i) { return agents_[i]->wait(120s); }
+
+  int port_ = free_port();
+  std::string id_ = "job" + std::to_string(::getpid());
+  std::map<int, std::unique_ptr<Subprocess>> agents_;
+};
+
+TEST_F(Rendezvous, ThreeNodesWithDifferentNprocFormOneWorld) {
+  for (int i = 0; i < 3; ++i) {
+    start(i, {"--nnodes", "3", "--nproc-per-node", std::to_string(i + 1)},
+          kShowEnv);
+  }
+  std::vector<EnvLine> all;
+  std::map<int, int> group_rank_of_node;
+  for (int i = 0; i < 3; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_EQ(lines.size(), static_cast<size_t>(i + 1)) << r.out;
+    for (const EnvLine& l : lines) {
+      EXPECT_EQ(l.node, i);
+      EXPECT_EQ(l.lws, i + 1);
+      group_rank_of_node[i] = l.gr;
+      all.push_back(l);
+    }
+  }
+  std::set<int> ranks, group_ranks;
+  std::map<int, int> local_size_of_group_rank;
+  for (const EnvLine& l : all) {
+    ranks.insert(l.rank);
+    group_ranks.insert(l.gr);
+    local_size_of_group_rank[l.gr] = l.lws;
+    EXPECT_EQ(l.ws, 6);
+    EXPECT_EQ(l.gws, 3);
+    EXPECT_EQ(l.rc, 0);
+    EXPECT_EQ(l.id, id_);
+    EXPECT_EQ(l.master, all[0].master);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(group_ranks, (std::set<int>{0, 1, 2}));
+  // RANK = local world sizes of the nodes before + LOCAL_RANK.
+  for (const EnvLine& l : all) {
+    int before = 0;
+    for (int g = 0; g < l.gr; ++g) before += local_size_of_group_rank[g];
+    EXPECT_EQ(l.rank, before + l.local);
+  }
+  // MASTER_ADDR is group rank 0's advertised address.
+  int node0 = -1;
+  for (auto [node, gr] : group_rank_of_node) {
+    if (gr == 0) node0 = node;
+  }
+  EXPECT_EQ(all[0].master.substr(0, all[0].master.find(':')),
+            "127.0.0." + std::to_string(node0 + 1));
+}
+
+TEST_F(Rendezvous, StaticBackendUsesNodeRanks) {
+  for (int i = 0; i < 2; ++i) {
+    // Node rank 1 starts first: ranks come from --node-rank, not order.
+    int node_rank = 1 - i;
+    start(i,
+          {"--rdzv-backend", "static", "--nnodes", "2", "--node-rank",
+           std::to_string(node_rank), "--master-addr", "127.0.0.1"},
+          kShowEnv);
+  }
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u) << r.out;
+    EXPECT_EQ(lines[0].gr, 1 - i);
+    EXPECT_EQ(lines[0].rank, 1 - i);
+    EXPECT_EQ(lines[0].gws, 2);
+  }
+}
+
+// Round 0 (three nodes) blocks until stopped; a round of two finishes.
+const std::string kBlockWhileThree =
+    kShowEnv +
+    "; if [ $GROUP_WORLD_SIZE = 3 ]; then echo RUNNING; exec sleep 300; fi";
+
+void lose_a_node(Rendezvous* t, std::map<int, std::unique_ptr<Subprocess>>& a,
+                 int sig) {
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(a[i]->wait_for_output("RUNNING", 60s))
+        << a[i]->out() << a[i]->err();
+  }
+  std::vector<pid_t> workers = testing::descendants(a[2]->pid());
+  ASSERT_FALSE(workers.empty());
+  a[2]->signal(sig);
+  CommandResult gone = a[2]->wait(60s);
+  if (sig == SIGINT) {
+    EXPECT_EQ(gone.exit_code, 130) << gone.err;
+  }
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = a[i]->wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("node 127.0.0.3/"));
+    EXPECT_THAT(r.err, HasSubstr("re-forming the worker group"));
+    auto lines = env_lines(r.out);
+    ASSERT_EQ(lines.size(), 2u) << r.out;
+    // Survivors keep their order (group rank 0 stays put; a rank above
+    // the lost node's moves down by one); no restart spent.
+    EXPECT_TRUE(lines[1].gr == lines[0].gr ||
+                (lines[0].gr > 0 && lines[1].gr == lines[0].gr - 1))
+        << lines[0].gr << " -> " << lines[1].gr;
+    EXPECT_EQ(lines[1].gws, 2);
+    EXPECT_EQ(lines[1].rc, 0);
+  }
+  // Nothing of the lost node is left.
+  for (pid_t p : workers) {
+    for (int k = 0; k < 500 && testing::process_alive(p); ++k) usleep(10000);
+    EXPECT_FALSE(testing::process_alive(p)) << "worker " << p << " survived";
+  }
+  (void)t;
+}
+
+TEST_F(Rendezvous, KilledAgentLeavesAndTheOthersGoOn) {
+  for (int i = 0; i < 3; ++i) start(i, {"--nnodes", "2:3"}, kBlockWhileThree);
+  lose_a_node(this, agents_, SIGKILL);
+}
+
+TEST_F(Rendezvous, InterruptedAgentLeavesGracefullyAndTheOthersGoOn) {
+  for (int i = 0; i < 3; ++i) start(i, {"--nnodes", "2:3"}, kBlockWhileThree);
+  lose_a_node(this, agents_, SIGINT);
+}
+
+TEST_F(Rendezvous, ALateNodeScalesTheJobUp) {
+  const std::string script =
+      kShowEnv +
+      "; if [ $GROUP_WORLD_SIZE = 2 ]; then echo RUNNING; exec sleep 300; fi";
+  for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2:3"}, script);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+        << agents_[i]->err();
+  }
+  start(2, {"--nnodes", "2:3"}, script);
+  for (int i = 0; i < 3; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_FALSE(lines.empty());
+    EXPECT_EQ(lines.back().gws, 3);
+    EXPECT_EQ(lines.back().rc, 0);
+  }
+}
+
+TEST_F(Rendezvous, AWorkerFailureOnOneNodeRestartsEveryNode) {
+  const std::string script =
+      kShowEnv +
+      "; if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $NODE = 2 ]; then "
+      "exit 3; fi";
+  testing::TempDir dir;
+  for (int i = 0; i < 3; ++i) {
+    start(i,
+          {"--nnodes", "3", "--max-restarts", "2", "--log-dir",
+           (dir / std::to_string(i)).string()},
+          script);
+  }
+  for (int i = 0; i < 3; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    // The first attempt's workers may be stopped before they print.
+    auto lines = env_lines(r.out);
+    ASSERT_FALSE(lines.empty()) << r.out;
+    EXPECT_EQ(lines.back().rc, 1);  // the same count on every node
+    auto summary = nlohmann::json::parse(
+        testing::read_file(dir / std::to_string(i) / id_ / "summary.json"));
+    ASSERT_EQ(summary["attempts"].size(), 2u);
+    EXPECT_EQ(summary["attempts"][0]["reason"], "start");
+    EXPECT_EQ(summary["attempts"][1]["reason"], "failure");
+    EXPECT_EQ(summary["attempts"][1]["members"].size(), 3u);
+    EXPECT_EQ(summary["attempts"][0]["restart_count"], 0);
+    EXPECT_EQ(summary["attempts"][1]["restart_count"], 1);
+    // Group ranks unchanged across the restart.
+    EXPECT_EQ(summary["attempts"][0]["group_rank"],
+              summary["attempts"][1]["group_rank"]);
+    EXPECT_EQ(summary["attempts"][1]["group_rank"], lines.back().gr);
+  }
+}
+
+TEST_F(Rendezvous, TooFewNodesFailNamingWhoJoined) {
+  std::vector<std::string> argv = {kDlaunch,
+                                   "--rdzv-backend",
+                                   "c10d",
+                                   "--rdzv-endpoint",
+                                   "127.0.0.1:" + std::to_string(port_),
+                                   "--local-addr",
+                                   "127.0.0.1",
+                                   "--nnodes",
+                                   "2",
+                                   "--rdzv-conf",
+                                   "is_host=true,join_timeout=1",
+                                   "true"};
+  CommandResult r = testing::run_command({argv, {}, {}, ""}, 60s);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("1/2 nodes joined round 0"));
+  EXPECT_THAT(r.err, HasSubstr("joined: 127.0.0.1"));
+}
+
+TEST_F(Rendezvous, JobsWithDifferentIdsShareAnExternalStore) {
+  Subprocess store({{DLAUNCH_BIN_DIR "/dl-store", "--host", "127.0.0.1",
+                     "--port", std::to_string(port_)},
+                    {},
+                    {},
+                    ""});
+  std::map<std::string, std::unique_ptr<Subprocess>> jobs;
+  for (const std::string id : {"alpha", "beta"}) {
+    for (int i = 0; i < 2; ++i) {
+      id_ = id;
+      start(i, {"--nnodes", "2"}, kShowEnv, "false");
+      jobs[id + std::to_string(i)] = std::move(agents_[i]);
+    }
+  }
+  for (auto& [name, agent] : jobs) {
+    CommandResult r = agent->wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << name << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0].gws, 2);
+    EXPECT_EQ(lines[0].id, name.substr(0, name.size() - 1));
+  }
+}
+
+class TorchRendezvous : public Rendezvous {
+ protected:
+  void SetUp() override {
+    CommandResult r = testing::run_command(
+        {{"/usr/bin/python3", "-c", "import torch.distributed"}, {}, {}, ""},
+        60s);
+    if (r.exit_code != 0) GTEST_SKIP() << "python3 cannot import torch";
+  }
+};
+
+TEST_F(TorchRendezvous, GlooAllReduceOnTwoAndThreeNodes) {
+  for (int nodes : {2, 3}) {
+    port_ = free_port();
+    id_ = "torch" + std::to_string(nodes);
+    for (int i = 0; i < nodes; ++i) {
+      start(i, {"--nnodes", std::to_string(nodes), "--nproc-per-node", "2"},
+            "exec /usr/bin/python3 -u " + kScripts + "allreduce_gloo.py");
+    }
+    int world = 2 * nodes;
+    int sum = world * (world + 1) / 2;
+    std::string all;
+    for (int i = 0; i < nodes; ++i) {
+      CommandResult r = finish(i);
+      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+      all += r.out;
+    }
+    for (int rank = 0; rank < world; ++rank) {
+      EXPECT_THAT(all, HasSubstr("rank " + std::to_string(rank) + "/" +
+                                 std::to_string(world) +
+                                 " allreduce=" + std::to_string(sum) + " ok"));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dlaunch
