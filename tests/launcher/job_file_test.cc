@@ -88,7 +88,7 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
       {"program: x\nprogram: y\n", "job.yaml:2:1: program: appears twice"},
       // Wrong types.
       {"program: x\nnnodes: two\n",
-       "job.yaml:2:9: nnodes: expected an integer, got 'two'"},
+       "job.yaml:2:9: nnodes: 'two' is not valid; use N or MIN:MAX"},
       {"program: x\nnproc_per_node: [1]\n",
        "job.yaml:2:17: nproc_per_node: expected an integer, cpu, gpu, auto, "
        "got list"},
@@ -258,7 +258,7 @@ TEST_F(JobFileTest, PrintConfigRoundTrips) {
       "tee: '0:3,1:1'\n"
       "local_ranks_filter: [0, 2]\n"
       "signals_to_handle: [SIGINT, SIGUSR1]\n"
-      "rdzv_conf: {join_timeout: 60, last_call: 5}\n"
+      "rdzv_conf: {join_timeout: 60, last_call_timeout: 5}\n"
       "rdzv_id: r1\n"
       "role: trainer\n"
       "env: {SAFE: 'v ${x}', HF_TOKEN: '${HF_TOKEN}'}\n"
