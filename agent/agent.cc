@@ -376,7 +376,7 @@ void Agent::on_exit(size_t i, ExitStatus status) {
       state_ = State::kBarrier;
       timer_ = env_.start_timer(options_.exit_barrier_timeout, [this] {
         sink_("dlaunch: exit barrier: the other nodes did not finish within " +
-              seconds(options_.exit_barrier_timeout) +
+              format_duration(options_.exit_barrier_timeout) +
               "; this node's workers succeeded, exiting 0\n");
         finish(0);
       });

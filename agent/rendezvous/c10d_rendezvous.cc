@@ -9,8 +9,11 @@
 #include <set>
 #include <sstream>
 
+#include "comm/store/text.h"
+
 namespace dlaunch::agent::rendezvous {
 
+using comm::store::format_duration;
 using comm::store::StoreError;
 using comm::store::StoreTimeoutError;
 using std::chrono::milliseconds;
@@ -27,13 +30,6 @@ int to_int(const std::string& s, int fallback = -1) {
   int v = fallback;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   return ec == std::errc() ? v : fallback;
-}
-
-std::string secs(milliseconds d) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3g s",
-                static_cast<double>(d.count()) / 1e3);
-  return buf;
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -241,9 +237,9 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
               std::to_string(o.min_nodes) + ", max " +
               std::to_string(o.max_nodes) + ")";
           if (last_call && now < call_ends) {
-            line +=
-                ", last call ends in " +
-                secs(std::chrono::duration_cast<milliseconds>(call_ends - now));
+            line += ", last call ends in " +
+                    format_duration(std::chrono::duration_cast<milliseconds>(
+                        call_ends - now));
           }
           p_.log(line + "\n");
           next_progress = now + kProgressEvery;
@@ -259,7 +255,8 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
               std::to_string(n) + "/" + std::to_string(o.min_nodes) +
               " nodes joined round " + std::to_string(r) + " of job '" +
               p_.run_id + "' at " + where + " after " +
-              secs(std::chrono::duration_cast<milliseconds>(now - start)) +
+              format_duration(
+                  std::chrono::duration_cast<milliseconds>(now - start)) +
               " (min " + std::to_string(o.min_nodes) + ", max " +
               std::to_string(o.max_nodes) + "; joined: " + who +
               "); start the missing nodes or lower --nnodes");
@@ -415,8 +412,8 @@ RoundEvent C10dRendezvous::classify(int round, const std::string& text) const {
     ev.detail =
         "the agents' store declared this node lost (silent past its "
         "keep-alive of " +
-        secs(p_.options.keep_alive_interval *
-             p_.options.keep_alive_max_attempt) +
+        format_duration(p_.options.keep_alive_interval *
+                        p_.options.keep_alive_max_attempt) +
         "); was it stopped or cut off?";
   } else if (lost) {
     ev.kind = fixed ? RoundEvent::Kind::kFatal : RoundEvent::Kind::kNodeLost;
