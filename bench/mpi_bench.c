@@ -1,0 +1,82 @@
+/* OpenMPI's side of the collectives comparison (docs/performance.md,
+ * "One host, side by side"): the operations and sizes dl-bench measures,
+ * with nccl-tests' size convention (the size of the whole buffer; the
+ * splitting ops move size / ranks per rank), and OSU's one-way ping-pong
+ * latency between ranks 0 and 1.
+ *
+ *   mpicc -O2 -o mpi_bench bench/mpi_bench.c
+ *   mpirun -np 2 ./mpi_bench [-n ITERS] [-w WARMUP] SIZE...
+ *
+ * Prints one line per op and size: "op bytes time_us" (rank 0's mean time
+ * per iteration; the ping-pong's is half a round trip). */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char* kOps[] = {"pingpong", "all_reduce",     "broadcast",
+                             "reduce",   "all_gather",     "gather",
+                             "scatter",  "reduce_scatter", "all_to_all"};
+
+static void run(const char* op, float* in, float* out, size_t bytes, int rank,
+                int n) {
+  const int count = (int)(bytes / sizeof(float));
+  const int part = count / n;
+  if (strcmp(op, "pingpong") == 0) {
+    if (rank == 0) {
+      MPI_Send(in, count, MPI_FLOAT, 1, 0, MPI_COMM_WORLD);
+      MPI_Recv(out, count, MPI_FLOAT, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else if (rank == 1) {
+      MPI_Recv(out, count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      MPI_Send(out, count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD);
+    }
+  } else if (strcmp(op, "all_reduce") == 0) {
+    MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  } else if (strcmp(op, "broadcast") == 0) {
+    MPI_Bcast(in, count, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  } else if (strcmp(op, "reduce") == 0) {
+    MPI_Reduce(in, out, count, MPI_FLOAT, MPI_SUM, 0, MPI_COMM_WORLD);
+  } else if (strcmp(op, "all_gather") == 0) {
+    MPI_Allgather(in, part, MPI_FLOAT, out, part, MPI_FLOAT, MPI_COMM_WORLD);
+  } else if (strcmp(op, "gather") == 0) {
+    MPI_Gather(in, part, MPI_FLOAT, out, part, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  } else if (strcmp(op, "scatter") == 0) {
+    MPI_Scatter(in, part, MPI_FLOAT, out, part, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  } else if (strcmp(op, "reduce_scatter") == 0) {
+    MPI_Reduce_scatter_block(in, out, part, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  } else if (strcmp(op, "all_to_all") == 0) {
+    MPI_Alltoall(in, part, MPI_FLOAT, out, part, MPI_FLOAT, MPI_COMM_WORLD);
+  }
+}
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0, n = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  int iters = 20, warmup = 5, first = 1;
+  while (first + 1 < argc && argv[first][0] == '-') {
+    if (strcmp(argv[first], "-n") == 0) iters = atoi(argv[first + 1]);
+    if (strcmp(argv[first], "-w") == 0) warmup = atoi(argv[first + 1]);
+    first += 2;
+  }
+  for (size_t o = 0; o < sizeof(kOps) / sizeof(kOps[0]); ++o) {
+    for (int a = first; a < argc; ++a) {
+      const size_t bytes = strtoull(argv[a], NULL, 10);
+      float* in = calloc(bytes / sizeof(float) + 1, sizeof(float));
+      float* out = calloc(bytes / sizeof(float) + 1, sizeof(float));
+      for (int i = 0; i < warmup; ++i) run(kOps[o], in, out, bytes, rank, n);
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double t0 = MPI_Wtime();
+      for (int i = 0; i < iters; ++i) run(kOps[o], in, out, bytes, rank, n);
+      double us = (MPI_Wtime() - t0) * 1e6 / iters;
+      if (strcmp(kOps[o], "pingpong") == 0) us /= 2;
+      if (rank == 0) printf("%s %zu %.2f\n", kOps[o], bytes, us);
+      fflush(stdout);
+      free(in);
+      free(out);
+    }
+  }
+  MPI_Finalize();
+  return 0;
+}
