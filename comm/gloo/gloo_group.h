@@ -11,8 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -137,7 +137,9 @@ struct GroupState {
   size_t fused_bytes = kFusedTrafficBytes;
   size_t shm_min_bytes = kShmMinBytes;
   bool all_local = false;  // every rank on this host (shared memory usable)
-  std::string shm_token;   // names this group's segments, from rank 0
+  std::string host;        // this rank's host identity
+  std::vector<std::string> hosts;  // every rank's, index = rank
+  std::string shm_token;           // names this group's segments, from rank 0
 
   std::mutex mu;  // guards the members below
   // (direction 0 send / 1 recv, peer, tag) of p2p operations in flight.
@@ -298,8 +300,11 @@ class GlooProcessGroup : public ProcessGroup {
   std::unique_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
                                           milliseconds timeout) override;
 
+  // `host`: this rank's host identity (a sub-group's parent's); empty:
+  // this machine's.
   static std::shared_ptr<GroupState> connect(const GroupOptions& o,
-                                             std::shared_ptr<SharedStore> s);
+                                             std::shared_ptr<SharedStore> s,
+                                             const std::string& host = "");
   static std::unique_ptr<ProcessGroup> joined(std::shared_ptr<GroupState> g);
 
   // The path the group's last operation took (see last_path()).
@@ -360,6 +365,10 @@ class GlooProcessGroup : public ProcessGroup {
   bool shm_steps(const ShmSteps& s);
   uint64_t agreed_count(int from, int to) const;
 
+  // hierarchical.cc: groups spanning hosts, some holding several ranks.
+  bool hier_all_reduce(Tensor t, ReduceOp rop);
+  bool ensure_hierarchy();
+
   // tcp_collectives.cc
   static void copy(const Tensor& dst, const Tensor& src);
   char* work_buffer(int which, size_t bytes);
@@ -414,6 +423,11 @@ class GlooProcessGroup : public ProcessGroup {
   bool channel_tried_ = false;
   uint32_t tag_ = 1;
   int children_ = 0;
+  // The hierarchy (ensure_hierarchy): this rank's host's group, and the
+  // group of one leader per host (null on the other ranks).
+  bool hier_tried_ = false;
+  std::unique_ptr<ProcessGroup> local_;
+  std::unique_ptr<ProcessGroup> leaders_;
 };
 
 }  // namespace dlaunch::comm::gloo

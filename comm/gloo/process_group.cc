@@ -39,8 +39,21 @@ size_t env_bytes(const char* name, size_t fallback) {
 }
 
 // This machine's boot id and host name: ranks with equal identities share
-// /dev/shm.
-std::string host_identity() {
+// /dev/shm. Test-only: DLAUNCH_COMM_TEST_HOSTS="a,a,b,b" appends entry
+// `rank` of the list, so that one machine plays several hosts.
+std::string host_identity(int rank) {
+  std::string suffix;
+  if (const char* test = std::getenv("DLAUNCH_COMM_TEST_HOSTS")) {
+    std::string list = std::string(test) + ",";
+    size_t pos = 0;
+    for (int i = 0; i < rank && pos != std::string::npos; ++i) {
+      pos = list.find(',', pos);
+      if (pos != std::string::npos) ++pos;
+    }
+    if (pos != std::string::npos && pos < list.size()) {
+      suffix = "/test:" + list.substr(pos, list.find(',', pos) - pos);
+    }
+  }
   std::string id;
   if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
     char buf[64] = {};
@@ -49,7 +62,7 @@ std::string host_identity() {
   }
   char host[256] = {};
   gethostname(host, sizeof(host) - 1);
-  return id + "/" + host;
+  return id + "/" + host + suffix;
 }
 
 std::string random_token() {
@@ -113,7 +126,7 @@ std::unique_ptr<ProcessGroup> GlooProcessGroup::new_group(
   o.name = child;
   o.hostname = g_->hostname;
   o.iface = g_->iface;
-  return joined(connect(o, g_->store));
+  return joined(connect(o, g_->store, g_->host));
 }
 
 void GlooProcessGroup::fail(const char* op, const std::string& what,
@@ -182,7 +195,8 @@ std::unique_ptr<ProcessGroup> GlooProcessGroup::joined(
 }
 
 std::shared_ptr<GroupState> GlooProcessGroup::connect(
-    const GroupOptions& o, std::shared_ptr<SharedStore> s) {
+    const GroupOptions& o, std::shared_ptr<SharedStore> s,
+    const std::string& host) {
   auto g = std::make_shared<GroupState>();
   g->name = o.name;
   g->rank = o.rank;
@@ -241,7 +255,11 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
       auto v = adapter.get(k);
       return std::string(v.begin(), v.end());
     };
-    const std::string me = host_identity();
+    // Sub-groups keep their parent's identity (the test override is
+    // indexed by the world's ranks).
+    const std::string me = host.empty() ? host_identity(o.rank) : host;
+    g->host = me;
+    g->hosts.assign(o.size, me);
     put("host/" + std::to_string(o.rank), me);
     if (o.rank == 0) {
       put("tuning", std::to_string(g->fused_bytes) + " " +
@@ -260,9 +278,9 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
     g->shm_token = token;
     g->all_local = true;
     for (int j = 0; j < o.size; ++j) {
-      if (j != o.rank && take("host/" + std::to_string(j)) != me) {
-        g->all_local = false;
-      }
+      if (j == o.rank) continue;
+      g->hosts[j] = take("host/" + std::to_string(j));
+      if (g->hosts[j] != me) g->all_local = false;
     }
   } catch (const store::StoreError& e) {
     throw CommError(where +

@@ -50,7 +50,8 @@ std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& options);
 // The path the last operation of `group` (a gloo group) took, for tests and
 // dl-bench: "shm-check" (the data travelled with the argument check in the
 // shared-memory channel), "shm-chunks" (pipelined shared-memory segments),
-// "tcp" (Gloo's pairs), "local" (nothing moved between ranks), "none" (no
+// "hierarchical" (within hosts, then among one leader per host), "tcp"
+// (Gloo's pairs), "local" (nothing moved between ranks), "none" (no
 // operation yet). Empty for a group of another backend.
 std::string last_path(const ProcessGroup& group);
 

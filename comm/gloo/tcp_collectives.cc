@@ -91,6 +91,8 @@ void GlooProcessGroup::all_reduce(Tensor t, ReduceOp rop) {
       return;
     }
   }
+  // Across hosts, several ranks per host: combine within each host first.
+  if (!fused && hier_all_reduce(t, rop)) return;
   took(fused && channel_ ? "shm-check" : "tcp");
   if (fused) {
     // Every rank's data came with its arguments: reduce locally, in rank
