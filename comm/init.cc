@@ -13,6 +13,9 @@
 
 #include "comm/file_store.h"
 #include "comm/gloo/process_group.h"
+#ifdef DLAUNCH_WITH_NCCL
+#include "comm/nccl/process_group.h"
+#endif
 #include "comm/store/client.h"
 #include "comm/store/hash_store.h"
 #include "comm/store/prefix_store.h"
@@ -29,9 +32,14 @@ void check_backend(std::string_view backend) {
   if (backend == "gloo") return;
 #ifdef DLAUNCH_WITH_NCCL
   if (backend == "nccl") {
-    throw CommError(
-        "backend 'nccl' is not available yet: this build links NCCL, but "
-        "comm has no NCCL process group yet; use backend 'gloo'");
+    // Before any store or socket: a machine without a GPU fails at once.
+    std::string why;
+    if (nccl::visible_devices(&why) == 0) {
+      throw CommError("backend 'nccl': no CUDA device is visible (" + why +
+                      "); run on a machine with an NVIDIA GPU, one per rank, "
+                      "or use backend 'gloo'");
+    }
+    return;
   }
 #else
   if (backend == "nccl") {
@@ -190,6 +198,31 @@ void pick_gloo_address(gloo::GroupOptions& g, const std::string& master,
   }
 }
 
+// The world group of `backend` over the Gloo options `g` (store, rank,
+// size, timeout, addresses); nccl's argument check (when on) uses a Gloo
+// group made from the same options.
+std::unique_ptr<ProcessGroup> create(std::string_view backend,
+                                     const gloo::GroupOptions& g) {
+#ifdef DLAUNCH_WITH_NCCL
+  if (backend == "nccl") {
+    nccl::GroupOptions n;
+    n.store = g.store;
+    n.rank = g.rank;
+    n.size = g.size;
+    n.timeout = g.timeout;
+    n.owned = g.owned;
+    n.make_check_group = [g](const std::string& name) {
+      gloo::GroupOptions c = g;
+      c.name = name;
+      return gloo::create_process_group(c);
+    };
+    return nccl::create_process_group(n);
+  }
+#endif
+  (void)backend;
+  return gloo::create_process_group(g);
+}
+
 }  // namespace
 
 std::unique_ptr<ProcessGroup> make_process_group(
@@ -208,7 +241,7 @@ std::unique_ptr<ProcessGroup> make_process_group(
   o.rank = rank;
   o.size = world_size;
   o.timeout = timeout;
-  return gloo::create_process_group(o);
+  return create(backend, o);
 }
 
 std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
@@ -270,7 +303,7 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
       throw CommError("init_method " + method + ": " + e.what());
     }
     pick_gloo_address(g, {}, 0);
-    return gloo::create_process_group(g);
+    return create(backend, g);
   } else {
     throw CommError("init_method '" + method +
                     "' is not supported; use env://, tcp://HOST:PORT or "
@@ -308,7 +341,7 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
   }
   g.owned = server;
   pick_gloo_address(g, host, port);
-  return gloo::create_process_group(g);
+  return create(backend, g);
 }
 
 }  // namespace dlaunch::comm

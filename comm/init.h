@@ -26,7 +26,9 @@ struct InitOptions {
 };
 
 // Creates the world group of `backend` ("gloo"; "nccl" where built with
-// DLAUNCH_WITH_NCCL). Throws CommError naming the bad variable or argument.
+// DLAUNCH_WITH_NCCL: one GPU per rank, the device resolved as
+// nccl::resolve_device says). Throws CommError naming the bad variable or
+// argument, or, for nccl, when no GPU is visible.
 std::unique_ptr<ProcessGroup> init_process_group(
     std::string_view backend, const InitOptions& options = {});
 

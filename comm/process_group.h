@@ -62,7 +62,8 @@ class ProcessGroup {
     irecv(t, src, tag)->wait(timeout());
   }
 
-  // Collectives (blocking; in place where torch's are).
+  // Collectives (blocking; in place where torch's are). Each runs on the
+  // caller's thread, after every asynchronous operation issued before it.
   virtual void broadcast(Tensor t, int root) = 0;
   // Result lands in `t` on `root`; other ranks' `t` is left as sent.
   virtual void reduce(Tensor t, int root, ReduceOp op = ReduceOp::kSum) = 0;
@@ -80,6 +81,30 @@ class ProcessGroup {
   virtual void all_to_all(std::span<const Tensor> out,
                           std::span<const Tensor> in) = 0;
   virtual void barrier() = 0;
+
+  // The same collectives, asynchronous (torch's async_op=True): each returns
+  // at once with a Work and runs after the operations issued before it, in
+  // call order (gloo: on a thread the group owns; nccl: on the group's CUDA
+  // stream). The tensors' memory must stay valid until Work::wait() returns;
+  // the tensor lists are copied. Errors, bad arguments included, surface
+  // through wait(). Every rank must issue the same sequence of operations,
+  // blocking and asynchronous alike.
+  virtual std::unique_ptr<Work> ibroadcast(Tensor t, int root) = 0;
+  virtual std::unique_ptr<Work> ireduce(Tensor t, int root,
+                                        ReduceOp op = ReduceOp::kSum) = 0;
+  virtual std::unique_ptr<Work> iall_reduce(Tensor t,
+                                            ReduceOp op = ReduceOp::kSum) = 0;
+  virtual std::unique_ptr<Work> iscatter(Tensor out, std::span<const Tensor> in,
+                                         int root) = 0;
+  virtual std::unique_ptr<Work> igather(Tensor in, std::span<const Tensor> out,
+                                        int root) = 0;
+  virtual std::unique_ptr<Work> iall_gather(std::span<const Tensor> out,
+                                            Tensor in) = 0;
+  virtual std::unique_ptr<Work> ireduce_scatter(
+      Tensor out, std::span<const Tensor> in, ReduceOp op = ReduceOp::kSum) = 0;
+  virtual std::unique_ptr<Work> iall_to_all(std::span<const Tensor> out,
+                                            std::span<const Tensor> in) = 0;
+  virtual std::unique_ptr<Work> ibarrier() = 0;
 
   // Collective over this group: every member calls it with the same sorted,
   // distinct `ranks` (ranks of this group). Members get the new group (its

@@ -4,14 +4,16 @@
 
 namespace dlaunch::comm {
 
-// The handle of an asynchronous operation (isend/irecv). Owned by the caller;
-// destroying an incomplete Work waits for it (bounded by the group timeout).
+// The handle of an asynchronous operation (isend/irecv, and the i-forms of
+// the collectives). Owned by the caller; it may outlive its group.
+// Destroying an incomplete Work waits for it (bounded by the group timeout).
 // One thread at a time.
 class Work {
  public:
   virtual ~Work() = default;
   // Blocks until the operation completes. Throws CommError if it failed, or
-  // CommTimeoutError naming the operation and peer after `timeout`.
+  // CommTimeoutError naming the operation and peer after `timeout` (the
+  // operation keeps running; the Work can be waited on again).
   virtual void wait(std::chrono::milliseconds timeout) = 0;
   // True once the operation finished (successfully or not); never blocks.
   virtual bool is_completed() = 0;

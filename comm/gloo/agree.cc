@@ -90,8 +90,11 @@ std::string GlooProcessGroup::check_list(std::span<const Tensor> list,
   return err;
 }
 
-// Throws if an earlier failure left the group unusable.
+// Throws if an earlier failure left the group unusable. Called first by
+// every collective: a blocking one waits here for the asynchronous ones
+// issued before it (no-op on the queue's thread or with none outstanding).
 void GlooProcessGroup::check_usable(const char* op) {
+  async_.drain(g_->timeout);
   std::lock_guard lock(g_->mu);
   if (!g_->broken.empty()) {
     throw CommError(std::string(op) + " on " + g_->where() +

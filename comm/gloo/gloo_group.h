@@ -31,6 +31,7 @@
 #include "comm/gloo/store_adapter.h"
 #include "comm/process_group.h"
 #include "comm/store/text.h"
+#include "comm/work_queue.h"
 
 namespace dlaunch::comm::gloo {
 
@@ -314,6 +315,24 @@ class GlooProcessGroup : public ProcessGroup {
   std::unique_ptr<Work> isend(Tensor t, int dst, int tag) override;
   std::unique_ptr<Work> irecv(Tensor t, int src, int tag) override;
 
+  // async.cc: the asynchronous collectives, run in call order on async_
+  // (started by the first); the destructor runs what is queued first.
+  ~GlooProcessGroup() override;
+  std::unique_ptr<Work> ibroadcast(Tensor t, int root) override;
+  std::unique_ptr<Work> ireduce(Tensor t, int root, ReduceOp rop) override;
+  std::unique_ptr<Work> iall_reduce(Tensor t, ReduceOp rop) override;
+  std::unique_ptr<Work> iscatter(Tensor out, std::span<const Tensor> in,
+                                 int root) override;
+  std::unique_ptr<Work> igather(Tensor in, std::span<const Tensor> out,
+                                int root) override;
+  std::unique_ptr<Work> iall_gather(std::span<const Tensor> out,
+                                    Tensor in) override;
+  std::unique_ptr<Work> ireduce_scatter(Tensor out, std::span<const Tensor> in,
+                                        ReduceOp rop) override;
+  std::unique_ptr<Work> iall_to_all(std::span<const Tensor> out,
+                                    std::span<const Tensor> in) override;
+  std::unique_ptr<Work> ibarrier() override;
+
  private:
   uint32_t next_tag() { return tag_++; }
   void took(const char* path) { path_ = path; }
@@ -428,6 +447,12 @@ class GlooProcessGroup : public ProcessGroup {
   bool hier_tried_ = false;
   std::unique_ptr<ProcessGroup> local_;
   std::unique_ptr<ProcessGroup> leaders_;
+  // async.cc
+  std::unique_ptr<Work> enqueue(const char* op, std::function<void()> fn);
+  uint64_t async_seq_ = 0;  // number of the next asynchronous operation
+  // Runs the asynchronous collectives; a blocking call first drains it
+  // (check_usable), so that all run in call order.
+  WorkQueue async_;
 };
 
 }  // namespace dlaunch::comm::gloo

@@ -8,6 +8,9 @@
 
 #include "comm/store/hash_store.h"
 #include "tests/testing/temp_dir.h"
+#ifdef DLAUNCH_WITH_NCCL
+#include "comm/nccl/process_group.h"
+#endif
 
 namespace dlaunch::comm {
 namespace {
@@ -34,17 +37,32 @@ class InitTest : public ::testing::Test {
   }
 };
 
-TEST_F(InitTest, NcclIsAClearErrorInThisBuild) {
-  std::string e = error_of([] { init_process_group("nccl"); });
-  EXPECT_THAT(e, HasSubstr("backend 'nccl'"));
-  EXPECT_THAT(e, HasSubstr("not available"));
-  EXPECT_THAT(e, HasSubstr("use backend 'gloo'"));
+// Without NCCL in the build, or without a GPU, "nccl" fails at once with a
+// message naming the reason and the way out; before any store is touched.
+TEST_F(InitTest, NcclWithoutABuildOrADeviceIsAClearError) {
   auto store = std::make_shared<store::HashStore>();
-  EXPECT_THAT(error_of([&] {
-                make_process_group("nccl", store, 0, 1,
-                                   std::chrono::seconds(1));
-              }),
-              HasSubstr("not available"));
+  std::string init = error_of([] { init_process_group("nccl"); });
+  std::string made = error_of([&] {
+    make_process_group("nccl", store, 0, 1, std::chrono::seconds(1));
+  });
+#ifdef DLAUNCH_WITH_NCCL
+  std::string why;
+  if (nccl::visible_devices(&why) > 0) {
+    GTEST_SKIP() << "a GPU is visible: the no-device error cannot show";
+  }
+  for (const std::string& e : {init, made}) {
+    EXPECT_THAT(e, HasSubstr("backend 'nccl': no CUDA device is visible"));
+    EXPECT_THAT(e, HasSubstr(why));
+    EXPECT_THAT(e, HasSubstr("or use backend 'gloo'"));
+  }
+  EXPECT_EQ(store->num_keys(), 0);
+#else
+  for (const std::string& e : {init, made}) {
+    EXPECT_THAT(e, HasSubstr("backend 'nccl'"));
+    EXPECT_THAT(e, HasSubstr("not available"));
+    EXPECT_THAT(e, HasSubstr("use backend 'gloo'"));
+  }
+#endif
   EXPECT_THAT(error_of([] { init_process_group("mpi"); }),
               HasSubstr("unknown backend 'mpi'; valid backends: gloo, nccl"));
 }
