@@ -276,6 +276,7 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
   id.role_world_size = round.world_size;
   JobInfo job{options_.role,  round.master_addr,     round.master_port,
               restart_count_, options_.max_restarts, result_.run_id};
+  job.gpu_per_rank = options_.gpu_binding == GpuBinding::kPerRank;
 
   // attempt_K counts every start of the group (torchrun's K is the restart
   // count, which a membership change leaves as it is).

@@ -33,6 +33,9 @@ struct StreamsSpec {
 // message names the bad part and the valid forms.
 StreamsSpec parse_streams(std::string_view text);
 
+// How workers are bound to GPUs (--gpu-binding).
+enum class GpuBinding { kNone, kPerRank };
+
 // Everything one node agent needs to run a worker group, with documented
 // defaults. The command line (launcher/cli.h) fills it; a YAML job config
 // will fill the same struct. Plain data: copy freely.
@@ -82,6 +85,11 @@ struct AgentOptions {
   // SIGKILL after term_timeout, exit 128+signal. SIGUSR1/SIGUSR2 not listed
   // here are forwarded only. Default torchrun's SIGTERM,SIGINT,SIGHUP,SIGQUIT.
   std::vector<int> signals_to_handle = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  // Which GPU each worker sees. kNone (default): the agent's environment
+  // as it is. kPerRank: worker L gets CUDA_VISIBLE_DEVICES set to the L-th
+  // of the agent's CUDA_VISIBLE_DEVICES (or to L when unset) and
+  // DLAUNCH_CUDA_DEVICE=0, the device comm's nccl backend then uses.
+  GpuBinding gpu_binding = GpuBinding::kNone;
   // Console line prefix; ${role_name}, ${local_rank} and ${rank} are
   // replaced. Empty (default): $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else
   // torchrun's "[${role_name}${local_rank}]:".

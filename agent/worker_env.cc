@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <stdexcept>
+
 extern char** environ;
 
 namespace dlaunch::agent {
@@ -41,11 +43,42 @@ std::vector<std::string> worker_environment(const EnvMap& base,
   set("TORCHELASTIC_ERROR_FILE", error_file);
   env.try_emplace("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   if (id.local_world_size > 1) env.try_emplace("OMP_NUM_THREADS", "1");
+  if (job.gpu_per_rank) {
+    set("CUDA_VISIBLE_DEVICES", gpu_of_worker(base, id.local_rank));
+    set("DLAUNCH_CUDA_DEVICE", "0");  // the only device the worker sees
+  }
 
   std::vector<std::string> out;
   out.reserve(env.size());
   for (const auto& [k, v] : env) out.push_back(k + "=" + v);
   return out;
+}
+
+std::vector<std::string> visible_device_list(const EnvMap& base) {
+  std::vector<std::string> out;
+  auto it = base.find("CUDA_VISIBLE_DEVICES");
+  if (it == base.end() || it->second.empty()) return out;
+  std::string_view rest = it->second;
+  for (;;) {
+    size_t comma = rest.find(',');
+    out.emplace_back(rest.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+std::string gpu_of_worker(const EnvMap& base, int local_rank) {
+  std::vector<std::string> list = visible_device_list(base);
+  if (list.empty()) return std::to_string(local_rank);
+  if (local_rank < 0 || static_cast<size_t>(local_rank) >= list.size()) {
+    throw std::invalid_argument("--gpu-binding per-rank: local rank " +
+                                std::to_string(local_rank) +
+                                " has no GPU in CUDA_VISIBLE_DEVICES=" +
+                                base.at("CUDA_VISIBLE_DEVICES") + " (" +
+                                std::to_string(list.size()) + " listed)");
+  }
+  return list[local_rank];
 }
 
 std::string substitute(std::string_view text,

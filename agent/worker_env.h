@@ -27,6 +27,9 @@ struct JobInfo {
   int restart_count = 0;
   int max_restarts = 0;
   std::string run_id;
+  // --gpu-binding per-rank: each worker sees only its own GPU (see
+  // gpu_of_worker) and DLAUNCH_CUDA_DEVICE=0. Default false.
+  bool gpu_per_rank = false;
 };
 
 // The environment as a map (from `environ`, or a test's own).
@@ -36,13 +39,25 @@ using EnvMap = std::map<std::string, std::string>;
 EnvMap current_environment();
 
 // The worker's complete environment: `base` (the agent's) with the contract
-// of DESIGN.md set on top: RANK ... TORCHELASTIC_ERROR_FILE. OMP_NUM_THREADS
-// (1 when local_world_size > 1) and TORCH_NCCL_ASYNC_ERROR_HANDLING (1) are
-// only set when `base` lacks them. Returns "KEY=VALUE" strings.
+// of DESIGN.md set on top: RANK ... TORCHELASTIC_ERROR_FILE, and with
+// job.gpu_per_rank CUDA_VISIBLE_DEVICES and DLAUNCH_CUDA_DEVICE.
+// OMP_NUM_THREADS (1 when local_world_size > 1) and
+// TORCH_NCCL_ASYNC_ERROR_HANDLING (1) are only set when `base` lacks them.
+// Returns "KEY=VALUE" strings.
 std::vector<std::string> worker_environment(const EnvMap& base,
                                             const WorkerIdentity& id,
                                             const JobInfo& job,
                                             const std::string& error_file);
+
+// The devices listed in `base`'s CUDA_VISIBLE_DEVICES (comma-separated
+// ordinals or GPU-/MIG- UUIDs); empty when it is unset or empty.
+std::vector<std::string> visible_device_list(const EnvMap& base);
+
+// The CUDA_VISIBLE_DEVICES value of worker `local_rank` under --gpu-binding
+// per-rank: the local_rank-th entry of the agent's CUDA_VISIBLE_DEVICES when
+// set, else the ordinal itself. Throws std::invalid_argument when the list
+// is too short (the command line checks this first).
+std::string gpu_of_worker(const EnvMap& base, int local_rank);
 
 // Replaces each "${name}" in `text` with vars[name]; unknown names are left
 // as they are (Python's Template.safe_substitute, which torchrun uses).

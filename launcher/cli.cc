@@ -231,6 +231,18 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   } catch (const BadValue& b) {
     return UsageError{"dlaunch: " + b.message};
   }
+  if (o.agent.gpu_binding == agent::GpuBinding::kPerRank) {
+    const auto listed = agent::visible_device_list(env);
+    if (!listed.empty() &&
+        listed.size() < static_cast<size_t>(o.agent.nproc_per_node)) {
+      return UsageError{"dlaunch: --gpu-binding per-rank: " +
+                        std::to_string(o.agent.nproc_per_node) +
+                        " workers per node but CUDA_VISIBLE_DEVICES=" +
+                        env.at("CUDA_VISIBLE_DEVICES") + " lists " +
+                        std::to_string(listed.size()) +
+                        "; list one GPU per worker or lower --nproc-per-node"};
+    }
+  }
   if (o.module && o.no_python) {
     return UsageError{
         "dlaunch: --module and --no-python cannot be used together; drop "

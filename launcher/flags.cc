@@ -242,6 +242,28 @@ std::vector<FlagSpec> make_table() {
        .print = [](const Options& o) -> std::optional<std::string> {
          return std::to_string(o.agent.nproc_per_node);
        }},
+      {.name = "gpu-binding",
+       .placeholder = "none|per-rank",
+       .key = "gpu_binding",
+       .default_text = "none",
+       .help = "per-rank: each worker sees only its own GPU "
+               "(CUDA_VISIBLE_DEVICES set to the local rank's entry of "
+               "yours, or to the local rank) and comm's nccl backend uses "
+               "device 0 (DLAUNCH_CUDA_DEVICE=0); none: workers inherit "
+               "CUDA_VISIBLE_DEVICES and pick a device by LOCAL_RANK.",
+       .section = "WORKERS",
+       .choices = {"none", "per-rank"},
+       .apply =
+           [](const FlagSpec& f, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             o.agent.gpu_binding = one_of(f, v) == "per-rank"
+                                       ? agent::GpuBinding::kPerRank
+                                       : agent::GpuBinding::kNone;
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         return o.agent.gpu_binding == agent::GpuBinding::kPerRank ? "per-rank"
+                                                                   : "none";
+       }},
       {.name = "max-restarts",
        .placeholder = "N",
        .type = T::kInt,

@@ -205,6 +205,33 @@ TEST(Cli, OtherDriverErrorsAreReportedNotTakenForNoGpu) {
                   HasSubstr("cuInit failed with unknown CUDA error (35)")));
 }
 
+TEST(Cli, GpuBindingIsNoneOrPerRankAndChecksTheUsersDeviceList) {
+  EXPECT_EQ(ok({"true"}).agent.gpu_binding, agent::GpuBinding::kNone);
+  EXPECT_EQ(ok({"--gpu-binding", "per-rank", "true"}).agent.gpu_binding,
+            agent::GpuBinding::kPerRank);
+  EXPECT_EQ(ok({"--gpu_binding", "none", "true"}).agent.gpu_binding,
+            agent::GpuBinding::kNone);
+  EXPECT_EQ(ok({"true"}, {{"PET_GPU_BINDING", "per-rank"}}).agent.gpu_binding,
+            agent::GpuBinding::kPerRank);
+  UsageError e = bad({"--gpu-binding", "each", "true"});
+  EXPECT_EQ(e.exit_code, 2);
+  EXPECT_THAT(e.message,
+              HasSubstr("--gpu-binding 'each' is not valid; use none or "
+                        "per-rank"));
+  agent::EnvMap two{{"CUDA_VISIBLE_DEVICES", "3,5"}};
+  EXPECT_EQ(
+      ok({"--gpu-binding", "per-rank", "--nproc-per-node", "2", "true"}, two)
+          .agent.nproc_per_node,
+      2);
+  e = bad({"--gpu-binding", "per-rank", "--nproc-per-node", "3", "true"}, two);
+  EXPECT_EQ(e.exit_code, 2);
+  EXPECT_THAT(e.message, HasSubstr("--gpu-binding per-rank: 3 workers per "
+                                   "node but CUDA_VISIBLE_DEVICES=3,5 lists "
+                                   "2"));
+  // Without the binding the list is the workers' business.
+  ok({"--nproc-per-node", "3", "true"}, two);
+}
+
 TEST(Cli, GpuCountingFailuresNameTheHelper) {
   agent::EnvMap missing{{"DLAUNCH_CUDA_DEVICES", "/nonexistent/helper"}};
   EXPECT_THAT(bad({"--nproc-per-node", "gpu", "true"}, missing).message,

@@ -86,6 +86,41 @@ TEST(WorkerEnv, OverridesContractKeysAndKeepsTheRest) {
   EXPECT_FALSE(has("OMP_NUM_THREADS=1"));  // one worker: left alone
 }
 
+// --gpu-binding per-rank: each worker sees its own GPU as device 0.
+TEST(WorkerEnv, GpuPerRankBindsEachWorkerToOneGpu) {
+  WorkerIdentity id{2, 2, 4, 4, 0, 1, 2, 4};
+  JobInfo job{"default", "127.0.0.1", 1234, 0, 0, "run"};
+  auto has = [](const std::vector<std::string>& env, const std::string& kv) {
+    return std::find(env.begin(), env.end(), kv) != env.end();
+  };
+  auto none = worker_environment({{"CUDA_VISIBLE_DEVICES", "4,5,6,7"}}, id, job,
+                                 "/tmp/e.json");
+  EXPECT_TRUE(has(none, "CUDA_VISIBLE_DEVICES=4,5,6,7"));  // left alone
+  for (const auto& kv : none)
+    EXPECT_NE(kv.rfind("DLAUNCH_CUDA_DEVICE=", 0), 0u);
+
+  job.gpu_per_rank = true;
+  auto own = worker_environment({}, id, job, "/tmp/e.json");
+  EXPECT_TRUE(has(own, "CUDA_VISIBLE_DEVICES=2"));
+  EXPECT_TRUE(has(own, "DLAUNCH_CUDA_DEVICE=0"));
+  auto listed = worker_environment({{"CUDA_VISIBLE_DEVICES", "4,5,6,7"}}, id,
+                                   job, "/tmp/e.json");
+  EXPECT_TRUE(has(listed, "CUDA_VISIBLE_DEVICES=6"));
+  EXPECT_TRUE(has(listed, "DLAUNCH_CUDA_DEVICE=0"));
+  auto uuids = worker_environment(
+      {{"CUDA_VISIBLE_DEVICES", "GPU-a,GPU-b,GPU-c"}}, id, job, "/tmp/e.json");
+  EXPECT_TRUE(has(uuids, "CUDA_VISIBLE_DEVICES=GPU-c"));
+  try {
+    worker_environment({{"CUDA_VISIBLE_DEVICES", "4,5"}}, id, job, "/tmp/e");
+    ADD_FAILURE() << "local rank 2 got a GPU from a list of two";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("local rank 2 has no GPU in "
+                                         "CUDA_VISIBLE_DEVICES=4,5"),
+              std::string::npos);
+  }
+  EXPECT_EQ(visible_device_list({{"CUDA_VISIBLE_DEVICES", ""}}).size(), 0u);
+}
+
 TEST(Substitute, ReplacesKnownNamesOnly) {
   EXPECT_EQ(substitute("a${x}b${y}c${", {{"x", "1"}}), "a1b${y}c${");
   EXPECT_EQ(line_prefix("", "default", 3, 7), "[default3]:");
