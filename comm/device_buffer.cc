@@ -7,9 +7,19 @@
 
 #ifdef DLAUNCH_WITH_NCCL
 #include <cuda_runtime.h>
+
+#include "comm/nccl/process_group.h"
 #endif
 
 namespace dlaunch::comm {
+
+int default_device() {
+#ifdef DLAUNCH_WITH_NCCL
+  return nccl::resolve_device(-1);
+#else
+  return 0;
+#endif
+}
 
 #ifdef DLAUNCH_WITH_NCCL
 namespace {

@@ -6,6 +6,11 @@
 
 namespace dlaunch::comm {
 
+// The CUDA device the nccl backend uses when the caller names none
+// (nccl::resolve_device: $DLAUNCH_CUDA_DEVICE, else $LOCAL_RANK, else 0);
+// 0 in a build without NCCL.
+int default_device();
+
 // An owning buffer of CUDA device memory for the nccl backend's callers
 // (workloads, tests), so that they need no CUDA headers. Move-only; one
 // thread at a time. In a build without NCCL (or on a machine without a

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "comm/gloo/process_group.h"
+#include "workloads/op_buffer.h"
 #include "workloads/op_runner.h"
 
 namespace dlaunch::workloads {
@@ -33,7 +34,7 @@ BenchRow bench_one(comm::ProcessGroup& pg, BenchOp op, size_t bytes,
     runner.run();
     totals[1] = static_cast<double>(runner.wrong());
   }
-  pg.all_reduce(comm::Tensor::of(totals));
+  all_reduce_host(pg, comm::Tensor::of(totals));
 
   BenchRow row;
   row.bytes = runner.bytes();

@@ -73,6 +73,11 @@ OpRunner::OpRunner(comm::ProcessGroup& pg, BenchOp op, size_t count,
       out_of_place_ = true;
       break;
   }
+  auto bytes_of = [](std::vector<uint64_t>& v) {
+    return Tensor::of(reinterpret_cast<uint8_t*>(v.data()), v.size() * 8);
+  };
+  op_in_.emplace(pg, bytes_of(in_));
+  if (out_of_place_) op_out_.emplace(pg, bytes_of(out_));
 }
 
 double OpRunner::value(int r, size_t i) const {
@@ -101,10 +106,26 @@ Tensor OpRunner::view(std::vector<uint64_t>& buf, size_t offset,
   return Tensor{base + offset * comm::dtype_size(dtype_), n, dtype_, {}};
 }
 
-std::vector<Tensor> OpRunner::chunks(std::vector<uint64_t>& buf) const {
+Tensor OpRunner::op_view(const std::optional<OpBuffer>& buf, size_t offset,
+                         size_t n) const {
+  const size_t es = comm::dtype_size(dtype_);
+  Tensor t = buf->slice(offset * es, n * es);
+  t.numel = n;
+  t.dtype = dtype_;
+  return t;
+}
+
+std::vector<Tensor> OpRunner::chunks(const std::optional<OpBuffer>& buf) const {
   std::vector<Tensor> out;
-  for (int j = 0; j < size_; ++j) out.push_back(view(buf, j * chunk_, chunk_));
+  for (int j = 0; j < size_; ++j) {
+    out.push_back(op_view(buf, j * chunk_, chunk_));
+  }
   return out;
+}
+
+void OpRunner::fetch() const {
+  auto& self = const_cast<OpRunner&>(*this);
+  (out_of_place_ ? self.op_out_ : self.op_in_)->download();
 }
 
 Tensor OpRunner::result() const {
@@ -128,44 +149,46 @@ void OpRunner::fill() {
   if (out_of_place_) {
     Tensor out = result();
     for (size_t i = 0; i < out.numel; ++i) set_element(out, i, kSentinel);
+    op_out_->upload();
   }
+  op_in_->upload();
 }
 
 void OpRunner::run() {
   int n = size_;
   switch (op_) {
     case BenchOp::kAllReduce:
-      pg_.all_reduce(view(in_, 0, count_), redop_);
+      pg_.all_reduce(op_view(op_in_, 0, count_), redop_);
       break;
     case BenchOp::kBroadcast:
-      pg_.broadcast(view(in_, 0, count_), root_);
+      pg_.broadcast(op_view(op_in_, 0, count_), root_);
       break;
     case BenchOp::kReduce:
-      pg_.reduce(view(in_, 0, count_), root_, redop_);
+      pg_.reduce(op_view(op_in_, 0, count_), root_, redop_);
       break;
     case BenchOp::kAllGather: {
-      std::vector<Tensor> outs = chunks(out_);
-      pg_.all_gather(outs, view(in_, 0, chunk_));
+      std::vector<Tensor> outs = chunks(op_out_);
+      pg_.all_gather(outs, op_view(op_in_, 0, chunk_));
       break;
     }
     case BenchOp::kGather: {
-      std::vector<Tensor> outs = chunks(out_);
-      pg_.gather(view(in_, 0, chunk_), outs, root_);
+      std::vector<Tensor> outs = chunks(op_out_);
+      pg_.gather(op_view(op_in_, 0, chunk_), outs, root_);
       break;
     }
     case BenchOp::kReduceScatter: {
-      std::vector<Tensor> ins = chunks(in_);
-      pg_.reduce_scatter(view(out_, 0, chunk_), ins, redop_);
+      std::vector<Tensor> ins = chunks(op_in_);
+      pg_.reduce_scatter(op_view(op_out_, 0, chunk_), ins, redop_);
       break;
     }
     case BenchOp::kScatter: {
-      std::vector<Tensor> ins = chunks(in_);
-      pg_.scatter(view(out_, 0, chunk_), ins, root_);
+      std::vector<Tensor> ins = chunks(op_in_);
+      pg_.scatter(op_view(op_out_, 0, chunk_), ins, root_);
       break;
     }
     case BenchOp::kAllToAll: {
-      std::vector<Tensor> ins = chunks(in_);
-      std::vector<Tensor> outs = chunks(out_);
+      std::vector<Tensor> ins = chunks(op_in_);
+      std::vector<Tensor> outs = chunks(op_out_);
       pg_.all_to_all(outs, ins);
       break;
     }
@@ -173,8 +196,8 @@ void OpRunner::run() {
       // Each rank sends to the next and receives from the previous, as
       // nccl-tests' sendrecv_perf.
       int next = (rank_ + 1) % n, prev = (rank_ - 1 + n) % n;
-      auto send = pg_.isend(view(in_, 0, count_), next);
-      auto recv = pg_.irecv(view(out_, 0, count_), prev);
+      auto send = pg_.isend(op_view(op_in_, 0, count_), next);
+      auto recv = pg_.irecv(op_view(op_out_, 0, count_), prev);
       recv->wait(pg_.timeout());
       send->wait(pg_.timeout());
       break;
@@ -182,11 +205,11 @@ void OpRunner::run() {
     case BenchOp::kPingPong: {
       // Rank 0 sends, rank 1 sends what it got back (OSU's osu_latency).
       if (rank_ == 0) {
-        pg_.send(view(in_, 0, count_), 1);
-        pg_.recv(view(out_, 0, count_), 1);
+        pg_.send(op_view(op_in_, 0, count_), 1);
+        pg_.recv(op_view(op_out_, 0, count_), 1);
       } else if (rank_ == 1) {
-        pg_.recv(view(out_, 0, count_), 0);
-        pg_.send(view(out_, 0, count_), 0);
+        pg_.recv(op_view(op_out_, 0, count_), 0);
+        pg_.send(op_view(op_out_, 0, count_), 0);
       }
       break;
     }
@@ -232,6 +255,7 @@ bool OpRunner::expected(size_t i, double* v) const {
 }
 
 int64_t OpRunner::wrong() const {
+  fetch();
   Tensor r = result();
   double tol = 0;
   switch (dtype_) {
@@ -260,6 +284,7 @@ int64_t OpRunner::wrong() const {
 }
 
 std::string OpRunner::describe(size_t max) const {
+  fetch();
   Tensor r = result();
   std::ostringstream s;
   s << "[";

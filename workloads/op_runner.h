@@ -2,12 +2,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/process_group.h"
 #include "comm/tensor.h"
 #include "workloads/bench_table.h"
+#include "workloads/op_buffer.h"
 
 namespace dlaunch::workloads {
 
@@ -17,7 +19,9 @@ double quantize(comm::DType dtype, double v);
 // Buffers for one operation of dl-bench or dl-collectives over `pg`, filled
 // with a known pattern so every rank can check what it got. `count` is the
 // nccl-tests element count: the whole buffer, split in pg.size() chunks for
-// the splitting ops (rounded down to a multiple). Owned by one thread.
+// the splitting ops (rounded down to a multiple). For nccl the operation
+// runs on device copies of the host buffers (results checked on the host).
+// Owned by one thread.
 class OpRunner {
  public:
   OpRunner(comm::ProcessGroup& pg, BenchOp op, size_t count, comm::DType dtype,
@@ -44,7 +48,12 @@ class OpRunner {
   // What this rank's result should hold at `i`; false where unchecked.
   bool expected(size_t i, double* v) const;
   comm::Tensor view(std::vector<uint64_t>& buf, size_t offset, size_t n) const;
-  std::vector<comm::Tensor> chunks(std::vector<uint64_t>& buf) const;
+  // What run() passes to the group: on the device for nccl.
+  comm::Tensor op_view(const std::optional<OpBuffer>& buf, size_t offset,
+                       size_t n) const;
+  std::vector<comm::Tensor> chunks(const std::optional<OpBuffer>& buf) const;
+  // Copies the device result back to the host buffer (nccl).
+  void fetch() const;
   comm::Tensor result() const;
 
   comm::ProcessGroup& pg_;
@@ -59,6 +68,7 @@ class OpRunner {
   std::vector<uint64_t> in_;  // 8-byte aligned storage
   std::vector<uint64_t> out_;
   bool out_of_place_;
+  std::optional<OpBuffer> op_in_, op_out_;  // over in_ and out_
 };
 
 }  // namespace dlaunch::workloads

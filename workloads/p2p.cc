@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <sstream>
 
+#include "workloads/op_buffer.h"
+
 namespace dlaunch::workloads {
 namespace {
 
@@ -18,11 +20,14 @@ void report(comm::ProcessGroup& pg, const char* what, float v,
 
 float p2p_blocking(comm::ProcessGroup& pg, std::ostream& out) {
   std::vector<float> tensor = {0.0f};
+  OpBuffer buf(pg, comm::Tensor::of(tensor));
   if (pg.rank() == 0) {
     tensor[0] += 1;
-    pg.send(comm::Tensor::of(tensor), 1);
+    buf.upload();
+    pg.send(buf.tensor(), 1);
   } else if (pg.rank() == 1) {
-    pg.recv(comm::Tensor::of(tensor), 0);
+    pg.recv(buf.tensor(), 0);
+    buf.download();
   }
   report(pg, "blocking:", tensor[0], out);
   return tensor[0];
@@ -30,16 +35,19 @@ float p2p_blocking(comm::ProcessGroup& pg, std::ostream& out) {
 
 float p2p_nonblocking(comm::ProcessGroup& pg, std::ostream& out) {
   std::vector<float> tensor = {0.0f};
+  OpBuffer buf(pg, comm::Tensor::of(tensor));
   std::unique_ptr<comm::Work> req;
   if (pg.rank() == 0) {
     tensor[0] += 1;
-    req = pg.isend(comm::Tensor::of(tensor), 1);
+    buf.upload();
+    req = pg.isend(buf.tensor(), 1);
     out << "non-blocking: rank 0 started sending\n" << std::flush;
   } else if (pg.rank() == 1) {
-    req = pg.irecv(comm::Tensor::of(tensor), 0);
+    req = pg.irecv(buf.tensor(), 0);
     out << "non-blocking: rank 1 started receiving\n" << std::flush;
   }
   if (req) req->wait(pg.timeout());
+  if (pg.rank() == 1) buf.download();
   report(pg, "non-blocking:", tensor[0], out);
   return tensor[0];
 }
@@ -56,8 +64,11 @@ std::vector<PingPongRow> ping_pong(comm::ProcessGroup& pg,
       std::vector<uint8_t> buf(bytes), echo(bytes);
       for (size_t i = 0; i < bytes; ++i)
         buf[i] = static_cast<uint8_t>(i * 31 + 7);
-      comm::Tensor send = comm::Tensor::of(buf);
-      comm::Tensor back = comm::Tensor::of(echo);
+      OpBuffer send_buf(pg, comm::Tensor::of(buf));
+      OpBuffer back_buf(pg, comm::Tensor::of(echo));
+      send_buf.upload();
+      comm::Tensor send = send_buf.tensor();
+      comm::Tensor back = back_buf.tensor();
       auto round = [&] {
         if (rank == 0) {
           pg.send(send, 1);
@@ -77,6 +88,7 @@ std::vector<PingPongRow> ping_pong(comm::ProcessGroup& pg,
       row.bandwidth_gbs =
           row.latency_us > 0 ? static_cast<double>(bytes) / 1e3 / row.latency_us
                              : 0;
+      back_buf.download();
       row.ok = echo == buf;
     }
     rows.push_back(row);

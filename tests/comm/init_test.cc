@@ -7,6 +7,7 @@
 #include <stdlib.h>
 
 #include "comm/store/hash_store.h"
+#include "tests/comm/rank_threads.h"
 #include "tests/testing/temp_dir.h"
 #ifdef DLAUNCH_WITH_NCCL
 #include "comm/nccl/process_group.h"
@@ -17,15 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const CommError& e) {
-    return e.what();
-  }
-  return "no CommError";
-}
+using testing::error_of;
 
 class InitTest : public ::testing::Test {
  protected:

@@ -13,6 +13,7 @@
 #include "comm/nccl/process_group.h"
 #include "comm/nccl/types.h"
 #include "comm/store/hash_store.h"
+#include "tests/comm/rank_threads.h"
 
 namespace dlaunch::comm::nccl {
 namespace {
@@ -20,15 +21,7 @@ namespace {
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const CommError& e) {
-    return e.what();
-  }
-  return "no CommError";
-}
+using comm::testing::error_of;
 
 TEST(NcclTypesTest, EveryDTypeMapsToNcclsOwn) {
   EXPECT_EQ(to_nccl(DType::kF32), ncclFloat32);

@@ -15,6 +15,17 @@
 
 namespace dlaunch::comm::testing {
 
+// The message of the CommError `f` throws, or "no CommError".
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const CommError& e) {
+    return e.what();
+  }
+  return "no CommError";
+}
+
 // Runs `body(group)` on `n` threads, one gloo rank each, all joined through
 // one in-process HashStore over real loopback TCP pairs. An exception that
 // escapes a rank is reported as a test failure naming the rank.

@@ -78,6 +78,31 @@ TEST(Launch, SetsTheEnvContractAndAFreeMasterPort) {
   }
 }
 
+// --gpu-binding per-rank: each real worker process sees its own entry of
+// the user's CUDA_VISIBLE_DEVICES (or its local rank) and device 0.
+TEST(Launch, GpuBindingPerRankGivesEachWorkerItsOwnGpu) {
+  const std::string show =
+      "echo \"CVD=$CUDA_VISIBLE_DEVICES D=$DLAUNCH_CUDA_DEVICE\"";
+  CommandResult r = sh(3, show, {"--gpu-binding", "per-rank"},
+                       {{"CUDA_VISIBLE_DEVICES", "7,GPU-x,2"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[default0]:CVD=7 D=0\n"));
+  EXPECT_THAT(r.out, HasSubstr("[default1]:CVD=GPU-x D=0\n"));
+  EXPECT_THAT(r.out, HasSubstr("[default2]:CVD=2 D=0\n"));
+  r = sh(2, show, {"--gpu-binding", "per-rank"},
+         {{"CUDA_VISIBLE_DEVICES", ""}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[default1]:CVD=1 D=0\n"));
+  // The default leaves the user's list alone and sets no device.
+  r = sh(2, show, {}, {{"CUDA_VISIBLE_DEVICES", "7,5"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[default1]:CVD=7,5 D=\n"));
+  r = sh(3, show, {"--gpu-binding", "per-rank"},
+         {{"CUDA_VISIBLE_DEVICES", "7,5"}});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("CUDA_VISIBLE_DEVICES=7,5 lists 2"));
+}
+
 TEST(Launch, RankZeroCanBindMasterPort) {
   // Rank 0 serves the store on MASTER_PORT itself (torch's env:// does).
   CommandResult r = sh(2,
