@@ -216,7 +216,7 @@ TEST(Cli, GpuBindingIsNoneOrPerRankAndChecksTheUsersDeviceList) {
   UsageError e = bad({"--gpu-binding", "each", "true"});
   EXPECT_EQ(e.exit_code, 2);
   EXPECT_THAT(e.message,
-              HasSubstr("--gpu-binding 'each' is not valid; use none or "
+              HasSubstr("--gpu-binding: 'each' is not valid; use none or "
                         "per-rank"));
   agent::EnvMap two{{"CUDA_VISIBLE_DEVICES", "3,5"}};
   EXPECT_EQ(
