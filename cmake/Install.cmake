@@ -62,6 +62,14 @@ file(RELATIVE_PATH DLAUNCH_PC_INCLUDEDIR
   ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_INCLUDEDIR})
 file(RELATIVE_PATH DLAUNCH_PC_LIBDIR
   ${CMAKE_INSTALL_PREFIX} ${CMAKE_INSTALL_FULL_LIBDIR})
+# With the nccl backend, comm's static library needs NCCL and the CUDA
+# runtime at link time.
+set(DLAUNCH_PC_EXTRA_LIBS "")
+if(DLAUNCH_WITH_NCCL)
+  get_filename_component(_dlaunch_nccl_dir "${DLAUNCH_NCCL_LIBRARY}" DIRECTORY)
+  set(DLAUNCH_PC_EXTRA_LIBS
+    " -L${_dlaunch_nccl_dir} -L${CUDAToolkit_LIBRARY_DIR} -lnccl -lcudart")
+endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/dlaunch.pc.in
   ${PROJECT_BINARY_DIR}/dlaunch.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/dlaunch.pc
