@@ -16,7 +16,6 @@
 #include "comm/store/text.h"
 
 namespace dlaunch::agent {
-namespace {
 
 std::string random_run_id() {
   std::random_device rd;
@@ -26,6 +25,8 @@ std::string random_run_id() {
                 static_cast<unsigned long long>(dist(rd) & 0xffffffffffffULL));
   return buf;
 }
+
+namespace {
 
 std::string host_name() {
   char buf[256] = {};

@@ -13,6 +13,10 @@
 
 namespace dlaunch::agent {
 
+// A fresh run id (TORCHELASTIC_RUN_ID) when --rdzv-id is not given: 12
+// random hex digits.
+std::string random_run_id();
+
 // The node agent's state machine: runs a group of workers through
 // rendezvous rounds, watches their exits, stops the group on the first
 // failure (SIGTERM, SIGKILL after term_timeout) and restarts it while

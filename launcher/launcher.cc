@@ -8,7 +8,6 @@
 
 #include <cstring>
 #include <fstream>
-#include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -49,16 +48,6 @@ std::optional<std::string> unsupported_hosts(const LaunchOptions& o) {
            std::to_string(o.agent.nproc_per_node) + "; make them agree";
   }
   return std::nullopt;
-}
-
-// A fresh run id (TORCHELASTIC_RUN_ID): 12 random hex digits.
-std::string random_run_id() {
-  std::random_device rd;
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%012llx",
-                static_cast<unsigned long long>(
-                    ((uint64_t{rd()} << 32) | rd()) & 0xffffffffffffULL));
-  return buf;
 }
 
 // LOG_DIR/RUN_ID/job.yaml: the effective job, so `dlaunch --config` on it
@@ -139,7 +128,8 @@ int launch(const LaunchOptions& job) {
     options.agent.run_id = "none";
   }
   if (!options.agent.log_dir.empty()) {
-    if (options.agent.run_id.empty()) options.agent.run_id = random_run_id();
+    if (options.agent.run_id.empty())
+      options.agent.run_id = agent::random_run_id();
     write_job_yaml(options);
   }
   agent::PosixEnv env;  // first: it records the limits workers get
