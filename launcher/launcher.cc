@@ -189,7 +189,9 @@ int launch(const LaunchOptions& job) {
     }
     p.master_port = options.agent.master_port;
     p.pick_port = pick_port;
-    p.log = write_stderr;
+    // Progress lines queue for the console like the agent's other
+    // messages: a console that stops reading never stalls a round.
+    p.log = [&env](const std::string& s) { env.write_console(2, s); };
     rdzv = std::make_unique<agent::rendezvous::C10dRendezvous>(std::move(p));
   }
   env.set_drain_timeout(options.agent.drain_timeout);

@@ -37,7 +37,9 @@ class C10dRendezvous : public Rendezvous {
     std::string node_addr;  // this node's address (MASTER_ADDR if rank 0)
     int master_port = 0;    // fixed MASTER_PORT; 0: a free port each round
     PortPicker pick_port;   // a free port on node_addr
-    MessageSink log;        // progress lines ("waiting for nodes: ...")
+    // Progress lines ("waiting for nodes: ..."), called on the agent's
+    // thread; must not block (dlaunch queues them for its console).
+    MessageSink log;
   };
 
   // Connects to the store, retrying until join_timeout (the hosting agent

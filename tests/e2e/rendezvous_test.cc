@@ -2,19 +2,24 @@
 // `dlaunch` advertising its own 127.0.0.x, the first one hosting the
 // agents' store (is_host=true), the others connecting (is_host=false).
 // Waits are bounded and on observed output, never on sleeps.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
@@ -73,8 +78,10 @@ std::vector<EnvLine> env_lines(const std::string& out) {
 class Rendezvous : public ::testing::Test {
  protected:
   // Starts agent `i` (0 hosts the store) advertising 127.0.0.(i+1).
+  // `stderr_fd` >= 0: the agent's stderr instead of a captured pipe.
   Subprocess& start(int i, const std::vector<std::string>& flags,
-                    const std::string& script, std::string host = "") {
+                    const std::string& script, std::string host = "",
+                    int stderr_fd = -1) {
     std::vector<std::string> argv = {
         kDlaunch,
         "--rdzv-endpoint",
@@ -93,8 +100,8 @@ class Rendezvous : public ::testing::Test {
       argv.insert(argv.end(), {"--rdzv-backend", "c10d"});
     }
     argv.insert(argv.end(), {"sh", "-c", script});
-    agents_[i] = std::make_unique<Subprocess>(
-        testing::CommandOptions{argv, {{"NODE", std::to_string(i)}}, {}, ""});
+    agents_[i] = std::make_unique<Subprocess>(testing::CommandOptions{
+        argv, {{"NODE", std::to_string(i)}}, {}, "", -1, stderr_fd});
     return *agents_[i];
   }
   CommandResult finish(int i) { return agents_[i]->wait(120s); }
@@ -318,6 +325,73 @@ TEST_F(Rendezvous, JobsWithDifferentIdsShareAnExternalStore) {
     EXPECT_EQ(lines[0].gws, 2);
     EXPECT_EQ(lines[0].id, name.substr(0, name.size() - 1));
   }
+}
+
+// True once some thread of `pid` sits in write(2, ...): a console that
+// accepts nothing holds it there.
+bool blocked_writing_stderr(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  while (std::chrono::steady_clock::now() < end) {
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream f(t.path() / "syscall");
+      std::string nr, fd;
+      if (f >> nr >> fd && nr == "1" && fd == "0x2") return true;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+TEST_F(Rendezvous, ProgressLinesNeverStallTheAgentOnAStuckConsole) {
+  // Agent 0's stderr is a pipe that is full and that nobody reads: its
+  // "waiting for nodes" line must queue like its other messages, not block
+  // the rendezvous.
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  ::fcntl(p[1], F_SETFL, ::fcntl(p[1], F_GETFL) | O_NONBLOCK);
+  const std::string filler(4096, 'x');
+  while (::write(p[1], filler.data(), filler.size()) > 0) {
+  }
+  ::fcntl(p[1], F_SETFL, ::fcntl(p[1], F_GETFL) & ~O_NONBLOCK);
+  start(0, {"--nnodes", "2"}, kShowEnv, "", p[1]);
+  ::close(p[1]);
+  // Reads the console to its end (bounded) once the test lets it.
+  std::string console;
+  std::thread drain;
+  auto drain_console = [&] {
+    if (drain.joinable()) return;
+    drain = std::thread([&console, fd = p[0]] {
+      const auto end = std::chrono::steady_clock::now() + 120s;
+      char buf[65536];
+      pollfd in{fd, POLLIN, 0};
+      while (std::chrono::steady_clock::now() < end &&
+             ::poll(&in, 1, 100) >= 0) {
+        if (in.revents == 0) continue;
+        ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n <= 0) break;
+        console.append(buf, static_cast<size_t>(n));
+      }
+    });
+  };
+  // The progress line is due a second after joining; it waits for room.
+  bool blocked = blocked_writing_stderr(agents_[0]->pid(), 60s);
+  bool ran = false;
+  if (blocked) {
+    start(1, {"--nnodes", "2"}, kShowEnv);
+    ran = agents_[0]->wait_for_output("ENV node=0", 60s);
+  }
+  drain_console();
+  for (int i = 0; i < static_cast<int>(agents_.size()); ++i) {
+    CommandResult r = finish(i);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+  drain.join();
+  ::close(p[0]);
+  ASSERT_TRUE(blocked) << "agent 0 never wrote to its console";
+  EXPECT_TRUE(ran) << "agent 0 stalled on its console";
+  EXPECT_THAT(console, HasSubstr("dlaunch: waiting for nodes: 1/2 joined"));
 }
 
 class TorchRendezvous : public Rendezvous {
