@@ -279,12 +279,14 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
               restart_count_, options_.max_restarts, result_.run_id};
   job.gpu_per_rank = options_.gpu_binding == GpuBinding::kPerRank;
 
-  // attempt_K counts every start of the group (torchrun's K is the restart
-  // count, which a membership change leaves as it is).
+  // attempt_K: K is the rendezvous round, the same on every node for one
+  // start of the group and new for each start. torchrun's K is the restart
+  // count, equal to the round until membership changes; it then reuses
+  // (and wipes) the folder, losing the previous group's logs.
   const size_t attempt_no = result_.attempts.size() - 1;
-  std::filesystem::path dir = result_.run_dir /
-                              ("attempt_" + std::to_string(attempt_no)) /
-                              std::to_string(local_rank);
+  const std::string k = std::to_string(round.round);
+  std::filesystem::path dir =
+      result_.run_dir / ("attempt_" + k) / std::to_string(local_rank);
 
   const Streams redir = options_.redirects.for_rank(local_rank);
   const Streams tee = options_.tee.for_rank(local_rank);
@@ -322,10 +324,10 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
   // eight mkdirs on ext4 would cost more than spawning eight workers.
   const bool worker_dir =
       !temp_run_dir_ || !spec.out.file.empty() || !spec.err.file.empty();
-  w.error_file = worker_dir ? dir / "error.json"
-                            : result_.run_dir /
-                                  ("error_" + std::to_string(attempt_no) + "_" +
-                                   std::to_string(local_rank) + ".json");
+  w.error_file = worker_dir
+                     ? dir / "error.json"
+                     : result_.run_dir / ("error_" + k + "_" +
+                                          std::to_string(local_rank) + ".json");
   spec.env = worker_environment(base_env_, id, job, w.error_file.string());
 
   try {

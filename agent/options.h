@@ -71,8 +71,9 @@ struct AgentOptions {
   std::string master_addr = "127.0.0.1";
   // MASTER_PORT; 0 (default) picks a free port on master_addr each round.
   int master_port = 0;
-  // Logs go to LOG_DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log and
-  // the run summary to LOG_DIR/RUN_ID/summary.json. Empty (default): a
+  // Logs go to LOG_DIR/RUN_ID/attempt_K/LOCAL_RANK/{stdout,stderr}.log (K:
+  // the rendezvous round, the same on every node for one start of the group)
+  // and the run summary to LOG_DIR/RUN_ID/summary.json. Empty (default): a
   // temporary folder, removed at exit unless logs were redirected or teed.
   std::filesystem::path log_dir;
   // Streams written only to log files (-r). Default none.

@@ -407,7 +407,8 @@ std::vector<FlagSpec> make_table() {
        .type = T::kPath,
        .key = "log_dir",
        .help = "Write logs to DIR/RUN_ID/attempt_K/LOCAL_RANK/"
-               "{stdout,stderr}.log, the run summary to "
+               "{stdout,stderr}.log (K: the rendezvous round, one per start "
+               "of the worker group), the run summary to "
                "DIR/RUN_ID/summary.json and the effective job to "
                "DIR/RUN_ID/job.yaml.",
        .section = "OUTPUT",

@@ -250,6 +250,42 @@ TEST_F(Rendezvous, ALateNodeScalesTheJobUp) {
   }
 }
 
+TEST_F(Rendezvous, LogFoldersAreNumberedByRoundTheSameOnEveryNode) {
+  // Nodes 0 and 1 run round 0; node 2 arrives and round 1 takes it in.
+  // attempt_K is round K on every node, the late one included.
+  const std::string script =
+      kShowEnv +
+      "; if [ $GROUP_WORLD_SIZE = 2 ]; then echo RUNNING; exec sleep 300; fi";
+  testing::TempDir dir;
+  auto flags = [&](int i) {
+    return std::vector<std::string>{
+        "--nnodes", "2:3", "--log-dir", (dir / std::to_string(i)).string(),
+        "-t",       "1"};
+  };
+  for (int i = 0; i < 2; ++i) start(i, flags(i), script);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+        << agents_[i]->err();
+  }
+  start(2, flags(2), script);
+  for (int i = 0; i < 3; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const auto run = dir / std::to_string(i) / id_;
+    auto summary =
+        nlohmann::json::parse(testing::read_file(run / "summary.json"));
+    for (const auto& a : summary["attempts"]) {
+      const std::string k = std::to_string(a["round"].get<int>());
+      EXPECT_TRUE(std::filesystem::exists(run / ("attempt_" + k) / "0"))
+          << "node " << i << " round " << k;
+    }
+    EXPECT_EQ(summary["attempts"].back()["round"], 1);
+    EXPECT_THAT(testing::read_file(run / "attempt_1/0/stdout.log"),
+                HasSubstr("gws=3"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "2" / id_ / "attempt_0"));
+}
+
 TEST_F(Rendezvous, AWorkerFailureOnOneNodeRestartsEveryNode) {
   const std::string script =
       kShowEnv +
