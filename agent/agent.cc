@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -90,8 +92,14 @@ RunResult Agent::run() {
   // killed first, its watchdog removes it; if something throws, the catch
   // below does.
   const bool keep_dir = !temp_run_dir_ || writes_logs();
+  fired_.assign(options_.faults.size(), false);
+  fitted_.assign(options_.faults.size(), false);
   try {
     if (!keep_dir) env_.remove_if_orphaned(result_.run_dir);
+    if (options_.hang_timeout.count() > 0) {
+      progress_ = std::make_unique<ProgressFiles>(result_.run_dir,
+                                                  options_.nproc_per_node);
+    }
     run_job();
   } catch (...) {
     if (!keep_dir) {
@@ -197,6 +205,9 @@ void Agent::start_attempt(rendezvous::RoundReason reason) {
   a.start_time = env_.now();
   a.workers.resize(static_cast<size_t>(options_.nproc_per_node));
   result_.attempts.push_back(std::move(a));
+  rank_offset_ = round.rank_offset;
+  injected_exit_.assign(static_cast<size_t>(options_.nproc_per_node), 0);
+  if (!check_faults(round)) return;
 
   // The other nodes' news reaches the loop as an event: it sleeps until
   // then, whatever the workers do.
@@ -216,6 +227,177 @@ void Agent::start_attempt(rendezvous::RoundReason reason) {
       return;
     }
   }
+  for (FaultRecord& f : result_.faults) {
+    if (f.detected != WallTime{} && f.running_again == WallTime{}) {
+      f.running_again = env_.now();
+    }
+  }
+  schedule_faults(round);
+  start_hang_watch();
+}
+
+bool Agent::check_faults(const rendezvous::RendezvousResult& round) {
+  for (size_t k = 0; k < options_.faults.size(); ++k) {
+    const Fault& f = options_.faults[k];
+    const bool fits = f.targets_rank() ? f.rank < round.world_size
+                                       : f.node < round.group_world_size;
+    if (fits) fitted_[k] = true;
+    // Once in range, a later smaller round (a node lost, maybe the fault's
+    // own victim) is no error: it may have fired elsewhere.
+    if (fired_[k] || fitted_[k] || f.attempt != restart_count_) continue;
+    std::string why;
+    if (f.targets_rank()) {
+      why = "rank " + std::to_string(f.rank) + " is out of range: round " +
+            std::to_string(round.round) + " has " +
+            std::to_string(round.world_size) + " workers (ranks 0.." +
+            std::to_string(round.world_size - 1) + ")";
+    } else {
+      why = "node " + std::to_string(f.node) + " is out of range: round " +
+            std::to_string(round.round) + " has " +
+            std::to_string(round.group_world_size) + " nodes (0.." +
+            std::to_string(round.group_world_size - 1) + ")";
+    }
+    result_.error = "dlaunch: fault '" + f.spec + "': " + why +
+                    "; give a target that exists";
+    sink_(result_.error + "\n");
+    attempt().outcome = "not started: " + why;
+    finish(2);
+    return false;
+  }
+  return true;
+}
+
+void Agent::schedule_faults(const rendezvous::RendezvousResult& round) {
+  fault_timers_.clear();
+  for (size_t k = 0; k < options_.faults.size(); ++k) {
+    const Fault& f = options_.faults[k];
+    if (fired_[k] || f.attempt != restart_count_) continue;
+    const bool here =
+        f.targets_rank()
+            ? f.rank >= round.rank_offset &&
+                  f.rank < round.rank_offset + options_.nproc_per_node
+            : f.node == round.group_rank;
+    if (!here) continue;
+    fault_timers_.push_back(
+        env_.start_timer(f.after, [this, k] { fire_fault(k); }));
+  }
+}
+
+void Agent::fire_fault(size_t k) {
+  const Fault& f = options_.faults[k];
+  fired_[k] = true;
+  FaultRecord rec;
+  rec.spec = f.spec;
+  rec.action = fault_action(f);
+  rec.attempt = static_cast<int>(result_.attempts.size()) - 1;
+  rec.fired = env_.now();
+  if (!f.targets_rank()) {
+    rec.pid = static_cast<int>(::getpid());
+    result_.faults.push_back(rec);
+    // Written at once: the queued console would die with the agent.
+    std::string line = "dlaunch: fault injected: " + f.spec + ": " +
+                       rec.action + " (this agent, pid " +
+                       std::to_string(rec.pid) + ")\n";
+    if (::write(STDERR_FILENO, line.data(), line.size()) < 0) {
+      // Nothing to do: the agent is about to be signalled anyway.
+    }
+    ::kill(::getpid(), f.signal);
+    return;
+  }
+  const size_t i = static_cast<size_t>(f.rank - rank_offset_);
+  WorkerRecord& w = attempt().workers[i];
+  if (state_ != State::kRunning || !procs_[i] || w.status) {
+    sink_("dlaunch: fault " + f.spec + " not injected: rank " +
+          std::to_string(f.rank) + " is no longer running\n");
+    return;
+  }
+  rec.pid = w.pid;
+  result_.faults.push_back(rec);
+  w.injected_fault = f.spec;
+  sink_("dlaunch: fault injected: " + f.spec + ": " + rec.action +
+        " (local rank " + std::to_string(i) + ", pid " + std::to_string(w.pid) +
+        ")\n");
+  switch (f.kind) {
+    case Fault::Kind::kKill:
+      procs_[i]->signal_group(f.signal);
+      break;
+    case Fault::Kind::kExit:
+      injected_exit_[i] = f.code;
+      procs_[i]->signal_group(SIGKILL);
+      break;
+    case Fault::Kind::kStop:
+      w.frozen = true;
+      procs_[i]->signal_group(SIGSTOP);
+      break;
+    case Fault::Kind::kKillAgent:
+      break;
+  }
+}
+
+void Agent::note_detected() {
+  const int a = static_cast<int>(result_.attempts.size()) - 1;
+  for (FaultRecord& f : result_.faults) {
+    if (f.attempt == a && f.detected == WallTime{}) f.detected = env_.now();
+  }
+}
+
+void Agent::start_hang_watch() {
+  if (!progress_ || state_ != State::kRunning) return;
+  using std::chrono::milliseconds;
+  // Ticks of a tenth of the timeout (10 ms to 0.5 s): a hang is found
+  // within the timeout plus one tick.
+  hang_tick_ = std::clamp(options_.hang_timeout / 10, milliseconds(10),
+                          milliseconds(500));
+  last_count_.assign(procs_.size(), 0);
+  quiet_ticks_.assign(procs_.size(), 0);
+  hang_timer_ = env_.start_timer(hang_tick_, [this] { on_hang_tick(); });
+}
+
+void Agent::on_hang_tick() {
+  if (state_ != State::kRunning) return;
+  std::vector<ProgressSample> samples(procs_.size());
+  bool hung = false;
+  for (size_t j : running()) {
+    samples[j] = progress_->sample(static_cast<int>(j));
+    if (samples[j].count != last_count_[j]) {
+      last_count_[j] = samples[j].count;
+      quiet_ticks_[j] = 0;
+    } else if (samples[j].count > 0 &&
+               ++quiet_ticks_[j] * hang_tick_ >= options_.hang_timeout) {
+      hung = true;
+    }
+  }
+  if (!hung) {
+    hang_timer_ = env_.start_timer(hang_tick_, [this] { on_hang_tick(); });
+    return;
+  }
+  // The stuck: the lowest progress, the ones the others wait for.
+  uint64_t low = UINT64_MAX, high = 0;
+  for (size_t j : running()) {
+    if (samples[j].count == 0) continue;
+    low = std::min(low, samples[j].count);
+    high = std::max(high, samples[j].count);
+  }
+  std::string who;
+  for (size_t j : running()) {
+    if (samples[j].count != low) continue;
+    WorkerRecord& w = attempt().workers[j];
+    w.hung = true;
+    w.progress = samples[j].count;
+    w.operation = samples[j].operation;
+    if (attempt().root_cause < 0) attempt().root_cause = static_cast<int>(j);
+    who += (who.empty() ? "" : ", ") + std::string("rank ") +
+           std::to_string(w.rank) + " (local rank " + std::to_string(j) +
+           ", pid " + std::to_string(w.pid) + ") in " + w.operation;
+  }
+  sink_("dlaunch: hang: no progress for " +
+        format_duration(options_.hang_timeout) + " (--hang-timeout); stuck: " +
+        who + " at progress " + std::to_string(low) +
+        (high > low ? " (others up to " + std::to_string(high) + ")" : "") +
+        "; SIGKILL to the stuck, SIGTERM to the others\n");
+  note_detected();
+  next_ = Next::kRestart;
+  stop_group(SIGTERM);
 }
 
 void Agent::on_round_event(const rendezvous::RoundEvent& e) {
@@ -329,6 +511,11 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
                      : result_.run_dir / ("error_" + k + "_" +
                                           std::to_string(local_rank) + ".json");
   spec.env = worker_environment(base_env_, id, job, w.error_file.string());
+  if (progress_) {
+    for (std::string& e : progress_->reset(local_rank)) {
+      spec.env.push_back(std::move(e));
+    }
+  }
 
   try {
     std::error_code ec;
@@ -361,6 +548,8 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
 
 void Agent::on_exit(size_t i, ExitStatus status) {
   WorkerRecord& w = attempt().workers[i];
+  // An exit fault ends its victim by SIGKILL, standing for the exit code.
+  if (injected_exit_[i] != 0) status = ExitStatus{injected_exit_[i], 0};
   w.status = status;
   w.end_time = env_.now();
   w.log_error = procs_[i]->log_error();
@@ -371,9 +560,12 @@ void Agent::on_exit(size_t i, ExitStatus status) {
   }
   if (state_ == State::kRunning) {
     if (!status.ok()) {
+      note_detected();
       next_ = Next::kRestart;
       stop_group(SIGTERM);
     } else if (alive_ == 0) {
+      fault_timers_.clear();
+      hang_timer_.reset();
       attempt().end_time = env_.now();
       attempt().outcome = "succeeded";
       // The exit barrier: done when every node is (at once on one node).
@@ -400,11 +592,20 @@ std::vector<size_t> Agent::running() {
 }
 
 void Agent::signal_running(int sig) {
-  for (size_t j : running()) procs_[j]->signal_group(sig);
+  for (size_t j : running()) {
+    const WorkerRecord& w = attempt().workers[j];
+    // A frozen or hung worker would not act on SIGTERM (a stopped one
+    // never sees it): it gets SIGKILL at once.
+    const bool stuck = (w.frozen || w.hung) && sig != SIGKILL &&
+                       !is_forward_only(sig, options_.signals_to_handle);
+    procs_[j]->signal_group(stuck ? SIGKILL : sig);
+  }
 }
 
 void Agent::stop_group(int sig) {
   state_ = State::kStopping;
+  fault_timers_.clear();
+  hang_timer_.reset();
   for (size_t j : running()) attempt().workers[j].stopped_by_agent = true;
   signal_running(sig);
   if (alive_ == 0) {
@@ -507,11 +708,15 @@ void Agent::group_stopped() {
   if (root) rdzv_.report(rendezvous::NodeOutcome::kFailed);
   int code = root && root->status ? root->status->shell_code() : 1;
   if (code == 0) code = 1;
-  const std::string what =
+  std::string what =
       root ? "local rank " + std::to_string(root->local_rank) + " (pid " +
                  std::to_string(root->pid) + ") failed with " +
                  (root->status ? root->status->describe() : "an error")
            : remote_failure_;
+  if (root && root->hung) what += " (hung in " + root->operation + ")";
+  if (root && !root->injected_fault.empty()) {
+    what += " (injected: " + root->injected_fault + ")";
+  }
   if (restart_count_ < options_.max_restarts) {
     sink_("dlaunch: " + what + "; restarting the worker group (restart " +
           std::to_string(restart_count_ + 1) + " of " +
@@ -532,6 +737,8 @@ void Agent::finish(int exit_code) {
   state_ = State::kDone;
   result_.exit_code = exit_code;
   timer_.reset();
+  fault_timers_.clear();
+  hang_timer_.reset();
   env_.stop();
 }
 

@@ -7,6 +7,7 @@
 
 #include "agent/env.h"
 #include "agent/options.h"
+#include "agent/progress_files.h"
 #include "agent/rendezvous/rendezvous.h"
 #include "agent/run_record.h"
 #include "agent/worker_env.h"
@@ -61,6 +62,16 @@ class Agent {
   void on_signal(int sig);
   void group_stopped();
   void finish(int exit_code);
+  // Faults: an error when one names a rank or node outside `round`
+  // (false: the job is finished); then timers for those of this node.
+  bool check_faults(const rendezvous::RendezvousResult& round);
+  void schedule_faults(const rendezvous::RendezvousResult& round);
+  void fire_fault(size_t k);
+  // The group is failing: fired faults of this attempt are detected.
+  void note_detected();
+  // Hang detection: one tick of the progress timer.
+  void start_hang_watch();
+  void on_hang_tick();
   void make_run_dir();
   // Whether --redirects or --tee sends any stream to a log file.
   bool writes_logs() const;
@@ -86,6 +97,19 @@ class Agent {
   std::vector<std::unique_ptr<Process>> procs_;
   std::unique_ptr<Timer> timer_;
   RunResult result_;
+  // Faults (options_.faults): fired or not, pending timers, and the exit
+  // code an exit fault gives its victim (by local rank, 0: none).
+  std::vector<bool> fired_;
+  std::vector<bool> fitted_;  // in range of a round once
+  std::vector<std::unique_ptr<Timer>> fault_timers_;
+  std::vector<int> injected_exit_;
+  int rank_offset_ = 0;  // RANK of local rank 0 in this round
+  // Hang detection (options_.hang_timeout > 0).
+  std::unique_ptr<ProgressFiles> progress_;
+  std::unique_ptr<Timer> hang_timer_;
+  std::chrono::milliseconds hang_tick_{0};
+  std::vector<uint64_t> last_count_;  // by local rank
+  std::vector<int> quiet_ticks_;
 };
 
 }  // namespace dlaunch::agent

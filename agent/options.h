@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "agent/fault.h"
+
 namespace dlaunch::agent {
 
 // Which of a worker's standard streams a redirect or tee setting covers
@@ -95,6 +97,14 @@ struct AgentOptions {
   // replaced. Empty (default): $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else
   // torchrun's "[${role_name}${local_rank}]:".
   std::string log_line_prefix_template;
+  // Failures to inject (--fault, faults:, DLAUNCH_FAULTS), each fired at
+  // most once. Default none.
+  std::vector<Fault> faults;
+  // A worker whose progress (comm's counter, or its heartbeat file's
+  // mtime) has not moved for this long is hung: SIGKILLed, the others
+  // SIGTERMed, the group restarted. Only workers that showed progress once
+  // are watched. 0 (default): off.
+  std::chrono::milliseconds hang_timeout{0};
 };
 
 }  // namespace dlaunch::agent

@@ -88,7 +88,36 @@ nlohmann::json worker_json(const WorkerRecord& w) {
   j["stdout_log"] = w.stdout_log.string();
   j["stderr_log"] = w.stderr_log.string();
   j["log_error"] = w.log_error;
+  j["injected_fault"] = w.injected_fault.empty()
+                            ? nlohmann::json()
+                            : nlohmann::json(w.injected_fault);
+  j["hung"] = w.hung;
+  if (w.hung) {
+    j["progress"] = w.progress;
+    j["operation"] = w.operation;
+  }
   return j;
+}
+
+nlohmann::json fault_json(const FaultRecord& f) {
+  auto time_or_null = [](WallTime t) {
+    return t == WallTime{} ? nlohmann::json() : nlohmann::json(format_time(t));
+  };
+  nlohmann::json j;
+  j["spec"] = f.spec;
+  j["action"] = f.action;
+  j["attempt"] = f.attempt;
+  j["pid"] = f.pid;
+  j["fired"] = format_time(f.fired);
+  j["detected"] = time_or_null(f.detected);
+  j["running_again"] = time_or_null(f.running_again);
+  return j;
+}
+
+// "stuck in all_reduce (progress 41)".
+std::string hang_text(const WorkerRecord& w) {
+  return "no progress within --hang-timeout: stuck in " + w.operation +
+         " (progress counter " + std::to_string(w.progress) + ")";
 }
 
 }  // namespace
@@ -108,6 +137,11 @@ std::string failure_report(const RunResult& r) {
     << ")\n";
   o << "    exit       : " << how_it_ended(*root) << "\n";
   o << "    pid        : " << root->pid << "\n";
+  if (!root->injected_fault.empty()) {
+    o << "    injected   : fault " << root->injected_fault
+      << " (dlaunch caused this failure on purpose)\n";
+  }
+  if (root->hung) o << "    hung       : " << hang_text(*root) << "\n";
   if (!root->error_message.empty()) {
     o << "    error      : " << root->error_message << "\n";
     if (!root->error_file.empty()) {
@@ -124,7 +158,10 @@ std::string failure_report(const RunResult& r) {
     const WorkerRecord& w = a.workers[i];
     if (static_cast<int>(i) == a.root_cause || !w.failed_on_its_own()) continue;
     o << "  also failed: rank " << w.rank << " (local rank " << w.local_rank
-      << ", pid " << w.pid << "): " << how_it_ended(w) << "\n";
+      << ", pid " << w.pid << "): " << (w.hung ? hang_text(w) : how_it_ended(w))
+      << (w.injected_fault.empty() ? ""
+                                   : " (injected: " + w.injected_fault + ")")
+      << "\n";
   }
   if (!r.summary_file.empty()) {
     o << "  summary    : " << r.summary_file.string() << "\n";
@@ -168,6 +205,9 @@ nlohmann::json summary_json(const RunResult& r) {
     attempts.push_back(std::move(aj));
   }
   j["attempts"] = std::move(attempts);
+  nlohmann::json faults = nlohmann::json::array();
+  for (const FaultRecord& f : r.faults) faults.push_back(fault_json(f));
+  j["faults"] = std::move(faults);
   return j;
 }
 

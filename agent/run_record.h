@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -31,11 +32,21 @@ struct WorkerRecord {
   // Why its log files are incomplete ("PATH: No space left on device");
   // empty when they hold everything it wrote.
   std::string log_error;
+  // The fault injected into it (its canonical spec), empty if none.
+  std::string injected_fault;
+  // Frozen by a stop fault: stopping the group SIGKILLs it (a stopped
+  // process ignores SIGTERM until continued).
+  bool frozen = false;
+  // Found hung (--hang-timeout): its progress counter and the operation
+  // it was in ("all_reduce", "between operations (last: barrier)").
+  bool hung = false;
+  uint64_t progress = 0;
+  std::string operation;
 
   // Failed on its own account: started and exited non-zero or by a
   // signal the agent did not send, or could not be started.
   bool failed_on_its_own() const {
-    if (!spawn_error.empty()) return true;
+    if (!spawn_error.empty() || !injected_fault.empty() || hung) return true;
     return status && !status->ok() && !stopped_by_agent;
   }
 };
@@ -58,6 +69,21 @@ struct AttemptRecord {
   int root_cause = -1;  // index in workers of the first observed failure
 };
 
+// One fault that fired (summary.json's "faults", the drill's table).
+struct FaultRecord {
+  std::string spec;    // canonical
+  std::string action;  // "SIGKILL to rank 1"
+  int attempt = 0;     // index in RunResult::attempts when it fired
+  int pid = -1;        // the process it hit
+  WallTime fired{};
+  // When the agent saw the group fail after it (the victim's exit, a hang
+  // found); unset when nothing was noticed.
+  WallTime detected{};
+  // When the next group start had spawned every worker; unset when the
+  // group did not start again.
+  WallTime running_again{};
+};
+
 // The result of Agent::run().
 struct RunResult {
   // 0 on success; the root-cause worker's code (or 128+signal); 128+signal
@@ -70,6 +96,7 @@ struct RunResult {
   int stop_signal = 0;   // the signal that stopped the job, 0 if none
   std::string error;     // agent-level failure (program, rendezvous, I/O)
   std::vector<AttemptRecord> attempts;
+  std::vector<FaultRecord> faults;     // injected, in firing order
   std::filesystem::path run_dir;       // LOG_DIR/RUN_ID (maybe removed)
   std::filesystem::path summary_file;  // empty when not written
 

@@ -21,6 +21,7 @@
 #include "comm/store/prefix_store.h"
 #include "comm/store/resolve.h"
 #include "comm/store/server.h"
+#include "comm/watched_group.h"
 
 namespace dlaunch::comm {
 
@@ -201,8 +202,8 @@ void pick_gloo_address(gloo::GroupOptions& g, const std::string& master,
 // The world group of `backend` over the Gloo options `g` (store, rank,
 // size, timeout, addresses); nccl's argument check (when on) uses a Gloo
 // group made from the same options.
-std::unique_ptr<ProcessGroup> create(std::string_view backend,
-                                     const gloo::GroupOptions& g) {
+std::unique_ptr<ProcessGroup> create_backend(std::string_view backend,
+                                             const gloo::GroupOptions& g) {
 #ifdef DLAUNCH_WITH_NCCL
   if (backend == "nccl") {
     nccl::GroupOptions n;
@@ -221,6 +222,14 @@ std::unique_ptr<ProcessGroup> create(std::string_view backend,
 #endif
   (void)backend;
   return gloo::create_process_group(g);
+}
+
+// The world group, watched when the environment asks for progress records
+// or faults (comm/watched_group.h).
+std::unique_ptr<ProcessGroup> create(std::string_view backend,
+                                     const gloo::GroupOptions& g) {
+  auto state = watch_state_from_env(g.rank);
+  return watch_group(create_backend(backend, g), std::move(state));
 }
 
 }  // namespace

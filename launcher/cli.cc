@@ -17,7 +17,9 @@
 #include <stdexcept>
 #include <thread>
 
+#include "agent/fault.h"
 #include "agent/posix_env.h"
+#include "comm/fault_spec.h"
 #include "launcher/flags.h"
 #include "launcher/job_file.h"
 
@@ -114,6 +116,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   struct Given {
     CLI::Option* opt = nullptr;
     std::string value;
+    std::vector<std::string> values;  // a repeatable flag's occurrences
   };
   std::map<std::string_view, Given> given;
   for (const FlagSpec& f : flags()) {
@@ -122,8 +125,13 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
       names += (names.empty() ? "" : ",") + s;
     }
     Given& g = given[f.name];
-    g.opt = f.type == ValueType::kSwitch ? app.add_flag(names)
-                                         : app.add_option(names, g.value);
+    if (f.repeatable) {
+      // One value per occurrence: PROG after it is not one of them.
+      g.opt = app.add_option(names, g.values)->allow_extra_args(false);
+    } else {
+      g.opt = f.type == ValueType::kSwitch ? app.add_flag(names)
+                                           : app.add_option(names, g.value);
+    }
   }
 
   // CLI11 wants argv order reversed in a vector<string>.
@@ -151,9 +159,15 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
                       "'; run 'dlaunch --help' for the valid options"};
   }
   std::optional<JobFile> file;
-  if (has("config")) {
+  // --drill FILE reads its job as --config FILE does.
+  const char* config_flag = has("drill") ? "drill" : "config";
+  if (has("drill") && has("config")) {
+    return UsageError{
+        "dlaunch: --drill FILE already names the job file; drop --config"};
+  }
+  if (has(config_flag)) {
     try {
-      file = load_job_file(given.at("config").value, env);
+      file = load_job_file(given.at(config_flag).value, env);
     } catch (const JobFileError& e) {
       return UsageError{"dlaunch: " + std::string(e.what())};
     }
@@ -184,6 +198,34 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   // job file, in the table's order.
   for (const FlagSpec& f : flags()) {
     if (f.action) continue;
+    if (f.repeatable) {
+      // Every source adds its items, in a fixed order.
+      std::vector<std::pair<std::string, std::string>> sources;
+      if (file) {
+        if (auto it = file->settings.find(f.name); it != file->settings.end()) {
+          sources.emplace_back(
+              it->second.pos.text() + ": " + std::string(f.key),
+              it->second.value);
+        }
+      }
+      std::string upper = pet_variable(f).substr(4);
+      for (std::string var : {"PET_" + upper, "DLAUNCH_" + upper}) {
+        if (auto it = env.find(var); it != env.end()) {
+          sources.emplace_back(var, it->second);
+        }
+      }
+      for (const std::string& v : given.at(f.name).values) {
+        sources.emplace_back("--" + std::string(f.name), v);
+      }
+      for (const auto& [where, value] : sources) {
+        try {
+          f.apply(f, value, o, env);
+        } catch (const BadValue& b) {
+          return UsageError{"dlaunch: " + bad_value_text(where, b)};
+        }
+      }
+      continue;
+    }
     const FileSetting* in_file = nullptr;
     if (file) {
       if (auto it = file->settings.find(f.name); it != file->settings.end()) {
@@ -222,14 +264,44 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     o.config_file = file->path;
     o.env = file->env;
     o.hosts = file->hosts;
-    o.faults = file->faults;
   }
+  try {
+    o.agent.faults = agent::parse_faults(o.faults);
+  } catch (const comm::FaultSpecError& e) {
+    return UsageError{"dlaunch: " + std::string(e.what())};
+  }
+  if (has("drill")) o.mode = LaunchOptions::Mode::kDrill;
   if (has("dry-run")) o.mode = LaunchOptions::Mode::kDryRun;
   if (has("print-config")) o.mode = LaunchOptions::Mode::kPrintConfig;
   try {
     check_rendezvous(o);
   } catch (const BadValue& b) {
     return UsageError{"dlaunch: " + b.message};
+  }
+  // A fixed-size job's ranks are known now; an elastic job's are checked
+  // when each round forms.
+  if (o.rdzv.min_nodes == o.rdzv.max_nodes &&
+      o.nproc_per_node_unresolved.empty()) {
+    const int nodes = o.rdzv.max_nodes;
+    const int world = nodes * o.agent.nproc_per_node;
+    for (const agent::Fault& f : o.agent.faults) {
+      if (f.targets_rank() && f.rank >= world) {
+        return UsageError{"dlaunch: fault '" + f.spec + "': rank " +
+                          std::to_string(f.rank) +
+                          " is out of range: the job "
+                          "has " +
+                          std::to_string(world) + " workers (ranks 0.." +
+                          std::to_string(world - 1) + ")"};
+      }
+      if (!f.targets_rank() && f.node >= nodes) {
+        return UsageError{"dlaunch: fault '" + f.spec + "': node " +
+                          std::to_string(f.node) +
+                          " is out of range: the job "
+                          "has " +
+                          std::to_string(nodes) + " node(s) (0.." +
+                          std::to_string(nodes - 1) + ")"};
+      }
+    }
   }
   if (o.agent.gpu_binding == agent::GpuBinding::kPerRank) {
     const auto listed = agent::visible_device_list(env);

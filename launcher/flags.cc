@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <thread>
 
+#include "agent/fault.h"
+#include "comm/fault_spec.h"
 #include "launcher/cli.h"
 
 namespace dlaunch::launcher {
@@ -694,6 +696,75 @@ std::vector<FlagSpec> make_table() {
        .print = [](const Options& o) -> std::optional<std::string> {
          return o.start_method;
        }},
+
+      // RELIABILITY
+      {.name = "fault",
+       .placeholder = "SPEC",
+       .type = T::kList,
+       .key = "faults",
+       .help = "Inject a failure (repeatable; comma-separated specs; more "
+               "from DLAUNCH_FAULTS and the job file's faults: list, all "
+               "adding up). SPEC is KIND:KEY=VALUE[:KEY=VALUE...]: "
+               "kill:rank=R[:signal=KILL] sends a signal to rank R; "
+               "exit:rank=R[:code=1] ends rank R as if it exited with CODE; "
+               "stop:rank=R freezes it (SIGSTOP, a hang); "
+               "kill-agent:node=N[:signal=KILL] kills node N's agent. Each "
+               "takes :after=SECONDS (after the group started, default 0) and "
+               ":attempt=K (the start with restart count K, default 0). "
+               "Each fault fires once, is logged, and is marked injected in "
+               "the failure report and summary.json. See "
+               "docs/reliability.md.",
+       .section = "RELIABILITY",
+       .repeatable = true,
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             for (const std::string& spec : comm::split_fault_list(v)) {
+               try {
+                 agent::parse_fault(spec);
+               } catch (const comm::FaultSpecError& e) {
+                 throw BadValue{e.what()};
+               }
+               o.faults.push_back(spec);
+             }
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (o.faults.empty()) return std::nullopt;
+         return join(o.faults, ',');
+       }},
+      {.name = "hang-timeout",
+       .placeholder = "SECONDS",
+       .type = T::kSeconds,
+       .key = "hang_timeout",
+       .default_text = "off",
+       .help = "Treat a worker whose progress stopped for this long as "
+               "failed: it gets SIGKILL, the others SIGTERM, and the group "
+               "restarts; the report names the stuck ranks (lowest progress) "
+               "and the operation each is in. Progress is comm's count of "
+               "operations; programs without comm opt in by touching the "
+               "file named by DLAUNCH_HEARTBEAT_FILE. Workers that never "
+               "showed progress are not watched.",
+       .section = "RELIABILITY",
+       .apply =
+           [](const FlagSpec& f, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             o.agent.hang_timeout = parse_duration(f, v);
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (o.agent.hang_timeout.count() == 0) return std::nullopt;
+         return format_seconds(o.agent.hang_timeout);
+       }},
+      {.name = "drill",
+       .placeholder = "FILE",
+       .type = T::kPath,
+       .action = true,
+       .help = "Run the YAML job FILE with its faults and print a verdict "
+               "table: each fault, when it fired, the time to detection and "
+               "to the group running again, and whether the job still "
+               "finished with exit 0. Flags given beside it apply as with "
+               "--config; dlaunch exits 0 when every fault fired and the job "
+               "finished, 1 otherwise.",
+       .section = "RELIABILITY"},
 
       // JOB FILES and other actions
       {.name = "config",

@@ -83,6 +83,11 @@ struct FlagSpec {
   std::vector<std::string_view> choices = {};
   // kSeconds: the largest value accepted.
   double max_seconds = kMaxSeconds;
+  // kList only: the flag may be given more than once, and its sources add
+  // up instead of the first one found winning: the job file's items, then
+  // PET_<KEY>'s, then DLAUNCH_<KEY>'s, then each occurrence on the command
+  // line; apply() runs once per source, appending.
+  bool repeatable = false;
   // Parses `value` (a switch's is "1"/"true"/"0"/"false") into `options`;
   // throws BadValue. `env` is the launching environment (for
   // --nproc-per-node gpu). Null for actions.

@@ -35,11 +35,11 @@ JOB FILE FORMAT
     A YAML mapping: program, args (a list), env (a mapping; values are
     strings), hosts (a list of NAME or NAME:SLOTS, or a hostfile path;
     multi-node launch is not implemented yet, so only --dry-run shows
-    other hosts), faults (reserved for failure injection: carried, not
-    applied), and every option above under its key, the long name with
-    '_' (max_restarts: 3; lists as lists; rdzv_conf: {join_timeout: 60}).
-    Each setting comes from its flag, else its PET_ variable, else the
-    file; a program on the command line replaces program and args.
+    other hosts), and every option above under its key, the long name with
+    '_' (max_restarts: 3; lists as lists; rdzv_conf: {join_timeout: 60};
+    faults: a list of --fault specs). Each setting comes from its flag,
+    else its PET_ variable, else the file (faults add up from all of
+    them); a program on the command line replaces program and args.
     ${VAR} and ${VAR:-default} expand from the environment ($${ is a
     literal ${); relative paths resolve against the file's folder. A bad
     file is reported as FILE:LINE:COLUMN and nothing starts (exit 2).
@@ -51,6 +51,13 @@ ENVIRONMENT
         Every flag that configures the job may come from a PET_ variable
         named after its key in capitals (--nproc-per-node: PET_NPROC_PER_NODE);
         the command line wins.
+    DLAUNCH_FAULTS
+        More --fault specs, comma-, ';'- or space-separated.
+    DLAUNCH_COMM_FAULTS
+        Read by comm in each worker: fail:rank=R:op=OP:call=N (the N-th
+        call of OP throws), exit:...[:code=C], kill:...[:signal=KILL], or
+        stall:...[:for=SECONDS] (blocks; default for ever), each with
+        [:attempt=K] (TORCHELASTIC_RESTART_COUNT, default 0).
     TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
         Console prefix with ${role_name}, ${local_rank} and ${rank}.
 
@@ -80,8 +87,8 @@ EXAMPLES
 constexpr std::pair<std::string_view, std::string_view> kSections[] = {
     {"WORKERS", "WORKERS"},       {"PROGRAMS", "PROGRAMS"},
     {"OUTPUT", "OUTPUT"},         {"SIGNALS", "SIGNALS"},
-    {"RENDEZVOUS", "RENDEZVOUS"}, {"JOB FILES", "JOB FILES"},
-    {"OTHER", "OTHER"},
+    {"RENDEZVOUS", "RENDEZVOUS"}, {"RELIABILITY", "RELIABILITY"},
+    {"JOB FILES", "JOB FILES"},   {"OTHER", "OTHER"},
 };
 
 // `text` wrapped at 78 columns, each line indented by 8 spaces.

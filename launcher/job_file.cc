@@ -16,8 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // Keys that are not flags.
-constexpr std::string_view kOwnKeys[] = {"program", "args", "env", "hosts",
-                                         "faults"};
+constexpr std::string_view kOwnKeys[] = {"program", "args", "env", "hosts"};
 
 // Reads one job file; one instance per load.
 class Loader {
@@ -177,19 +176,6 @@ class Loader {
       }
     } else if (key == "hosts") {
       read_hosts(v);
-    } else if (key == "faults") {
-      if (v.IsNull()) return;
-      if (!v.IsSequence()) {
-        fail(v,
-             "faults: expected a list (reserved for failure injection), "
-             "got " +
-                 kind(v));
-      }
-      for (const auto& f : v) {
-        YAML::Emitter out;
-        out << YAML::Flow << f;
-        job_.faults.push_back(out.c_str());
-      }
     } else if (const FlagSpec* f = find_flag(key);
                f && !f->action && f->key == key) {
       job_.settings[std::string(f->name)] =
@@ -335,7 +321,7 @@ class Loader {
         best_d <= std::max<size_t>(2, key.size() / 3)
             ? "; did you mean " + best + "?"
             : "; valid keys are the flags' names with '_' (nproc_per_node) "
-              "and program, args, env, hosts, faults";
+              "and program, args, env, hosts";
     fail(k, "unknown key '" + key + "'" + hint);
   }
 

@@ -48,7 +48,6 @@ struct JobFile {
   std::optional<std::vector<std::string>> args;
   std::map<std::string, std::string> env;
   std::vector<Host> hosts;
-  std::vector<std::string> faults;  // each entry as flow YAML text
 };
 
 // Reads and checks `path` ("job.yaml" as the user wrote it). `env` is the

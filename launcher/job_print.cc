@@ -116,11 +116,6 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
     for (const Host& h : o.hosts) out << host_text(h);
     out << YAML::EndSeq;
   }
-  if (!o.faults.empty()) {
-    out << YAML::Key << "faults" << YAML::Value << YAML::BeginSeq;
-    for (const std::string& f : o.faults) out << YAML::Load(f);
-    out << YAML::EndSeq;
-  }
   out << YAML::EndMap;
   return "# The effective dlaunch job; rerun it with: dlaunch --config FILE\n" +
          std::string(out.c_str()) + "\n";
@@ -184,9 +179,12 @@ std::string dry_run_plan(const LaunchOptions& o) {
       << "/{stdout,stderr}.log, " << (run_dir / "summary.json").string() << ", "
       << (run_dir / "job.yaml").string() << "\n";
   }
-  if (!o.faults.empty()) {
-    s << "  faults:    " << o.faults.size()
-      << " entries, not yet applied (reserved for failure injection)\n";
+  for (const agent::Fault& f : o.agent.faults) {
+    s << "  fault:     " << f.spec << " (" << agent::fault_action(f) << ")\n";
+  }
+  if (o.agent.hang_timeout.count() > 0) {
+    s << "  hangs:     a worker without progress for "
+      << format_seconds(o.agent.hang_timeout) << " s is failed\n";
   }
 
   agent::EnvMap shown;  // the env map, secrets hidden

@@ -61,9 +61,9 @@ struct LaunchOptions {
   // hosts other than this one, --dry-run shows them. Default empty: this
   // node only.
   std::vector<Host> hosts;
-  // Reserved for failure injection: a job file's `faults` entries as YAML
-  // text, carried into --print-config and job.yaml but not applied yet
-  // (--dry-run and a run say so). Default empty.
+  // The fault specs as given (--fault, PET_FAULTS, DLAUNCH_FAULTS, the job
+  // file's faults:), for --print-config and job.yaml; agent.faults holds
+  // them parsed. Default empty.
   std::vector<std::string> faults;
   // The job file read with --config (absolute); empty when none.
   std::filesystem::path config_file;
@@ -73,8 +73,9 @@ struct LaunchOptions {
   // otherwise.
   std::string nproc_per_node_unresolved;
   // What to do with the job: run it (default), print the plan
-  // (--dry-run) or print the job as YAML (--print-config).
-  enum class Mode { kRun, kDryRun, kPrintConfig } mode = Mode::kRun;
+  // (--dry-run), print the job as YAML (--print-config) or run it as a
+  // drill and print the verdict (--drill).
+  enum class Mode { kRun, kDryRun, kPrintConfig, kDrill } mode = Mode::kRun;
 };
 
 }  // namespace dlaunch::launcher

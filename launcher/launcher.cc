@@ -19,6 +19,7 @@
 #include "agent/rendezvous/static_rendezvous.h"
 #include "comm/store/server.h"
 #include "launcher/cli.h"
+#include "launcher/drill.h"
 #include "launcher/job_print.h"
 
 namespace dlaunch::launcher {
@@ -121,7 +122,7 @@ bool names_this_machine(const std::string& host, const std::string& local) {
 
 }  // namespace
 
-int launch(const LaunchOptions& job) {
+int launch(const LaunchOptions& job, agent::RunResult* out) {
   LaunchOptions options = job;
   // Agents of one job must agree on its id: torchrun's default is "none".
   if (options.agent.run_id.empty() && !options.rdzv.endpoint_host.empty()) {
@@ -208,6 +209,7 @@ int launch(const LaunchOptions& job) {
     result = agent.run();
   }
   rdzv.reset();  // closes this agent's connections
+  if (out != nullptr) *out = result;
   // The hosting agent lets the others read the job's end before its store
   // goes away, within close_timeout (not when a signal stops it: then the
   // others learn that the host is gone).
@@ -246,19 +248,24 @@ int main(int argc, char** argv) {
       agent::write_all(STDOUT_FILENO, dry_run_plan(options));
       return 0;
     case LaunchOptions::Mode::kRun:
+    case LaunchOptions::Mode::kDrill:
       break;
   }
   if (auto why = unsupported_hosts(options)) {
     write_stderr("dlaunch: " + *why + "\n");
     return 2;
   }
-  if (!options.faults.empty()) {
-    write_stderr("dlaunch: note: " + options.config_file.string() + ": " +
-                 std::to_string(options.faults.size()) +
-                 " faults entries are not applied yet (reserved for failure "
-                 "injection)\n");
-  }
   try {
+    if (options.mode == LaunchOptions::Mode::kDrill) {
+      agent::RunResult result;
+      launch(options, &result);
+      std::vector<std::string> specs;
+      for (const agent::Fault& f : options.agent.faults)
+        specs.push_back(f.spec);
+      bool passed = false;
+      agent::write_all(STDOUT_FILENO, drill_verdict(result, specs, passed));
+      return passed ? 0 : 1;
+    }
     return launch(options);
   } catch (const std::exception& e) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");

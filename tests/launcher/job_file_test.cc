@@ -263,7 +263,7 @@ TEST_F(JobFileTest, PrintConfigRoundTrips) {
       "role: trainer\n"
       "env: {SAFE: 'v ${x}', HF_TOKEN: '${HF_TOKEN}'}\n"
       "hosts: [localhost:3]\n"
-      "faults:\n  - {kill: 1, after: 2}\n  - stall\n",
+      "faults:\n  - kill:rank=1:after=2\n  - stop:rank=0\n",
       "a/job.yaml");
   agent::EnvMap env{{"HF_TOKEN", "hunter2"}, {"x", "X"}};
   LaunchOptions first = ok({"--config", f, "--monitor-interval", "2"}, env);
@@ -311,7 +311,7 @@ TEST_F(JobFileTest, SecretsNeverAppearInPrintedOutput) {
 TEST_F(JobFileTest, DryRunShowsWhatOnlyARendezvousDecides) {
   std::string f = write(
       "program: sh\nargs: [-c, 'echo ${local_rank}']\nnproc_per_node: "
-      "2\nhosts: [n1:2, n2:2]\nfaults: [kill]\n");
+      "2\nhosts: [n1:2, n2:2]\nfaults: [kill:rank=1]\n");
   std::string plan = dry_run_plan(ok({"--config", f, "--dry-run"}));
   EXPECT_THAT(plan, HasSubstr("nothing was started"));
   EXPECT_THAT(plan, HasSubstr("n1:2, n2:2"));

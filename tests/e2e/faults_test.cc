@@ -1,0 +1,373 @@
+// Injected faults and hang detection end to end: the real dlaunch, real
+// workers (sh, dl-sgd), real signals. Each fault kind fires for real, is
+// logged, and is marked injected in the report and summary.json.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "comm/store/resolve.h"
+#include "tests/testing/bin.h"
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+#include "workloads/checkpoint.h"
+#include "workloads/idx.h"
+
+namespace dlaunch {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::read_file;
+using testing::Subprocess;
+using testing::TempDir;
+using namespace std::chrono_literals;
+
+const std::string kDlaunch = testing::bin("dlaunch");
+
+CommandResult dlaunch(std::vector<std::string> args,
+                      std::map<std::string, std::string> env = {}) {
+  args.insert(args.begin(), kDlaunch);
+  return testing::run_command({args, env, {}, ""}, 120s);
+}
+
+std::string describe(const CommandResult& r) {
+  return "exit " + std::to_string(r.exit_code) + "\n--- stdout\n" + r.out +
+         "\n--- stderr\n" + r.err;
+}
+
+nlohmann::json summary(const fs::path& log_dir, const std::string& id) {
+  return nlohmann::json::parse(read_file(log_dir / id / "summary.json"));
+}
+
+// A worker that runs until killed in the first attempt and succeeds in
+// the next.
+const std::string kFirstAttemptHangs =
+    "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec sleep 60; fi; "
+    "echo \"rank $RANK ok\"";
+
+TEST(Faults, KillFiresRestartsTheGroupAndIsRecorded) {
+  TempDir dir;
+  CommandResult r =
+      dlaunch({"--nproc-per-node", "2", "--max-restarts", "1", "--log-dir",
+               dir.path().string(), "--rdzv-id", "k", "--fault",
+               "kill:rank=1:after=0.2", "sh", "-c", kFirstAttemptHangs});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err,
+              HasSubstr("dlaunch: fault injected: kill:rank=1:after=0.2: "
+                        "SIGKILL to rank 1 (local rank 1, pid "));
+  EXPECT_THAT(r.err, HasSubstr("failed with signal SIGKILL (9) (injected: "
+                               "kill:rank=1:after=0.2); restarting"));
+  EXPECT_THAT(r.out, HasSubstr("rank 1 ok"));
+  nlohmann::json s = summary(dir.path(), "k");
+  ASSERT_EQ(s["faults"].size(), 1u) << s.dump(2);
+  const nlohmann::json& f = s["faults"][0];
+  EXPECT_EQ(f["spec"], "kill:rank=1:after=0.2");
+  EXPECT_EQ(f["attempt"], 0);
+  EXPECT_EQ(f["pid"], s["attempts"][0]["workers"][1]["pid"]);
+  EXPECT_FALSE(f["detected"].is_null());
+  EXPECT_FALSE(f["running_again"].is_null());
+  EXPECT_EQ(s["attempts"][0]["workers"][1]["injected_fault"],
+            "kill:rank=1:after=0.2");
+  EXPECT_EQ(s["attempts"][0]["workers"][1]["signal"], "SIGKILL");
+  EXPECT_TRUE(s["attempts"][0]["workers"][0]["injected_fault"].is_null());
+  EXPECT_EQ(s["attempts"][1]["outcome"], "succeeded");
+}
+
+TEST(Faults, ASignalOtherThanKillAndAnAttemptOtherThanTheFirst) {
+  // attempt=1: the first start runs clean up to its own failure; the
+  // fault hits the restart.
+  TempDir dir;
+  CommandResult r = dlaunch(
+      {"--nproc-per-node", "2", "--max-restarts", "2", "--log-dir",
+       dir.path().string(), "--rdzv-id", "a", "--fault",
+       "kill:rank=0:signal=TERM:attempt=1", "sh", "-c",
+       "case $TORCHELASTIC_RESTART_COUNT in 0) exit 7;; 1) exec sleep 60;; "
+       "esac; echo fine"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  nlohmann::json s = summary(dir.path(), "a");
+  ASSERT_EQ(s["attempts"].size(), 3u);
+  EXPECT_EQ(s["faults"][0]["attempt"], 1);
+  EXPECT_EQ(s["attempts"][1]["workers"][0]["signal"], "SIGTERM");
+  EXPECT_EQ(s["attempts"][1]["workers"][0]["injected_fault"],
+            "kill:rank=0:signal=TERM:attempt=1");
+}
+
+TEST(Faults, ExitEndsTheRankWithItsCodeAndTheReportSaysInjected) {
+  TempDir dir;
+  CommandResult r =
+      dlaunch({"--nproc-per-node", "2", "--log-dir", dir.path().string(),
+               "--rdzv-id", "e", "--fault", "exit:rank=0:code=3:after=0.1",
+               "sh", "-c", "exec sleep 60"});
+  EXPECT_EQ(r.exit_code, 3) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("rank 0 ended as exit code 3"));
+  EXPECT_THAT(r.err, HasSubstr("    exit       : exit code 3\n"));
+  EXPECT_THAT(r.err,
+              HasSubstr("    injected   : fault exit:rank=0:code=3:after=0.1 "
+                        "(dlaunch caused this failure on purpose)"));
+  nlohmann::json s = summary(dir.path(), "e");
+  EXPECT_EQ(s["root_cause"]["exit_code"], 3);
+  EXPECT_EQ(s["root_cause"]["injected_fault"], "exit:rank=0:code=3:after=0.1");
+  EXPECT_EQ(s["exit_code"], 3);
+}
+
+TEST(Faults, StopFreezesARankAndHangTimeoutFindsIt) {
+  // Programs without comm opt in by touching DLAUNCH_HEARTBEAT_FILE.
+  TempDir dir;
+  CommandResult r = dlaunch(
+      {"--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", "1",
+       "--log-dir", dir.path().string(), "--rdzv-id", "h", "--fault",
+       "stop:rank=1:after=0.5", "sh", "-c",
+       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ]; then echo recovered; "
+       "exit 0; fi; while :; do touch \"$DLAUNCH_HEARTBEAT_FILE\"; "
+       "sleep 0.05; done"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("fault injected: stop:rank=1:after=0.5: "
+                               "SIGSTOP to rank 1 (frozen)"));
+  EXPECT_THAT(r.err,
+              HasSubstr("dlaunch: hang: no progress for 1 s "
+                        "(--hang-timeout); stuck: rank 1 (local rank 1"));
+  EXPECT_THAT(r.err, HasSubstr(") in heartbeat at progress "));
+  EXPECT_THAT(r.out, HasSubstr("recovered"));
+  nlohmann::json s = summary(dir.path(), "h");
+  const nlohmann::json& w1 = s["attempts"][0]["workers"][1];
+  EXPECT_TRUE(w1["hung"].get<bool>());
+  EXPECT_EQ(w1["operation"], "heartbeat");
+  EXPECT_EQ(w1["signal"], "SIGKILL");
+  EXPECT_FALSE(s["attempts"][0]["workers"][0]["hung"].get<bool>());
+  EXPECT_FALSE(s["faults"][0]["detected"].is_null());
+}
+
+TEST(Faults, WorkersThatShowNoProgressAreNotWatched) {
+  CommandResult r = dlaunch({"--nproc-per-node", "2", "--hang-timeout", "0.2",
+                             "sh", "-c", "sleep 1; echo quiet-done"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, Not(HasSubstr("hang")));
+}
+
+TEST(Faults, RankOutOfRangeOfAnElasticRoundIsAnErrorNamingTheSpec) {
+  std::string error;
+  int port = comm::store::free_port(
+      "127.0.0.1", std::chrono::steady_clock::now() + 10s, error);
+  ASSERT_GT(port, 0) << error;
+  TempDir dir;
+  CommandResult r = dlaunch(
+      {"--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+       "127.0.0.1:" + std::to_string(port), "--rdzv-conf",
+       "last_call_timeout=0.1", "--nproc-per-node", "2", "--fault",
+       "kill:rank=5", "sh", "-c", "touch " + (dir / "started").string()});
+  EXPECT_EQ(r.exit_code, 2) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("dlaunch: fault 'kill:rank=5': rank 5 is out "
+                               "of range: round 0 has 2 workers (ranks 0..1)"));
+  EXPECT_FALSE(fs::exists(dir / "started"));
+}
+
+// Node 1's agent kills itself; node 0 re-forms the group alone and the
+// job finishes; nothing of node 1 is left.
+TEST(Faults, KillAgentEndsThatNodeAndTheOthersGoOn) {
+  std::string error;
+  int port = comm::store::free_port(
+      "127.0.0.1", std::chrono::steady_clock::now() + 10s, error);
+  ASSERT_GT(port, 0) << error;
+  TempDir dir;
+  auto agent = [&](int i) {
+    std::vector<std::string> argv = {
+        kDlaunch,
+        "--nnodes",
+        "1:2",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        "127.0.0.1:" + std::to_string(port),
+        "--rdzv-id",
+        "ka",
+        "--local-addr",
+        "127.0.0." + std::to_string(i + 1),
+        "--rdzv-conf",
+        std::string("is_host=") + (i == 0 ? "true" : "false") +
+            ",join_timeout=60,last_call_timeout=30",
+        "--nproc-per-node",
+        "1",
+        "--fault",
+        "kill-agent:node=1:after=0.3",
+        "sh",
+        "-c",
+        "echo $$ > " + (dir / "pid_").string() + std::to_string(i) +
+            "_$GROUP_WORLD_SIZE; if [ $GROUP_WORLD_SIZE = 2 ]; then exec sleep "
+            "60; fi; echo alone-ok"};
+    return std::make_unique<Subprocess>(
+        testing::CommandOptions{argv, {}, {}, ""});
+  };
+  auto a0 = agent(0);
+  ASSERT_TRUE(a0->wait_for_output("waiting for nodes", 30s)) << a0->err();
+  auto a1 = agent(1);
+  CommandResult r1 = a1->wait(60s);
+  EXPECT_EQ(r1.signal, SIGKILL) << r1.err;
+  EXPECT_THAT(r1.err, HasSubstr("fault injected: kill-agent:node=1:after=0.3: "
+                                "SIGKILL to the agent of node 1 (this agent"));
+  CommandResult r0 = a0->wait(60s);
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  EXPECT_THAT(r0.out, HasSubstr("alone-ok"));
+  // Node 1's worker died with its agent (the watchdog).
+  int pid = std::stoi(read_file(dir / "pid_1_2"));
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (testing::process_alive(pid) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_FALSE(testing::process_alive(pid));
+}
+
+// --drill runs a job file with its faults and prints the verdict table.
+TEST(Drill, PrintsAVerdictRowPerFaultAndPassesWhenTheJobRecovers) {
+  TempDir dir;
+  testing::write_file(dir / "drill.yaml",
+                      "program: sh\nargs: [-c, '" + kFirstAttemptHangs +
+                          "']\nnproc_per_node: 2\nmax_restarts: 1\nfaults:\n"
+                          "  - kill:rank=1:after=0.2\n");
+  CommandResult r = dlaunch({"--drill", (dir / "drill.yaml").string()});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("dlaunch --drill: verdict"));
+  EXPECT_THAT(r.out, HasSubstr("fault"));
+  EXPECT_THAT(r.out, HasSubstr("detected after"));
+  EXPECT_THAT(r.out, HasSubstr("running again after"));
+  std::smatch m;
+  std::string out = r.out;
+  ASSERT_TRUE(std::regex_search(
+      out, m,
+      std::regex("kill:rank=1:after=0.2 +([0-9.]+) s +([0-9.]+) s +([0-9.]+) "
+                 "s +ok\n")))
+      << r.out;
+  EXPECT_THAT(r.out, HasSubstr("job: exit 0 after 2 group start(s) (expected "
+                               "exit 0): ok\ndrill: PASSED\n"));
+
+  // A fault that never fires (attempt 3 never comes) fails the drill, and a
+  // flag beside --drill adds to the file's faults.
+  r = dlaunch({"--drill", (dir / "drill.yaml").string(), "--fault",
+               "kill:rank=0:attempt=3"});
+  EXPECT_EQ(r.exit_code, 1) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("kill:rank=0:attempt=3"));
+  EXPECT_THAT(r.out, HasSubstr("FAIL: never fired"));
+  EXPECT_THAT(r.out, HasSubstr("drill: FAILED\n"));
+}
+
+// dl-sgd, checkpointing each epoch, as two workers under dlaunch.
+class Sgd : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(fs::path(workloads::kDefaultDataDir) /
+                    "train-images-idx3-ubyte.gz")) {
+      GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+    }
+  }
+  CommandResult run(const std::string& ckpt, std::vector<std::string> flags,
+                    std::map<std::string, std::string> env = {}) {
+    std::vector<std::string> args = {"--nproc-per-node", "2",
+                                     "--log-dir",        dir_.path().string(),
+                                     "--rdzv-id",        ckpt};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {testing::bin("dl-sgd"), "--epochs", "3",
+                             "--limit-train", "2000", "--limit-test", "500",
+                             "--checkpoint-dir", (dir_ / ckpt).string()});
+    env["DLAUNCH_COMM_TIMEOUT"] = "60";
+    return dlaunch(args, env);
+  }
+  // The final weights equal those of a run without faults.
+  void expect_same_weights_as_clean_run(const std::string& ckpt) {
+    CommandResult clean = run("clean", {});
+    ASSERT_EQ(clean.exit_code, 0) << describe(clean);
+    auto a = workloads::load_checkpoint(dir_ / "clean");
+    auto b = workloads::load_checkpoint(dir_ / ckpt);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(b->epoch, 3);
+    EXPECT_EQ(a->params, b->params);
+    EXPECT_EQ(a->momentum, b->momentum);
+  }
+  TempDir dir_;
+};
+
+// Rank 1 SIGKILLs itself at its 25th all_reduce (epoch 2): rank 0, waiting
+// in the same all_reduce, is stopped at once, the group restarts from the
+// epoch-1 checkpoint and ends where an uninterrupted run ends.
+TEST_F(Sgd, RankKilledMidAllReduceResumesToTheSameWeights) {
+  CommandResult r =
+      run("killed", {"--max-restarts", "1"},
+          {{"DLAUNCH_COMM_FAULTS", "kill:rank=1:op=all_reduce:call=25"}});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("dlaunch comm: fault injected: "
+                               "kill:rank=1:op=all_reduce:call=25 (call 25 of "
+                               "all_reduce): raising SIGKILL"));
+  EXPECT_THAT(r.err, HasSubstr("local rank 1 (pid "));
+  EXPECT_THAT(r.err, HasSubstr("failed with signal SIGKILL (9); restarting"));
+  EXPECT_THAT(r.out, HasSubstr("resuming after epoch 1"));
+  nlohmann::json s = summary(dir_.path(), "killed");
+  // Rank 0 was stopped by the agent, not left to time out.
+  EXPECT_TRUE(s["attempts"][0]["workers"][0]["stopped_by_agent"].get<bool>());
+  expect_same_weights_as_clean_run("killed");
+}
+
+// Rank 1 freezes (SIGSTOP) as it calls its 20th all_reduce; rank 0 waits
+// in it. --hang-timeout finds rank 1 (the lowest progress), SIGKILLs it,
+// and the restarted group finishes with the clean run's weights.
+TEST_F(Sgd, FrozenRankIsFoundHungAndNamedWithItsOperation) {
+  CommandResult r =
+      run("frozen", {"--max-restarts", "1", "--hang-timeout", "1"},
+          {{"DLAUNCH_COMM_FAULTS",
+            "kill:rank=1:op=all_reduce:call=20:signal=STOP"}});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("dlaunch: hang: no progress for 1 s "
+                               "(--hang-timeout); stuck: rank 1 (local rank 1, "
+                               "pid "));
+  EXPECT_THAT(r.err, HasSubstr(") in between operations (last: all_reduce) at "
+                               "progress "));
+  EXPECT_THAT(r.err, HasSubstr("(others up to "));
+  EXPECT_THAT(r.err, HasSubstr("(hung in between operations (last: "
+                               "all_reduce)); restarting"));
+  nlohmann::json s = summary(dir_.path(), "frozen");
+  const nlohmann::json& w = s["attempts"][0]["workers"];
+  EXPECT_TRUE(w[1]["hung"].get<bool>());
+  EXPECT_FALSE(w[0]["hung"].get<bool>());
+  EXPECT_EQ(w[1]["signal"], "SIGKILL");
+  expect_same_weights_as_clean_run("frozen");
+}
+
+// DLAUNCH_COMM_FAULTS: fail throws CommError from the call, exit ends the
+// process with its code, stall blocks and goes on, and a bad spec is an
+// error from init_process_group naming it.
+TEST(CommFaults, FailExitStallAndBadSpecs) {
+  auto collectives = [](const std::string& faults) {
+    return dlaunch(
+        {"--nproc-per-node", "2", testing::bin("dl-collectives")},
+        {{"DLAUNCH_COMM_FAULTS", faults}, {"DLAUNCH_COMM_TIMEOUT", "30"}});
+  };
+  CommandResult fail = collectives("fail:rank=1:op=all_reduce:call=2");
+  EXPECT_NE(fail.exit_code, 0) << describe(fail);
+  EXPECT_THAT(fail.err, HasSubstr("DLAUNCH_COMM_FAULTS: fault injected: "
+                                  "fail:rank=1:op=all_reduce:call=2 (call 2 "
+                                  "of all_reduce)"));
+  CommandResult exit = collectives("exit:rank=0:op=barrier:code=4");
+  EXPECT_EQ(exit.exit_code, 4) << describe(exit);
+  CommandResult stall = collectives("stall:rank=1:op=broadcast:for=0.2");
+  EXPECT_EQ(stall.exit_code, 0) << describe(stall);
+  EXPECT_THAT(stall.err, HasSubstr("stalling 0.2 s"));
+  // Another attempt's fault does not fire.
+  CommandResult later = collectives("fail:rank=1:op=all_reduce:attempt=1");
+  EXPECT_EQ(later.exit_code, 0) << describe(later);
+  CommandResult bad = collectives("fail:rank=1:op=allreduce");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("DLAUNCH_COMM_FAULTS: fault "
+                                 "'fail:rank=1:op=allreduce': op='allreduce' "
+                                 "is not an operation"));
+}
+
+}  // namespace
+}  // namespace dlaunch
