@@ -319,7 +319,7 @@ TEST_F(JobFileTest, DryRunShowsWhatOnlyARendezvousDecides) {
   EXPECT_THAT(plan, HasSubstr("WORLD_SIZE=<decided at rendezvous>"));
   EXPECT_THAT(plan, HasSubstr("LOCAL_RANK=1\n"));
   EXPECT_THAT(plan, HasSubstr("command: sh -c 'echo 1'"));
-  EXPECT_THAT(plan, HasSubstr("not yet applied"));
+  EXPECT_THAT(plan, HasSubstr("fault:     kill:rank=1 (SIGKILL to rank 1)"));
   EXPECT_THAT(plan, HasSubstr("MASTER_PORT=<a free port"));
 }
 
