@@ -239,26 +239,14 @@ void Agent::start_attempt(rendezvous::RoundReason reason) {
 bool Agent::check_faults(const rendezvous::RendezvousResult& round) {
   for (size_t k = 0; k < options_.faults.size(); ++k) {
     const Fault& f = options_.faults[k];
-    const bool fits = f.targets_rank() ? f.rank < round.world_size
-                                       : f.node < round.group_world_size;
-    if (fits) fitted_[k] = true;
+    const std::string why =
+        fault_out_of_range(f, round.world_size, round.group_world_size);
+    if (why.empty()) fitted_[k] = true;
     // Once in range, a later smaller round (a node lost, maybe the fault's
     // own victim) is no error: it may have fired elsewhere.
     if (fired_[k] || fitted_[k] || f.attempt != restart_count_) continue;
-    std::string why;
-    if (f.targets_rank()) {
-      why = "rank " + std::to_string(f.rank) + " is out of range: round " +
-            std::to_string(round.round) + " has " +
-            std::to_string(round.world_size) + " workers (ranks 0.." +
-            std::to_string(round.world_size - 1) + ")";
-    } else {
-      why = "node " + std::to_string(f.node) + " is out of range: round " +
-            std::to_string(round.round) + " has " +
-            std::to_string(round.group_world_size) + " nodes (0.." +
-            std::to_string(round.group_world_size - 1) + ")";
-    }
-    result_.error = "dlaunch: fault '" + f.spec + "': " + why +
-                    "; give a target that exists";
+    result_.error = "dlaunch: fault '" + f.spec + "': " + why + " in round " +
+                    std::to_string(round.round) + "; give a target that exists";
     sink_(result_.error + "\n");
     attempt().outcome = "not started: " + why;
     finish(2);

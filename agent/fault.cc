@@ -72,6 +72,20 @@ std::vector<Fault> parse_faults(const std::vector<std::string>& texts) {
   return out;
 }
 
+std::string fault_out_of_range(const Fault& f, int world_size, int nodes) {
+  if (f.targets_rank() && f.rank >= world_size) {
+    return "rank " + std::to_string(f.rank) +
+           " is out of range: " + std::to_string(world_size) +
+           " workers (ranks 0.." + std::to_string(world_size - 1) + ")";
+  }
+  if (!f.targets_rank() && f.node >= nodes) {
+    return "node " + std::to_string(f.node) +
+           " is out of range: " + std::to_string(nodes) + " node(s) (0.." +
+           std::to_string(nodes - 1) + ")";
+  }
+  return "";
+}
+
 std::string fault_action(const Fault& f) {
   switch (f.kind) {
     case Fault::Kind::kKill:

@@ -44,6 +44,10 @@ Fault parse_fault(std::string_view text);
 // comm::FaultSpecError naming the first bad spec or a fault given twice.
 std::vector<Fault> parse_faults(const std::vector<std::string>& texts);
 
+// Why `f` cannot apply to a group of `world_size` workers on `nodes` nodes
+// ("rank 5 is out of range: 4 workers (ranks 0..3)"); empty when it can.
+std::string fault_out_of_range(const Fault& f, int world_size, int nodes);
+
 // What firing it does, for the log: "SIGKILL to rank 1".
 std::string fault_action(const Fault& f);
 

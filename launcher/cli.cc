@@ -285,21 +285,9 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     const int nodes = o.rdzv.max_nodes;
     const int world = nodes * o.agent.nproc_per_node;
     for (const agent::Fault& f : o.agent.faults) {
-      if (f.targets_rank() && f.rank >= world) {
-        return UsageError{"dlaunch: fault '" + f.spec + "': rank " +
-                          std::to_string(f.rank) +
-                          " is out of range: the job "
-                          "has " +
-                          std::to_string(world) + " workers (ranks 0.." +
-                          std::to_string(world - 1) + ")"};
-      }
-      if (!f.targets_rank() && f.node >= nodes) {
-        return UsageError{"dlaunch: fault '" + f.spec + "': node " +
-                          std::to_string(f.node) +
-                          " is out of range: the job "
-                          "has " +
-                          std::to_string(nodes) + " node(s) (0.." +
-                          std::to_string(nodes - 1) + ")"};
+      std::string why = agent::fault_out_of_range(f, world, nodes);
+      if (!why.empty()) {
+        return UsageError{"dlaunch: fault '" + f.spec + "': " + why};
       }
     }
   }

@@ -167,7 +167,7 @@ TEST(Faults, RankOutOfRangeOfAnElasticRoundIsAnErrorNamingTheSpec) {
        "kill:rank=5", "sh", "-c", "touch " + (dir / "started").string()});
   EXPECT_EQ(r.exit_code, 2) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("dlaunch: fault 'kill:rank=5': rank 5 is out "
-                               "of range: round 0 has 2 workers (ranks 0..1)"));
+                               "of range: 2 workers (ranks 0..1) in round 0"));
   EXPECT_FALSE(fs::exists(dir / "started"));
 }
 

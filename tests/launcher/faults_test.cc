@@ -106,10 +106,10 @@ TEST(FaultFlags, TheSameFaultFromTwoSourcesIsAnError) {
 TEST(FaultFlags, TargetsOutsideAFixedJobAreRefusedAtOnce) {
   EXPECT_EQ(
       error(parse({"--nproc-per-node", "2", "--fault", "kill:rank=2", "prog"})),
-      "dlaunch: fault 'kill:rank=2': rank 2 is out of range: the job "
-      "has 2 workers (ranks 0..1)");
+      "dlaunch: fault 'kill:rank=2': rank 2 is out of range: 2 workers "
+      "(ranks 0..1)");
   EXPECT_THAT(error(parse({"--fault", "kill-agent:node=1", "prog"})),
-              HasSubstr("node 1 is out of range: the job has 1 node(s)"));
+              HasSubstr("node 1 is out of range: 1 node(s) (0..0)"));
   // Elastic jobs check when each round forms.
   EXPECT_EQ(
       specs(parse({"--nnodes", "1:4", "--rdzv-backend", "c10d",
