@@ -27,6 +27,7 @@
 #include "comm/gloo/connection_watch.h"
 #include "comm/gloo/process_group.h"
 #include "comm/gloo/shm_channel.h"
+#include "comm/gloo/shm_p2p.h"
 #include "comm/gloo/shm_segment.h"
 #include "comm/gloo/store_adapter.h"
 #include "comm/process_group.h"
@@ -166,12 +167,16 @@ struct GroupState {
     for (PeerWaiter* w : waiters) {
       if (lost.count(w->peer())) w->abort();
     }
+    if (p2p) p2p->peers_lost(ranks);  // takes no lock
   }
 
   // Ranks whose connection failed, with Gloo's message (under mu).
   std::map<int, std::string> lost;
   // Point-to-point operations now waiting (under mu).
   std::set<PeerWaiter*> waiters;
+  // Point to point between ranks on this host (set once at set-up, under
+  // mu; null: every pair over TCP).
+  std::unique_ptr<ShmP2p> p2p;
   // Tells connections_lost() at once when a connection fails. Last, so
   // that it stops before anything it uses goes away.
   std::unique_ptr<ConnectionWatch> watch;
@@ -311,7 +316,7 @@ class GlooProcessGroup : public ProcessGroup {
   // The path the group's last operation took (see last_path()).
   const char* path() const { return path_; }
 
-  // p2p.cc: point to point.
+  // p2p.cc: point to point (shared memory between ranks on one host).
   std::unique_ptr<Work> isend(Tensor t, int dst, int tag) override;
   std::unique_ptr<Work> irecv(Tensor t, int src, int tag) override;
 
@@ -339,6 +344,7 @@ class GlooProcessGroup : public ProcessGroup {
 
   // p2p.cc
   std::unique_ptr<Work> post(bool is_send, Tensor t, int peer, int tag);
+  void setup_shm_p2p();
 
   // agree.cc
   static std::string check_tensor(const Tensor& t, const std::string& what);

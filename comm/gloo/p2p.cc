@@ -1,7 +1,9 @@
-// Point to point: isend/irecv and the protocol of their Works (P2pWork).
+// Point to point: isend/irecv, over Gloo's TCP pairs (P2pWork) or, between
+// ranks on one host, shared memory (ShmP2pWork over the group's ShmP2p).
 
 #include <gloo/transport/unbound_buffer.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -11,9 +13,37 @@
 #include <vector>
 
 #include "comm/gloo/gloo_group.h"
+#include "comm/gloo/shm_p2p.h"
 
 namespace dlaunch::comm::gloo {
 namespace {
+
+constexpr uint32_t kLastDType = static_cast<uint32_t>(DType::kI64);
+
+// "send to rank 1 (tag 2) on group 'world' (rank 0 of 2)"
+std::string op_text(const GroupState& g, bool is_send, int peer, int tag) {
+  return std::string(is_send ? "send to rank " : "recv from rank ") +
+         std::to_string(peer) + " (tag " + std::to_string(tag) + ") on " +
+         g.where();
+}
+
+// Why a send and its recv do not match, from this side (both paths).
+std::string mismatch_text(bool is_send, int peer, uint32_t their_dtype,
+                          uint64_t their_nbytes, DType dtype, uint64_t numel) {
+  auto theirs = static_cast<DType>(their_dtype);
+  return std::string(is_send ? "the matching recv on rank "
+                             : "the matching send on rank ") +
+         std::to_string(peer) + " has " +
+         describe(theirs, their_nbytes / dtype_size(theirs)) +
+         ", this rank has " + describe(dtype, numel) +
+         "; a send and its recv must have the same size and dtype";
+}
+
+// Frees the (peer, tag) slot of a finished operation for another one.
+void release_slot(GroupState& g, bool is_send, int peer, int tag) {
+  std::lock_guard lock(g.mu);
+  g.inflight.erase({is_send ? 0 : 1, peer, tag});
+}
 
 // A zero-length tensor still needs a valid pointer for Gloo.
 char kEmpty[1];
@@ -42,7 +72,6 @@ class P2pWork : public Work, public PeerWaiter {
     uint32_t magic = kMagic;
   };
   static constexpr uint32_t kMagic = 0x444c5032;  // "DLP2"
-  static constexpr uint32_t kLastDType = static_cast<uint32_t>(DType::kI64);
 
   P2pWork(std::shared_ptr<GroupState> g, bool is_send, Tensor t, int peer,
           int tag)
@@ -111,11 +140,7 @@ class P2pWork : public Work, public PeerWaiter {
   }
 
  private:
-  std::string op() const {
-    return std::string(is_send_ ? "send to rank " : "recv from rank ") +
-           std::to_string(peer_) + " (tag " + std::to_string(tag_) + ") on " +
-           g_->where();
-  }
+  std::string op() const { return op_text(*g_, is_send_, peer_, tag_); }
 
   // A thread that drives the protocol while the caller polls or waits with
   // a shorter timeout (whose expiry must not break the group). mu_ held.
@@ -146,14 +171,8 @@ class P2pWork : public Work, public PeerWaiter {
                    "the same protocol?)";
       } else if (theirs_.nbytes != mine_.nbytes ||
                  theirs_.dtype != mine_.dtype) {
-        auto their_dtype = static_cast<DType>(theirs_.dtype);
-        uint64_t their_numel = theirs_.nbytes / dtype_size(their_dtype);
-        mismatch = std::string(is_send_ ? "the matching recv on rank "
-                                        : "the matching send on rank ") +
-                   std::to_string(peer_) + " has " +
-                   describe(their_dtype, their_numel) + ", this rank has " +
-                   describe(t_.dtype, t_.numel) +
-                   "; a send and its recv must have the same size and dtype";
+        mismatch = mismatch_text(is_send_, peer_, theirs_.dtype, theirs_.nbytes,
+                                 t_.dtype, t_.numel);
       }
       const bool sizes_known = theirs_.magic == kMagic &&
                                theirs_.dtype <= kLastDType &&
@@ -189,14 +208,15 @@ class P2pWork : public Work, public PeerWaiter {
       // A timeout is told from a failure by the deadline this operation
       // keeps, not by Gloo's wording.
       const bool timed_out = std::chrono::steady_clock::now() >= deadline;
-      error = std::make_exception_ptr(CommError(
-          op() +
-          (timed_out
-               ? ": timed out after " + ms_text(g_->timeout) +
-                     " (the group timeout) waiting for rank " +
-                     std::to_string(peer_)
-               : ": connection to rank " + std::to_string(peer_) + " lost") +
-          " [gloo: " + e.what() + "]"));
+      const std::string gloo = std::string(" [gloo: ") + e.what() + "]";
+      error = timed_out
+                  ? std::make_exception_ptr(CommTimeoutError(
+                        op() + ": timed out after " + ms_text(g_->timeout) +
+                        " (the group timeout) waiting for rank " +
+                        std::to_string(peer_) + gloo))
+                  : std::make_exception_ptr(
+                        CommError(op() + ": connection to rank " +
+                                  std::to_string(peer_) + " lost" + gloo));
     }
     unwatched();
     release();
@@ -264,11 +284,7 @@ class P2pWork : public Work, public PeerWaiter {
     throw Lost("the wait was aborted");  // not reached: aborts name a rank
   }
 
-  // Frees the (peer, tag) slot for another operation.
-  void release() {
-    std::lock_guard lock(g_->mu);
-    g_->inflight.erase({is_send_ ? 0 : 1, peer_, tag_});
-  }
+  void release() { release_slot(*g_, is_send_, peer_, tag_); }
 
   std::shared_ptr<GroupState> g_;
   const bool is_send_;
@@ -293,6 +309,100 @@ class P2pWork : public Work, public PeerWaiter {
   std::string stage_ = "no matching operation posted there yet";
 };
 
+// Saturating `now + d`: a wait of hours::max() must not wrap.
+ShmP2p::Clock::time_point after(ShmP2p::Clock::time_point now, milliseconds d) {
+  const auto room = ShmP2p::Clock::time_point::max() - now;
+  return d >= room ? ShmP2p::Clock::time_point::max() : now + d;
+}
+
+// The handle of one isend/irecv between ranks on one host: its operation
+// lives in the group's shared-memory engine (ShmP2p) from the constructor
+// until it is done. Whoever waits makes progress; a wait shorter than the
+// group timeout, or is_completed(), leaves it to the engine's thread, which
+// fails it one group timeout later, as P2pWork's thread does.
+class ShmP2pWork : public Work {
+ public:
+  ShmP2pWork(std::shared_ptr<GroupState> g, bool is_send, Tensor t, int peer,
+             int tag)
+      : g_(std::move(g)), numel_(t.numel), dtype_(t.dtype) {
+    op_.is_send = is_send;
+    op_.peer = peer;
+    op_.tag = tag;
+    op_.data = static_cast<char*>(t.data);
+    op_.nbytes = t.nbytes();
+    op_.dtype = static_cast<uint32_t>(t.dtype);
+    std::string error;
+    if (!g_->p2p->post(op_, error)) {
+      release();
+      throw CommError(op() + ": connection to rank " + std::to_string(peer) +
+                      " is unusable: " + error);
+    }
+  }
+
+  ~ShmP2pWork() override {
+    if (!op_.done.load(std::memory_order_acquire)) {
+      const auto now = ShmP2p::Clock::now();
+      g_->p2p->arm(op_, after(now, g_->timeout));  // bounded
+      g_->p2p->wait(op_, ShmP2p::Clock::time_point::max());
+    }
+    release();
+  }
+
+  void wait(milliseconds timeout) override {
+    ShmP2p& e = *g_->p2p;
+    if (!op_.done.load(std::memory_order_acquire)) {
+      const auto now = ShmP2p::Clock::now();
+      if (timeout >= g_->timeout) e.arm(op_, after(now, g_->timeout));
+      if (!e.wait(op_, after(now, timeout))) {
+        e.arm(op_, after(now, g_->timeout));
+        e.detach(op_);
+        throw CommTimeoutError(
+            op() + ": timed out after " + ms_text(timeout) +
+            " waiting for rank " + std::to_string(op_.peer) + " (" +
+            e.stage(op_) +
+            "); the Work stays valid and can be waited on again");
+      }
+    }
+    release();
+    if (op_.timed_out) {
+      throw CommTimeoutError(
+          op() + ": timed out after " + ms_text(g_->timeout) +
+          " (the group timeout) waiting for rank " + std::to_string(op_.peer) +
+          " (" + op_.failure + ")");
+    }
+    if (!op_.failure.empty()) throw CommError(op() + ": " + op_.failure);
+    if (op_.mismatch) {
+      throw CommError(op() + ": " +
+                      mismatch_text(op_.is_send, op_.peer, op_.their_dtype,
+                                    op_.their_nbytes, dtype_, numel_));
+    }
+  }
+
+  bool is_completed() override {
+    ShmP2p& e = *g_->p2p;
+    if (e.test(op_)) return true;
+    e.arm(op_, after(ShmP2p::Clock::now(), g_->timeout));
+    e.detach(op_);
+    return false;
+  }
+
+ private:
+  std::string op() const {
+    return op_text(*g_, op_.is_send, op_.peer, op_.tag);
+  }
+  void release() {
+    if (released_) return;
+    released_ = true;
+    release_slot(*g_, op_.is_send, op_.peer, op_.tag);
+  }
+
+  std::shared_ptr<GroupState> g_;
+  const uint64_t numel_;
+  const DType dtype_;
+  ShmP2p::Op op_;
+  bool released_ = false;
+};
+
 }  // namespace
 
 std::unique_ptr<Work> GlooProcessGroup::isend(Tensor t, int dst, int tag) {
@@ -305,27 +415,30 @@ std::unique_ptr<Work> GlooProcessGroup::irecv(Tensor t, int src, int tag) {
 
 std::unique_ptr<Work> GlooProcessGroup::post(bool is_send, Tensor t, int peer,
                                              int tag) {
-  std::string op =
-      std::string(is_send ? "isend to rank " : "irecv from rank ") +
-      std::to_string(peer) + " (tag " + std::to_string(tag) + ") on " +
-      g_->where();
+  // Built only for an error: this is the latency path.
+  auto what = [&] {
+    return std::string(is_send ? "isend to rank " : "irecv from rank ") +
+           std::to_string(peer) + " (tag " + std::to_string(tag) + ") on " +
+           g_->where();
+  };
   if (peer < 0 || peer >= size()) {
-    throw CommError(op + ": rank " + std::to_string(peer) +
+    throw CommError(what() + ": rank " + std::to_string(peer) +
                     " is out of range; valid ranks are 0.." +
                     std::to_string(size() - 1));
   }
   if (peer == rank()) {
-    throw CommError(op +
+    throw CommError(what() +
                     ": a rank cannot send to or receive from itself; "
                     "copy the tensor instead");
   }
   if (tag < 0 || tag > kMaxTag) {
-    throw CommError(op + ": tag must be in 0.." + std::to_string(kMaxTag));
+    throw CommError(what() + ": tag must be in 0.." + std::to_string(kMaxTag));
   }
-  std::string bad = check_tensor(t, "tensor");
-  if (!bad.empty()) throw CommError(op + ": " + bad);
+  if (std::string bad = check_tensor(t, "tensor"); !bad.empty()) {
+    throw CommError(what() + ": " + bad);
+  }
   if (t.nbytes() > kMaxP2pBytes) {
-    throw CommError(op + ": " + std::to_string(t.nbytes()) +
+    throw CommError(what() + ": " + std::to_string(t.nbytes()) +
                     " bytes; point-to-point tensors are limited to 128 GiB "
                     "(split the tensor)");
   }
@@ -333,14 +446,55 @@ std::unique_ptr<Work> GlooProcessGroup::post(bool is_send, Tensor t, int peer,
     std::lock_guard lock(g_->mu);
     if (!g_->inflight.insert({is_send ? 0 : 1, peer, tag}).second) {
       throw CommError(
-          op + ": an earlier " + (is_send ? "isend to" : "irecv from") +
+          what() + ": an earlier " + (is_send ? "isend to" : "irecv from") +
           " rank " + std::to_string(peer) + " with tag " + std::to_string(tag) +
           " is still in flight; wait() on its Work first or use another "
           "tag");
     }
   }
+  if (g_->p2p && g_->p2p->serves(peer)) {
+    took("shm-p2p");
+    return std::make_unique<ShmP2pWork>(g_, is_send, t, peer, tag);
+  }
   took("tcp");
   return std::make_unique<P2pWork>(g_, is_send, t, peer, tag);
+}
+
+// Point to point over shared memory for the pairs of ranks that share a
+// host, set up with the group (a collective step: every rank creates its
+// segment, maps its local peers', and all agree, or the group stays on TCP
+// for point to point).
+void GlooProcessGroup::setup_shm_p2p() {
+  if (size() < 2 || g_->shm_min_bytes == SIZE_MAX) return;
+  const auto& hosts = g_->hosts;
+  std::vector<int> local;
+  for (int j = 0; j < size(); ++j) {
+    if (hosts[j] == g_->host) local.push_back(j);
+  }
+  // Every rank computes the same answer from every rank's host.
+  bool any_pair = false;
+  for (int i = 0; i < size() && !any_pair; ++i) {
+    any_pair = std::count(hosts.begin(), hosts.end(), hosts[i]) > 1;
+  }
+  if (!any_pair) return;
+  run("new_group", [&] {
+    std::string error;
+    std::unique_ptr<ShmP2p> e;
+    if (local.size() > 1) {
+      e = std::make_unique<ShmP2p>("/dlaunch-" + g_->shm_token + "-p-", rank(),
+                                   local, error);
+    }
+    if (!every_rank(!e || e->ok())) return;
+    const bool ok = !e || e->open_peers(error);
+    const bool everyone = every_rank(ok);
+    if (e) e->unlink();  // every rank has mapped it or given up
+    if (!everyone || !e) return;
+    std::lock_guard lock(g_->mu);  // the connection watch reads it
+    g_->p2p = std::move(e);
+    std::vector<int> lost;
+    for (const auto& [r, what] : g_->lost) lost.push_back(r);
+    if (!lost.empty()) g_->p2p->peers_lost(lost);
+  });
 }
 
 }  // namespace dlaunch::comm::gloo

@@ -178,6 +178,7 @@ void GlooProcessGroup::fail(const char* op, const std::string& what,
   }
   g_->ctx->closeConnections();
   if (channel_) channel_->close();  // peers waiting in shared memory too
+  if (g_->p2p) g_->p2p->close(msg);
   if (!missing.empty() || (timed_out && peer < 0)) {
     throw CommTimeoutError(msg);
   }
@@ -191,6 +192,7 @@ std::unique_ptr<ProcessGroup> GlooProcessGroup::joined(
     std::shared_ptr<GroupState> g) {
   auto pg = std::make_unique<GlooProcessGroup>(std::move(g));
   pg->barrier();
+  pg->setup_shm_p2p();
   return pg;
 }
 

@@ -1,65 +1,25 @@
 #include "comm/gloo/shm_channel.h"
 
-#include <linux/futex.h>
-#include <poll.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <climits>
 #include <cstring>
 #include <new>
 
 #include "comm/check.h"
-#include "comm/pidfd.h"
+#include "comm/gloo/shm_sync.h"
 
 namespace dlaunch::comm::gloo {
 namespace {
 
 constexpr size_t kHeaderBytes = 64;
-// Spinning first catches a peer that is microseconds behind without a
-// sleep and a wake-up (each costs tens of microseconds). Measured with
-// dl-sgd on 2 cores: 200 spins and yields made 2-rank epochs 1.6x slower,
-// 20000 spins made 4 ranks (oversubscribed) 1.7x slower.
-constexpr int kSpins = 2000;
-constexpr auto kLivenessSlice = std::chrono::milliseconds(100);
-
-// Non-private futex operations: the word is in a MAP_SHARED mapping, which
-// other processes (and this one, at another address) map too.
-void futex_wake(std::atomic<uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX,
-            nullptr, nullptr, 0);
-}
-
-void futex_wait(std::atomic<uint32_t>* word, uint32_t expected,
-                std::chrono::nanoseconds timeout) {
-  timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
-              static_cast<long>(timeout.count() % 1000000000)};
-  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected,
-            &ts, nullptr, 0);
-}
-
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#endif
-}
 
 // Whether call `seq` has been posted by a rank whose counter reads `v`
 // (counters wrap after 2^32 calls).
 bool reached(uint32_t v, uint32_t seq) {
   return static_cast<int32_t>(v - seq) >= 0;
-}
-
-// Containers may share /dev/shm but not pids: a pid means the same process
-// only within one pid namespace.
-uint64_t pid_namespace() {
-  struct stat st {};
-  return ::stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
 }
 
 }  // namespace
@@ -107,11 +67,7 @@ bool ShmChannel::open_peers(std::string& error) {
     if (!peers_[j].ok()) return false;
     // A process can die without closing its channel: watch it. Ranks that
     // are threads of this process leave through close() alone.
-    const Header* h = header(j);
-    if (h->pid != ::getpid() && h->pid_ns != 0 &&
-        h->pid_ns == pid_namespace()) {
-      pidfds_[j] = dlaunch::pidfd_open(h->pid);
-    }
+    pidfds_[j] = watch_process(header(j)->pid, header(j)->pid_ns);
   }
   return true;
 }
@@ -156,9 +112,7 @@ void ShmChannel::post_parts(std::span<const char> head,
 
 bool ShmChannel::gone(int j) const {
   if (header(j)->closed.load(std::memory_order_acquire) != 0) return true;
-  if (pidfds_[j] < 0) return false;
-  pollfd p{pidfds_[j], POLLIN, 0};
-  return ::poll(&p, 1, 0) > 0;  // a pidfd turns readable when it exits
+  return process_exited(pidfds_[j]);
 }
 
 void ShmChannel::wait(std::chrono::steady_clock::time_point deadline) {

@@ -195,8 +195,8 @@ void big_allreduce(ProcessGroup& pg) {
 }
 
 // The last rank isends 64 MiB to every other rank, which irecv it; each
-// prints "rank R waiting" (receivers) or "rank R sending" once its
-// operations are posted, then waits on them.
+// prints "rank R waiting (PATH)" (receivers) or "rank R sending (PATH)" once
+// its operations are posted, then waits on them.
 void p2p_from_last(ProcessGroup& pg) {
   const int last = pg.size() - 1;
   std::vector<uint8_t> v(64 << 20, static_cast<uint8_t>(pg.rank()));
@@ -206,8 +206,9 @@ void p2p_from_last(ProcessGroup& pg) {
   } else {
     works.push_back(pg.irecv(Tensor::of(v), last));
   }
-  std::printf("rank %d %s\n", pg.rank(),
-              pg.rank() == last ? "sending" : "waiting");
+  std::printf("rank %d %s (%s)\n", pg.rank(),
+              pg.rank() == last ? "sending" : "waiting",
+              dlaunch::comm::gloo::last_path(pg).c_str());
   std::fflush(stdout);
   for (auto& w : works) w->wait(pg.timeout());
   check(pg.rank() == last || v[12345] == static_cast<uint8_t>(last),

@@ -336,6 +336,22 @@ std::set<std::string> shm_names() {
   return out;
 }
 
+// Other jobs' segments come and go; those created since `before` (ours)
+// must all be gone.
+void expect_no_new_shm(const std::set<std::string>& before) {
+  std::set<std::string> left;
+  EXPECT_TRUE(eventually(
+      [&] {
+        left.clear();
+        for (const auto& n : shm_names()) {
+          if (!before.count(n)) left.insert(n);
+        }
+        return left.empty();
+      },
+      seconds(10)));
+  for (const auto& n : left) ADD_FAILURE() << "left in /dev/shm: " << n;
+}
+
 // Each collective on shared memory, its data with the check (4 KiB) and in
 // segment steps (8 MiB): a rank SIGKILLed mid-loop fails the others at
 // once, naming it, and leaves nothing in /dev/shm.
@@ -367,18 +383,44 @@ TEST(MultiProcessTest, PeerKilledMidEachSharedMemoryOperationFailsTheOthers) {
       }
     }
   }
-  // Other jobs' segments come and go; ours must all be gone.
-  std::set<std::string> left;
-  EXPECT_TRUE(eventually(
-      [&] {
-        left.clear();
-        for (const auto& n : shm_names()) {
-          if (!before.count(n)) left.insert(n);
-        }
-        return left.empty();
-      },
-      seconds(10)));
-  for (const auto& n : left) ADD_FAILURE() << "left in /dev/shm: " << n;
+  expect_no_new_shm(before);
+}
+
+// The same over shared memory (the default between ranks on one host):
+// rank 2's sends fill the rings to the stopped receivers (a ring holds far
+// less than 64 MiB) and it blocks mid-payload; it is SIGKILLed there. The
+// receivers must notice the death, not wait out the 120 s timeout, and
+// nothing may stay in /dev/shm.
+TEST(MultiProcessTest, PeerKilledMidSharedMemoryTransferFailsReceivesFast) {
+  const std::set<std::string> before = shm_names();
+  auto procs = start_workers(3, {"p2p-from-last"},
+                             {{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", std::to_string(free_port())},
+                              {"DLAUNCH_COMM_TIMEOUT", "120"}});
+  for (int r : {0, 1}) {
+    ASSERT_TRUE(procs[r]->wait_for_output(
+        "rank " + std::to_string(r) + " waiting (shm-p2p)", seconds(30)))
+        << "rank " << r << ": " << procs[r]->out() << procs[r]->err();
+    procs[r]->signal(SIGSTOP);
+    ASSERT_TRUE(eventually(
+        [&] { return process_state(procs[r]->pid()) == 'T'; }, seconds(10)));
+  }
+  // Posting wrote the first ring's worth of each payload.
+  ASSERT_TRUE(
+      procs[2]->wait_for_output("rank 2 sending (shm-p2p)", seconds(30)))
+      << procs[2]->out() << procs[2]->err();
+  procs[2]->signal(SIGKILL);
+  EXPECT_EQ(procs[2]->wait(seconds(10)).signal, SIGKILL);
+  for (int r : {0, 1}) procs[r]->signal(SIGCONT);
+  for (int r : {0, 1}) {
+    CommandResult res = procs[r]->wait(seconds(20));
+    EXPECT_FALSE(res.timed_out) << "rank " << r << " waited for the timeout";
+    EXPECT_EQ(res.exit_code, 3) << "rank " << r << ": " << res.out << res.err;
+    EXPECT_THAT(res.err,
+                HasSubstr("recv from rank 2 (tag 0) on group 'world'"));
+    EXPECT_THAT(res.err, HasSubstr("connection to rank 2 lost"));
+  }
+  expect_no_new_shm(before);
 }
 
 TEST(MultiProcessTest, StoreAddressThatNeverResolvesFailsAtTheTimeout) {

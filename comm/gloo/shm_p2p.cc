@@ -1,0 +1,722 @@
+#include "comm/gloo/shm_p2p.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "comm/gloo/shm_sync.h"
+
+namespace dlaunch::comm::gloo {
+namespace {
+
+// A pair's data ring: big enough that a sender streams while its receiver
+// copies out, small enough to stay in the cache (each rank holds one per
+// local peer).
+constexpr uint64_t kRingBytes = 256 << 10;
+// Recv headers a pair's control ring holds before the sender reads them.
+constexpr uint64_t kControlRecords = 256;
+// A sender publishes (and a receiver frees) ring space in steps of at most
+// this, so that the other side starts while the rest is copied.
+constexpr uint64_t kStepBytes = 64 << 10;
+constexpr uint32_t kMagic = 0x444c5033;  // "DLP3": this layout
+constexpr size_t kSegHeaderBytes = 128;
+
+void ring_put(char* ring, uint64_t pos, const void* src, uint64_t n) {
+  const uint64_t off = pos & (kRingBytes - 1);
+  const uint64_t first = std::min(n, kRingBytes - off);
+  std::memcpy(ring + off, src, first);
+  if (n > first) {
+    std::memcpy(ring, static_cast<const char*>(src) + first, n - first);
+  }
+}
+
+void ring_get(const char* ring, uint64_t pos, void* dst, uint64_t n) {
+  const uint64_t off = pos & (kRingBytes - 1);
+  const uint64_t first = std::min(n, kRingBytes - off);
+  std::memcpy(dst, ring + off, first);
+  if (n > first) {
+    std::memcpy(static_cast<char*>(dst) + first, ring, n - first);
+  }
+}
+
+// Removes and returns the first element of `v` that `pred` accepts (the
+// order of the rest kept), or false.
+template <class T, class P>
+bool take_first(std::vector<T>& v, P&& pred, T& out) {
+  auto it = std::find_if(v.begin(), v.end(), pred);
+  if (it == v.end()) return false;
+  out = *it;
+  v.erase(it);
+  return true;
+}
+
+std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
+
+}  // namespace
+
+// The start of every rank's segment.
+struct ShmP2p::Seg {
+  uint32_t magic;
+  int32_t pid;                   // the owner's process
+  uint64_t pid_ns;               // ... in this pid namespace
+  std::atomic<uint32_t> closed;  // 1 once the owner has left
+  // Rung (incremented) by every peer after it wrote something the owner
+  // reads, or freed space the owner writes: the owner's futex word.
+  alignas(64) std::atomic<uint32_t> bell;
+  std::atomic<uint32_t> sleepers;  // owner threads asleep on `bell`
+};
+
+// The counters of one direction, owner -> peer, in the owner's segment;
+// its control ring and data ring follow. Each counter is written by one
+// side, on a cache line of its own.
+struct ShmP2p::Pair {
+  alignas(64) std::atomic<uint64_t> data_head;  // bytes written (owner)
+  alignas(64) std::atomic<uint64_t> data_tail;  // bytes read (peer)
+  alignas(64) std::atomic<uint64_t> ctl_head;   // records written (owner)
+  alignas(64) std::atomic<uint64_t> ctl_tail;   // records read (peer)
+  // Set by the owner when a ring is full; the peer clears it and rings the
+  // owner's bell when it frees space.
+  alignas(64) std::atomic<uint32_t> want_space;
+  std::atomic<uint32_t> broken;  // the owner gave up on the pair
+};
+
+// A send's header in the data ring (its payload follows), or a recv's in
+// the control ring.
+struct ShmP2p::Rec {
+  uint32_t tag = 0;
+  uint32_t dtype = 0;
+  uint64_t nbytes = 0;
+};
+
+// A payload that arrived before its recv, copied aside because a recv with
+// another tag waited behind it in the ring.
+struct ShmP2p::Unexpected {
+  Rec h;
+  std::vector<char> data;
+  bool complete = false;
+  Op* op = nullptr;  // the recv it matched, if any yet
+};
+
+// This rank's view of one local peer (under the engine's mutex).
+struct ShmP2p::Peer {
+  int rank = 0;
+  int pidfd = -1;
+  ShmSegment seg;  // the peer's segment, mapped here
+  Seg* their = nullptr;
+  Pair* out = nullptr;  // this rank -> peer, in this rank's segment
+  char* out_ctl = nullptr;
+  char* out_data = nullptr;
+  Pair* in = nullptr;  // peer -> this rank, in the peer's segment
+  const char* in_ctl = nullptr;
+  const char* in_data = nullptr;
+
+  // This side's counters, and what it last saw of the other side's.
+  uint64_t out_head = 0, out_published = 0, out_tail = 0;
+  uint64_t ctl_head = 0, ctl_tail = 0;
+  uint64_t in_tail = 0, in_published = 0, in_ctl_tail = 0;
+
+  std::deque<Op*> sends;       // not fully written yet, in post order
+  bool front_started = false;  // sends.front()'s header is written
+  std::deque<Rec> ctl_out;     // recv headers not written yet
+  std::vector<Op*> unmatched;  // sends without their recv's header
+  std::vector<Rec> early;      // recv headers that came before their send
+  std::vector<Op*> posted;     // recvs without their send's header
+  std::deque<std::unique_ptr<Unexpected>> unexpected;
+
+  // The payload being read: into cur_op's buffer (dropped on a mismatch)
+  // or cur_ux's.
+  bool reading = false;
+  Rec cur;
+  uint64_t got = 0;
+  Op* cur_op = nullptr;
+  Unexpected* cur_ux = nullptr;
+
+  bool dead = false;
+  std::string why;  // set with dead
+};
+
+namespace {
+
+constexpr size_t kSlotBytes = 5 * 64 + kControlRecords * 16 + kRingBytes;
+
+// Whether `op` and the other side's header agree; records the other side's
+// size and dtype when not.
+void compare(ShmP2p::Op& op, uint32_t dtype, uint64_t nbytes) {
+  if (dtype != op.dtype || nbytes != op.nbytes) {
+    op.mismatch = true;
+    op.their_dtype = dtype;
+    op.their_nbytes = nbytes;
+  }
+}
+
+}  // namespace
+
+ShmP2p::ShmP2p(const std::string& base, int rank, std::vector<int> local,
+               std::string& error)
+    : base_(base), rank_(rank), local_(std::move(local)) {
+  static_assert(sizeof(Pair) == 5 * 64);
+  static_assert(sizeof(Seg) <= kSegHeaderBytes);
+  static_assert(sizeof(Rec) == 16);
+  static_assert(std::atomic<uint64_t>::is_always_lock_free);  // address-free
+  const int ranks = local_.back() + 1;
+  peer_index_.assign(static_cast<size_t>(ranks), -1);
+  lost_ = std::make_unique<std::atomic<bool>[]>(ranks);
+  for (int i = 0; i < ranks; ++i) lost_[i].store(false);
+  segment_bytes_ = kSegHeaderBytes + (local_.size() - 1) * kSlotBytes;
+  mine_ =
+      ShmSegment::create(base + std::to_string(rank), segment_bytes_, error);
+  if (!mine_.ok()) return;
+  seg_ = new (mine_.data()) Seg{};
+  seg_->pid = static_cast<int32_t>(::getpid());
+  seg_->pid_ns = pid_namespace();
+  for (size_t k = 0; k + 1 < local_.size(); ++k) {
+    new (mine_.data() + kSegHeaderBytes + k * kSlotBytes) Pair{};
+  }
+  seg_->magic = kMagic;
+}
+
+ShmP2p::~ShmP2p() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  detach_cv_.notify_all();
+  if (seg_) {
+    seg_->closed.store(1, std::memory_order_seq_cst);
+    ring_self();  // the engine's thread, if asleep
+    for (auto& p : peers_) ring(*p);
+  }
+  if (thread_.joinable()) thread_.join();
+  for (auto& p : peers_) {
+    if (p->pidfd >= 0) ::close(p->pidfd);
+  }
+}
+
+bool ShmP2p::open_peers(std::string& error) {
+  // Where rank `peer`'s slot lies in rank `owner`'s segment: its place
+  // among the owner's local peers.
+  auto slot = [&](int owner, int peer) -> char* {
+    auto at = [&](int r) {
+      return std::find(local_.begin(), local_.end(), r) - local_.begin();
+    };
+    const auto o = at(owner), q = at(peer);
+    return reinterpret_cast<char*>(kSegHeaderBytes +
+                                   (q < o ? q : q - 1) * kSlotBytes);
+  };
+  for (int j : local_) {
+    if (j == rank_) continue;
+    auto p = std::make_unique<Peer>();
+    p->rank = j;
+    p->seg = ShmSegment::open(base_ + std::to_string(j), segment_bytes_, error);
+    if (!p->seg.ok()) return false;
+    p->their = std::launder(reinterpret_cast<Seg*>(p->seg.data()));
+    if (p->their->magic != kMagic) {
+      error = "shared memory of rank " + std::to_string(j) +
+              " has another layout (a different dlaunch build?)";
+      return false;
+    }
+    const auto out_at = reinterpret_cast<uintptr_t>(slot(rank_, j));
+    const auto in_at = reinterpret_cast<uintptr_t>(slot(j, rank_));
+    p->out = std::launder(reinterpret_cast<Pair*>(mine_.data() + out_at));
+    p->out_ctl = mine_.data() + out_at + sizeof(Pair);
+    p->out_data = p->out_ctl + kControlRecords * 16;
+    p->in = std::launder(reinterpret_cast<Pair*>(p->seg.data() + in_at));
+    p->in_ctl = p->seg.data() + in_at + sizeof(Pair);
+    p->in_data = p->in_ctl + kControlRecords * 16;
+    p->pidfd = watch_process(p->their->pid, p->their->pid_ns);
+    peer_index_[j] = static_cast<int>(peers_.size());
+    peers_.push_back(std::move(p));
+  }
+  return true;
+}
+
+bool ShmP2p::serves(int peer) const {
+  return peer >= 0 && peer < static_cast<int>(peer_index_.size()) &&
+         peer_index_[peer] >= 0;
+}
+
+ShmP2p::Peer* ShmP2p::peer_of(int rank) {
+  return peers_[peer_index_[rank]].get();
+}
+
+bool ShmP2p::post(Op& op, std::string& error) {
+  std::lock_guard lock(mu_);
+  Peer& p = *peer_of(op.peer);
+  if (p.dead) {
+    error = p.why;
+    return false;
+  }
+  if (op.is_send) {
+    p.sends.push_back(&op);
+    Rec r;
+    if (take_first(
+            p.early,
+            [&](const Rec& e) {
+              return e.tag == static_cast<uint32_t>(op.tag);
+            },
+            r)) {
+      op.matched = true;
+      compare(op, r.dtype, r.nbytes);
+    } else {
+      p.unmatched.push_back(&op);
+    }
+  } else {
+    p.ctl_out.push_back(
+        Rec{static_cast<uint32_t>(op.tag), op.dtype, op.nbytes});
+    Unexpected* u = nullptr;
+    for (auto& e : p.unexpected) {
+      if (!e->op && e->h.tag == static_cast<uint32_t>(op.tag)) {
+        u = e.get();
+        break;
+      }
+    }
+    if (u) {
+      u->op = &op;
+      op.matched = true;
+      compare(op, u->h.dtype, u->h.nbytes);
+      if (u->complete) deliver(p, *u);
+    } else {
+      p.posted.push_back(&op);
+    }
+  }
+  progress(p);  // small payloads and headers go at once
+  return true;
+}
+
+bool ShmP2p::progress() {
+  bool any = false;
+  for (auto& p : peers_) {
+    if (!p->dead && progress(*p)) any = true;
+  }
+  return any;
+}
+
+bool ShmP2p::progress(Peer& p) {
+  bool any = read_control(p);
+  if (write_control(p)) any = true;
+  if (write_data(p)) any = true;
+  if (read_data(p)) any = true;
+  return any;
+}
+
+bool ShmP2p::read_control(Peer& p) {
+  const uint64_t head = p.in->ctl_head.load(std::memory_order_acquire);
+  if (head == p.in_ctl_tail) return false;
+  while (p.in_ctl_tail < head) {
+    Rec r;
+    std::memcpy(&r, p.in_ctl + (p.in_ctl_tail % kControlRecords) * 16, 16);
+    ++p.in_ctl_tail;
+    Op* s = nullptr;
+    if (take_first(
+            p.unmatched,
+            [&](Op* o) { return o->tag == static_cast<int>(r.tag); }, s)) {
+      s->matched = true;
+      compare(*s, r.dtype, r.nbytes);
+      if (s->written) finish(*s);
+    } else {
+      p.early.push_back(r);
+    }
+  }
+  // seq_cst against the owner's want_space (see write_control).
+  p.in->ctl_tail.store(p.in_ctl_tail, std::memory_order_seq_cst);
+  if (p.in->want_space.load(std::memory_order_seq_cst) != 0 &&
+      p.in->want_space.exchange(0) != 0) {
+    ring(p);
+  }
+  return true;
+}
+
+bool ShmP2p::write_control(Peer& p) {
+  if (p.ctl_out.empty()) return false;
+  bool wrote = false;
+  while (!p.ctl_out.empty()) {
+    if (p.ctl_head - p.ctl_tail >= kControlRecords) {
+      p.ctl_tail = p.out->ctl_tail.load(std::memory_order_acquire);
+      if (p.ctl_head - p.ctl_tail >= kControlRecords) {
+        // Full: ask to be rung, then look once more (the reader stores its
+        // tail before it reads the flag; seq_cst on both sides).
+        p.out->want_space.store(1, std::memory_order_seq_cst);
+        p.ctl_tail = p.out->ctl_tail.load(std::memory_order_seq_cst);
+        if (p.ctl_head - p.ctl_tail >= kControlRecords) break;
+      }
+    }
+    std::memcpy(p.out_ctl + (p.ctl_head % kControlRecords) * 16,
+                &p.ctl_out.front(), 16);
+    ++p.ctl_head;
+    p.ctl_out.pop_front();
+    wrote = true;
+  }
+  if (wrote) {
+    p.out->ctl_head.store(p.ctl_head, std::memory_order_release);
+    ring(p);
+  }
+  return wrote;
+}
+
+bool ShmP2p::write_data(Peer& p) {
+  bool any = false;
+  auto publish = [&] {
+    if (p.out_head != p.out_published) {
+      p.out->data_head.store(p.out_head, std::memory_order_release);
+      p.out_published = p.out_head;
+      ring(p);
+    }
+  };
+  while (!p.sends.empty()) {
+    Op& s = *p.sends.front();
+    const uint64_t need = p.front_started ? 1 : sizeof(Rec);
+    const uint64_t rest = s.nbytes - s.moved + (p.front_started ? 0 : 16);
+    uint64_t space = kRingBytes - (p.out_head - p.out_tail);
+    if (space < rest) {
+      p.out_tail = p.out->data_tail.load(std::memory_order_acquire);
+      space = kRingBytes - (p.out_head - p.out_tail);
+    }
+    if (space < need) {
+      p.out->want_space.store(1, std::memory_order_seq_cst);
+      p.out_tail = p.out->data_tail.load(std::memory_order_seq_cst);
+      space = kRingBytes - (p.out_head - p.out_tail);
+      if (space < need) break;
+    }
+    if (!p.front_started) {
+      const Rec r{static_cast<uint32_t>(s.tag), s.dtype, s.nbytes};
+      ring_put(p.out_data, p.out_head, &r, sizeof(r));
+      p.out_head += sizeof(r);
+      space -= sizeof(r);
+      p.front_started = true;
+      any = true;
+    }
+    while (s.moved < s.nbytes && space > 0) {
+      const uint64_t n = std::min({space, s.nbytes - s.moved, kStepBytes});
+      ring_put(p.out_data, p.out_head, s.data + s.moved, n);
+      p.out_head += n;
+      s.moved += n;
+      space -= n;
+      any = true;
+      if (s.moved < s.nbytes) publish();  // the receiver may start
+    }
+    if (s.moved < s.nbytes) continue;  // look at the tail again
+    p.sends.pop_front();
+    p.front_started = false;
+    s.written = true;
+    if (s.matched) finish(s);
+  }
+  publish();
+  return any;
+}
+
+bool ShmP2p::read_data(Peer& p) {
+  bool any = false;
+  uint64_t head = p.in->data_head.load(std::memory_order_acquire);
+  auto free_space = [&] {
+    if (p.in_tail == p.in_published) return;
+    // seq_cst against the sender's want_space (see write_data).
+    p.in->data_tail.store(p.in_tail, std::memory_order_seq_cst);
+    p.in_published = p.in_tail;
+    if (p.in->want_space.load(std::memory_order_seq_cst) != 0 &&
+        p.in->want_space.exchange(0) != 0) {
+      ring(p);
+    }
+  };
+  for (;;) {
+    if (!p.reading) {
+      if (head - p.in_tail < sizeof(Rec)) break;
+      Rec r;
+      ring_get(p.in_data, p.in_tail, &r, sizeof(r));
+      Op* op = nullptr;
+      Unexpected* u = nullptr;
+      if (take_first(
+              p.posted,
+              [&](Op* o) { return o->tag == static_cast<int>(r.tag); }, op)) {
+        op->matched = true;
+        compare(*op, r.dtype, r.nbytes);
+      } else if (p.posted.empty()) {
+        break;  // nobody waits behind it: it stays in the ring
+      } else {
+        auto e = std::make_unique<Unexpected>();
+        e->h = r;
+        e->data.resize(r.nbytes);
+        u = e.get();
+        p.unexpected.push_back(std::move(e));
+      }
+      p.in_tail += sizeof(r);
+      p.reading = true;
+      p.cur = r;
+      p.got = 0;
+      p.cur_op = op;
+      p.cur_ux = u;
+      any = true;
+    }
+    while (p.got < p.cur.nbytes) {
+      if (head == p.in_tail) {
+        head = p.in->data_head.load(std::memory_order_acquire);
+        if (head == p.in_tail) break;
+      }
+      const uint64_t n =
+          std::min({head - p.in_tail, p.cur.nbytes - p.got, kStepBytes});
+      char* dst = p.cur_ux             ? p.cur_ux->data.data() + p.got
+                  : p.cur_op->mismatch ? nullptr
+                                       : p.cur_op->data + p.got;
+      if (dst) ring_get(p.in_data, p.in_tail, dst, n);
+      p.in_tail += n;
+      p.got += n;
+      if (p.cur_op) p.cur_op->moved = p.got;
+      any = true;
+      free_space();
+    }
+    if (p.got < p.cur.nbytes) break;
+    p.reading = false;
+    if (p.cur_op) {
+      finish(*p.cur_op);
+    } else {
+      p.cur_ux->complete = true;
+      if (p.cur_ux->op) deliver(p, *p.cur_ux);
+    }
+    p.cur_op = nullptr;
+    p.cur_ux = nullptr;
+    if (head - p.in_tail < sizeof(Rec)) {
+      head = p.in->data_head.load(std::memory_order_acquire);
+    }
+  }
+  free_space();
+  return any;
+}
+
+// Copies a complete early payload into the recv it matched, and forgets it.
+void ShmP2p::deliver(Peer& p, Unexpected& u) {
+  Op& op = *u.op;
+  if (!op.mismatch && op.nbytes > 0) {
+    std::memcpy(op.data, u.data.data(), op.nbytes);
+  }
+  op.moved = u.h.nbytes;
+  finish(op);
+  auto it = std::find_if(p.unexpected.begin(), p.unexpected.end(),
+                         [&](const auto& e) { return e.get() == &u; });
+  p.unexpected.erase(it);
+}
+
+void ShmP2p::finish(Op& op) {
+  if (op.detached) {
+    detached_.erase(std::find(detached_.begin(), detached_.end(), &op));
+  }
+  op.done.store(true, std::memory_order_release);
+  if (in_wait_.load(std::memory_order_relaxed) > 1) ring_self();
+}
+
+void ShmP2p::fail(Op& op, const std::string& why) {
+  if (op.done.load(std::memory_order_relaxed)) return;
+  op.failure = why;
+  finish(op);
+}
+
+void ShmP2p::time_out(Op& op) {
+  Peer& p = *peer_of(op.peer);
+  op.timed_out = true;
+  op.failure = stage_of(op);
+  // Its payload may be half way through the ring: the pair's stream can
+  // no longer be parsed, so the pair goes, as a TCP pair does.
+  kill(p, std::string("an earlier ") + (op.is_send ? "send to" : "recv from") +
+              " rank " + std::to_string(p.rank) + " (tag " +
+              std::to_string(op.tag) + ") timed out; the pair is unusable");
+  finish(op);
+}
+
+void ShmP2p::kill(Peer& p, const std::string& why) {
+  auto fail_all = [&](auto& ops) {
+    for (Op* o : ops) {
+      if (!o->timed_out) fail(*o, why);
+    }
+  };
+  fail_all(p.sends);
+  fail_all(p.unmatched);
+  fail_all(p.posted);
+  if (p.cur_op && !p.cur_op->timed_out) fail(*p.cur_op, why);
+  for (auto& u : p.unexpected) {
+    if (u->op && !u->op->timed_out) fail(*u->op, why);
+  }
+  p.sends.clear();
+  p.unmatched.clear();
+  p.posted.clear();
+  p.unexpected.clear();
+  p.ctl_out.clear();
+  p.early.clear();
+  p.cur_op = nullptr;
+  p.cur_ux = nullptr;
+  p.reading = false;
+  if (!p.dead) {
+    p.dead = true;
+    p.why = why;
+    p.out->broken.store(1, std::memory_order_seq_cst);
+    ring(p);
+  }
+}
+
+// Fails what peers that left can no longer complete. A peer writes
+// everything it sends before it leaves, so one more round reads it first.
+void ShmP2p::check_peers() {
+  for (auto& pp : peers_) {
+    Peer& p = *pp;
+    if (p.dead) continue;
+    const bool lost = lost_[p.rank].load(std::memory_order_acquire) ||
+                      process_exited(p.pidfd);
+    const bool left = p.their->closed.load(std::memory_order_seq_cst) != 0 ||
+                      p.in->broken.load(std::memory_order_seq_cst) != 0;
+    if (!lost && !left) continue;
+    progress(p);
+    kill(p, "connection to rank " + std::to_string(p.rank) +
+                " lost (it exited, failed or destroyed the group)");
+  }
+}
+
+void ShmP2p::expire(Clock::time_point now) {
+  std::vector<Op*> late;
+  for (Op* o : detached_) {
+    if (o->deadline <= now) late.push_back(o);
+  }
+  for (Op* o : late) {
+    if (!o->done.load(std::memory_order_relaxed)) time_out(*o);
+  }
+}
+
+void ShmP2p::ring(Peer& p) {
+  p.their->bell.fetch_add(1, std::memory_order_seq_cst);
+  if (p.their->sleepers.load(std::memory_order_seq_cst) > 0) {
+    futex_wake(&p.their->bell);
+  }
+}
+
+void ShmP2p::ring_self() {
+  seg_->bell.fetch_add(1, std::memory_order_seq_cst);
+  if (seg_->sleepers.load(std::memory_order_seq_cst) > 0) {
+    futex_wake(&seg_->bell);
+  }
+}
+
+void ShmP2p::sleep_until_rung(uint32_t seen, Clock::time_point until) {
+  const auto now = Clock::now();
+  if (now >= until) return;
+  seg_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  if (seg_->bell.load(std::memory_order_seq_cst) == seen) {
+    futex_wait(&seg_->bell, seen,
+               std::min<std::chrono::nanoseconds>(until - now, kLivenessSlice));
+  }
+  seg_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+bool ShmP2p::wait(Op& op, Clock::time_point until) {
+  struct Waiting {
+    std::atomic<int>& n;
+    explicit Waiting(std::atomic<int>& w) : n(w) { n.fetch_add(1); }
+    ~Waiting() { n.fetch_sub(1); }
+  } waiting(in_wait_);
+  int spins = 0;
+  for (;;) {
+    const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
+    Clock::time_point deadline;
+    {
+      std::lock_guard lock(mu_);
+      if (op.done.load(std::memory_order_relaxed)) return true;
+      if (progress()) spins = 0;
+      if (op.done.load(std::memory_order_relaxed)) return true;
+      const auto now = Clock::now();
+      if (now >= op.deadline) {
+        time_out(op);
+        return true;
+      }
+      if (now >= until) return false;
+      if (spins >= kSpins) {
+        check_peers();
+        if (op.done.load(std::memory_order_relaxed)) return true;
+      }
+      deadline = op.deadline;
+    }
+    if (spins < kSpins) {
+      while (seg_->bell.load(std::memory_order_acquire) == seen &&
+             ++spins < kSpins) {
+        cpu_relax();
+      }
+      continue;
+    }
+    sleep_until_rung(seen, std::min(until, deadline));
+  }
+}
+
+bool ShmP2p::test(Op& op) {
+  std::lock_guard lock(mu_);
+  if (!op.done.load(std::memory_order_relaxed)) progress();
+  return op.done.load(std::memory_order_relaxed);
+}
+
+void ShmP2p::arm(Op& op, Clock::time_point deadline) {
+  std::lock_guard lock(mu_);
+  if (op.deadline == Clock::time_point::max()) op.deadline = deadline;
+}
+
+void ShmP2p::detach(Op& op) {
+  std::lock_guard lock(mu_);
+  if (op.done.load(std::memory_order_relaxed) || op.detached) return;
+  op.detached = true;
+  detached_.push_back(&op);
+  if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  detach_cv_.notify_all();
+}
+
+// The engine's thread: drives detached operations while nobody waits for
+// them, and fails them at their deadline.
+void ShmP2p::loop() {
+  in_wait_.fetch_add(1);
+  std::unique_lock lock(mu_);
+  while (!stop_) {
+    if (detached_.empty()) {
+      detach_cv_.wait(lock);
+      continue;
+    }
+    const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
+    progress();
+    expire(Clock::now());
+    check_peers();
+    if (detached_.empty()) continue;
+    auto next = Clock::time_point::max();
+    for (Op* o : detached_) next = std::min(next, o->deadline);
+    lock.unlock();
+    sleep_until_rung(seen, next);
+    lock.lock();
+  }
+  in_wait_.fetch_sub(1);
+}
+
+std::string ShmP2p::stage(const Op& op) {
+  std::lock_guard lock(mu_);
+  return stage_of(op);
+}
+
+std::string ShmP2p::stage_of(const Op& op) const {
+  if (!op.matched) {
+    return op.is_send
+               ? std::string("no matching recv posted there yet") +
+                     (op.written ? " (the payload is in shared memory)" : "")
+               : "no matching send posted there yet";
+  }
+  const uint64_t total = op.mismatch ? op.their_nbytes : op.nbytes;
+  return "payload of " + bytes_text(total) + " in transfer (" +
+         std::to_string(op.moved) + (op.is_send ? " written)" : " read)");
+}
+
+void ShmP2p::peers_lost(const std::vector<int>& ranks) {
+  for (int r : ranks) {
+    if (r >= 0 && r < static_cast<int>(peer_index_.size())) {
+      lost_[r].store(true, std::memory_order_release);
+    }
+  }
+  if (seg_) ring_self();
+}
+
+void ShmP2p::close(const std::string& why) {
+  std::lock_guard lock(mu_);
+  for (auto& p : peers_) kill(*p, "the group failed: " + why);
+  if (seg_) seg_->closed.store(1, std::memory_order_seq_cst);
+  for (auto& p : peers_) ring(*p);
+}
+
+}  // namespace dlaunch::comm::gloo

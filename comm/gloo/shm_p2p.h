@@ -1,0 +1,152 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/gloo/shm_segment.h"
+
+namespace dlaunch::comm::gloo {
+
+// Point to point between ranks on one host over shared memory. Each rank's
+// segment holds, for every peer on its host, a data ring (each send's
+// header, then its payload, streamed as the receiver makes room) and a
+// control ring (each recv's header, posted when the recv is: the sender's
+// proof that it matched). The k-th send with a tag to a peer matches the
+// k-th recv with that tag from it, as over TCP; a payload that arrives
+// before its recv stays in the ring, unless a recv from the same peer with
+// another tag waits behind it, in which case it is copied aside. Waiters
+// spin briefly, then sleep on the rank's futex "bell", which every peer
+// rings after it writes. Progress is made by whichever thread waits, under
+// one mutex; operations handed over by detach() by a thread of its own.
+// Owned by a group's state (shared with its Works).
+class ShmP2p {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // One isend or irecv, owned by its Work. Registered by post(); the engine
+  // forgets it once `done` (success or failure), so the Work may go then.
+  struct Op {
+    bool is_send = false;
+    int peer = 0;
+    int tag = 0;
+    char* data = nullptr;
+    uint64_t nbytes = 0;
+    uint32_t dtype = 0;
+
+    // Set under the engine's mutex; readable by the Work once `done`.
+    std::atomic<bool> done{false};
+    bool mismatch = false;  // the other side's size or dtype differs
+    uint32_t their_dtype = 0;
+    uint64_t their_nbytes = 0;
+    bool timed_out = false;  // failed at `deadline`
+    std::string failure;     // why it failed; the stage when timed out
+
+    // The engine's bookkeeping (under its mutex).
+    Clock::time_point deadline = Clock::time_point::max();
+    bool detached = false;
+    bool matched = false;  // send: its recv's header came; recv: its send's
+    bool written = false;  // send: header and payload are in the ring
+    uint64_t moved = 0;    // payload bytes written (send) or read (recv)
+  };
+
+  // Creates this rank's segment, named `base` + rank, with rings for every
+  // other rank of `local` (the sorted group ranks on this host, this rank
+  // among them). ok() false with `error` set on failure.
+  ShmP2p(const std::string& base, int rank, std::vector<int> local,
+         std::string& error);
+  // Marks this rank gone, wakes its peers, joins the progress thread.
+  ~ShmP2p();
+  ShmP2p(const ShmP2p&) = delete;
+  ShmP2p& operator=(const ShmP2p&) = delete;
+
+  bool ok() const { return mine_.ok(); }
+  // Maps every local peer's segment (once all have created theirs).
+  bool open_peers(std::string& error);
+  // Removes this rank's segment name (the mappings stay).
+  void unlink() { mine_.unlink(); }
+  // Whether point to point with group rank `peer` goes through here.
+  bool serves(int peer) const;
+
+  // Starts `op`; false with `error` set when the pair is unusable.
+  bool post(Op& op, std::string& error);
+  // Makes progress until `op` is done (true) or `until` passes (false). At
+  // op.deadline the op fails as timed out (done, true).
+  bool wait(Op& op, Clock::time_point until);
+  // One round of progress; whether `op` is done. Never blocks.
+  bool test(Op& op);
+  // Sets op.deadline to `deadline` unless it has one.
+  void arm(Op& op, Clock::time_point deadline);
+  // The engine's thread drives `op` from now on (failing it at its
+  // deadline, which must be set), while nobody waits for it.
+  void detach(Op& op);
+  // Where `op` stands, for a timeout message ("no matching recv posted
+  // there yet", "payload of 4096 bytes in transfer (1024 moved)").
+  std::string stage(const Op& op);
+
+  // The connection watch saw these ranks' TCP connections fail: wakes the
+  // waiters, which fail the operations those ranks can no longer complete.
+  // Callable from any thread (takes no lock).
+  void peers_lost(const std::vector<int>& ranks);
+  // Marks this rank gone (its group failed): every operation in flight
+  // here and at the peers with this rank fails.
+  void close(const std::string& why);
+
+ private:
+  struct Seg;
+  struct Pair;
+  struct Rec;
+  struct Unexpected;
+  struct Peer;
+
+  Peer* peer_of(int rank);
+  bool progress();  // under mu_; whether anything moved
+  bool progress(Peer& p);
+  bool read_control(Peer& p);
+  bool write_control(Peer& p);
+  bool write_data(Peer& p);
+  bool read_data(Peer& p);
+  void matched(Op& send, const Rec& r);
+  void deliver(Peer& p, Unexpected& u);
+  void finish(Op& op);
+  void fail(Op& op, const std::string& why);
+  void time_out(Op& op);
+  std::string stage_of(const Op& op) const;
+  void kill(Peer& p, const std::string& why);
+  void check_peers();
+  void expire(Clock::time_point now);
+  void ring(Peer& p);
+  void ring_self();
+  void sleep_until_rung(uint32_t seen, Clock::time_point until);
+  void loop();
+
+  const std::string base_;
+  const int rank_;
+  const std::vector<int> local_;
+  size_t segment_bytes_ = 0;
+  ShmSegment mine_;
+  Seg* seg_ = nullptr;  // this rank's header, in mine_
+  std::vector<std::unique_ptr<Peer>> peers_;
+  std::vector<int> peer_index_;  // group rank -> index in peers_, or -1
+  // Ranks the connection watch reported (index = group rank).
+  std::unique_ptr<std::atomic<bool>[]> lost_;
+
+  // Threads in wait() or the engine's loop: above one, finishing an op
+  // rings this rank's own bell, so that a thread waiting for it wakes.
+  std::atomic<int> in_wait_{0};
+  std::mutex mu_;  // guards the progress state and every registered Op
+  std::vector<Op*> detached_;
+  bool stop_ = false;
+  std::condition_variable detach_cv_;  // an op was detached, or stop_
+  std::thread thread_;                 // started by the first detach()
+};
+
+}  // namespace dlaunch::comm::gloo

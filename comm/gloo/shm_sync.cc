@@ -1,0 +1,46 @@
+#include "comm/gloo/shm_sync.h"
+
+#include <linux/futex.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <climits>
+
+#include "comm/pidfd.h"
+
+namespace dlaunch::comm::gloo {
+
+void futex_wake(std::atomic<uint32_t>* word) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX,
+            nullptr, nullptr, 0);
+}
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected,
+                std::chrono::nanoseconds timeout) {
+  if (timeout.count() <= 0) return;
+  timespec ts{static_cast<time_t>(timeout.count() / 1000000000),
+              static_cast<long>(timeout.count() % 1000000000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected,
+            &ts, nullptr, 0);
+}
+
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? st.st_ino : 0;
+}
+
+int watch_process(int32_t pid, uint64_t pid_ns) {
+  if (pid == ::getpid() || pid_ns == 0 || pid_ns != pid_namespace()) return -1;
+  return dlaunch::pidfd_open(pid);
+}
+
+bool process_exited(int pidfd) {
+  if (pidfd < 0) return false;
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0;
+}
+
+}  // namespace dlaunch::comm::gloo

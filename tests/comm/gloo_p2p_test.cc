@@ -1,0 +1,205 @@
+// Point to point over shared memory (ranks on one host, the default here)
+// behaves as over TCP (DLAUNCH_COMM_SHM_MIN_BYTES=off): every scenario runs
+// on both paths and asserts the path through last_path(). Tags match
+// independently and in post order per tag; payloads larger than a ring
+// stream through it; receives posted in another order than the sends, a
+// receiver busy in a collective, and sends and receives crossing in both
+// directions all complete.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/gloo/process_group.h"
+#include "tests/comm/rank_threads.h"
+
+namespace dlaunch::comm {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::run_ranks;
+
+// Larger than a pair's ring (256 KiB), so that it streams.
+constexpr size_t kBig = 3 << 18;  // floats: 3 MiB
+
+std::vector<float> pattern(size_t n, int from, int tag) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = static_cast<float>((i * 7 + from * 1000 + tag * 31) % 4093);
+  }
+  return v;
+}
+
+class GlooP2pTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    if (!GetParam()) setenv("DLAUNCH_COMM_SHM_MIN_BYTES", "off", 1);
+  }
+  void TearDown() override { unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES"); }
+  const char* path() const { return GetParam() ? "shm-p2p" : "tcp"; }
+};
+INSTANTIATE_TEST_SUITE_P(Paths, GlooP2pTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "SharedMemory" : "Tcp";
+                         });
+
+TEST_P(GlooP2pTest, EveryPairAndSizeWithReceivesPostedInReverseTagOrder) {
+  const std::vector<size_t> sizes = {0, 1, 1000, kBig};
+  run_ranks(3, [&](ProcessGroup& pg) {
+    const int r = pg.rank();
+    std::vector<std::unique_ptr<Work>> works;
+    std::vector<std::vector<float>> out, in;
+    for (int to = 0; to < 3; ++to) {
+      if (to == r) continue;
+      for (size_t k = 0; k < sizes.size(); ++k) {
+        out.push_back(pattern(sizes[k], r, static_cast<int>(k)));
+        works.push_back(
+            pg.isend(Tensor::of(out.back()), to, static_cast<int>(k)));
+        EXPECT_EQ(gloo::last_path(pg), path());
+      }
+    }
+    std::vector<std::pair<int, int>> from_tag;
+    for (int from = 0; from < 3; ++from) {
+      if (from == r) continue;
+      for (int k = static_cast<int>(sizes.size()) - 1; k >= 0; --k) {
+        in.emplace_back(sizes[k], -1.0f);
+        from_tag.emplace_back(from, k);
+        works.push_back(pg.irecv(Tensor::of(in.back()), from, k));
+      }
+    }
+    // Received first, then sent: a receive waited for makes the progress
+    // the sends behind it need.
+    for (size_t i = works.size(); i-- > 0;) works[i]->wait(pg.timeout());
+    for (size_t i = 0; i < in.size(); ++i) {
+      auto [from, k] = from_tag[i];
+      EXPECT_EQ(in[i], pattern(sizes[k], from, k))
+          << "rank " << r << " from " << from << " tag " << k;
+    }
+  });
+}
+
+TEST_P(GlooP2pTest, EqualTagsMatchInPostOrder) {
+  run_ranks(2, [&](ProcessGroup& pg) {
+    for (int round = 0; round < 3; ++round) {
+      if (pg.rank() == 0) {
+        for (int i = 0; i < 4; ++i) {
+          auto v = pattern(i == 2 ? kBig : 10, 0, round * 4 + i);
+          pg.send(Tensor::of(v), 1, 7);
+        }
+      } else {
+        for (int i = 0; i < 4; ++i) {
+          std::vector<float> v(i == 2 ? kBig : 10);
+          pg.recv(Tensor::of(v), 0, 7);
+          EXPECT_EQ(v, pattern(v.size(), 0, round * 4 + i)) << i;
+        }
+      }
+      EXPECT_EQ(gloo::last_path(pg), path());
+    }
+  });
+}
+
+TEST_P(GlooP2pTest, AnEarlyPayloadIsSetAsideForTheRecvBehindIt) {
+  // Rank 0's first send (tag 1, larger than the ring) is received last.
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto big = pattern(kBig, 0, 1);
+    auto small = pattern(5, 0, 2);
+    if (pg.rank() == 0) {
+      auto a = pg.isend(Tensor::of(big), 1, 1);
+      auto b = pg.isend(Tensor::of(small), 1, 2);
+      b->wait(pg.timeout());
+      a->wait(pg.timeout());
+    } else {
+      std::vector<float> got_small(5), got_big(kBig);
+      pg.recv(Tensor::of(got_small), 0, 2);
+      pg.recv(Tensor::of(got_big), 0, 1);
+      EXPECT_EQ(got_small, small);
+      EXPECT_EQ(got_big, big);
+    }
+  });
+}
+
+TEST_P(GlooP2pTest, SendsAndReceivesCrossingBothWays) {
+  // Each rank streams a large payload to the other while the other's
+  // receive for it is posted only after a small exchange the other way.
+  run_ranks(2, [&](ProcessGroup& pg) {
+    const int peer = 1 - pg.rank();
+    auto big = pattern(kBig, pg.rank(), 3);
+    auto mine = pattern(4, pg.rank(), 4);
+    std::vector<float> got_big(kBig), got(4);
+    auto s = pg.isend(Tensor::of(big), peer, 3);
+    if (pg.rank() == 0) {
+      pg.send(Tensor::of(mine), peer, 4);
+      pg.recv(Tensor::of(got), peer, 4);
+    } else {
+      pg.recv(Tensor::of(got), peer, 4);
+      pg.send(Tensor::of(mine), peer, 4);
+    }
+    pg.recv(Tensor::of(got_big), peer, 3);
+    s->wait(pg.timeout());
+    EXPECT_EQ(got, pattern(4, peer, 4));
+    EXPECT_EQ(got_big, pattern(kBig, peer, 3));
+  });
+}
+
+TEST_P(GlooP2pTest, APolledReceiveProgressesWhileItsRankRunsACollective) {
+  // Rank 1 polls its receive once, then joins a barrier; rank 0's send,
+  // larger than the ring, completes before rank 0 joins the barrier only if
+  // the receive makes progress on its own.
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto big = pattern(kBig, 0, 5);
+    if (pg.rank() == 0) {
+      pg.send(Tensor::of(big), 1, 5);
+      pg.barrier();
+    } else {
+      std::vector<float> got(kBig);
+      auto w = pg.irecv(Tensor::of(got), 0, 5);
+      w->is_completed();
+      pg.barrier();
+      w->wait(pg.timeout());
+      EXPECT_TRUE(w->is_completed());
+      EXPECT_EQ(got, big);
+    }
+  });
+}
+
+TEST_P(GlooP2pTest, SubGroupsMixingRanks) {
+  run_ranks(4, [&](ProcessGroup& world) {
+    auto sub = world.new_group({1, 3});
+    if (!sub) return;
+    const int peer = 1 - sub->rank();
+    auto mine = pattern(kBig, world.rank(), 0);
+    std::vector<float> got(kBig);
+    auto s = sub->isend(Tensor::of(mine), peer, 0);
+    sub->recv(Tensor::of(got), peer, 0);
+    s->wait(sub->timeout());
+    EXPECT_EQ(gloo::last_path(*sub), path());
+    EXPECT_EQ(got, pattern(kBig, world.rank() == 1 ? 3 : 1, 0));
+  });
+}
+
+TEST_P(GlooP2pTest, ARecvWithoutASendFailsAtTheGroupTimeoutNamingThePeer) {
+  run_ranks(2, [&](ProcessGroup& world) {
+    auto pg = world.new_group({0, 1}, milliseconds(300));
+    std::vector<float> v(4);
+    if (pg->rank() == 1) {
+      try {
+        pg->recv(Tensor::of(v), 0, 3);
+        ADD_FAILURE() << "recv without a send returned";
+      } catch (const CommTimeoutError& e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("recv from rank 0 (tag 3)"));
+        EXPECT_THAT(e.what(), ::testing::HasSubstr(
+                                  "timed out after 300 ms (the group timeout) "
+                                  "waiting for rank 0"));
+      }
+    }
+    world.barrier();  // rank 0 leaves only once rank 1 has failed
+  });
+}
+
+}  // namespace
+}  // namespace dlaunch::comm
