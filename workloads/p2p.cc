@@ -4,15 +4,21 @@
 #include <cstdint>
 #include <sstream>
 
+#include "comm/gloo/process_group.h"
 #include "workloads/op_buffer.h"
 
 namespace dlaunch::workloads {
 namespace {
 
+// "blocking: rank 1 has data 1", with the path ranks 0 and 1 took on gloo
+// (" (path shm-p2p)").
 void report(comm::ProcessGroup& pg, const char* what, float v,
             std::ostream& out) {
   std::ostringstream line;
-  line << what << " rank " << pg.rank() << " has data " << v << "\n";
+  line << what << " rank " << pg.rank() << " has data " << v;
+  const std::string path = comm::gloo::last_path(pg);
+  if (pg.rank() <= 1 && !path.empty()) line << " (path " << path << ")";
+  line << "\n";
   out << line.str() << std::flush;
 }
 

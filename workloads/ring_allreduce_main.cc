@@ -3,6 +3,7 @@
 #include <sstream>
 #include <vector>
 
+#include "comm/gloo/process_group.h"
 #include "workloads/op_buffer.h"
 #include "workloads/ring_allreduce.h"
 #include "workloads/worker.h"
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
       send[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 5));
     }
     ring_all_reduce(*pg, send, ring);
+    const std::string path = dlaunch::comm::gloo::last_path(*pg);
     ref = send;
     all_reduce_host(*pg, dlaunch::comm::Tensor::of(ref));
     std::vector<double> wrong = {ring == ref ? 0.0 : 1.0};
@@ -37,7 +39,7 @@ int main(int argc, char** argv) {
       line << (i ? ", " : "") << ring[i];
     line << (count > 8 ? ", ...]" : "]")
          << (wrong[0] == 0 ? " matches all_reduce" : " DIFFERS from all_reduce")
-         << "\n";
+         << (path.empty() ? "" : " (send/recv path " + path + ")") << "\n";
     std::cout << line.str() << std::flush;
     all_reduce_host(*pg, dlaunch::comm::Tensor::of(wrong));
     if (rank == 0) {

@@ -54,6 +54,8 @@ TEST_P(Nproc, P2p) {
   EXPECT_THAT(r.out, HasSubstr("blocking: rank 1 has data 1"));
   EXPECT_THAT(r.out, HasSubstr("non-blocking: rank 1 has data 1"));
   EXPECT_THAT(r.out, HasSubstr("blocking: rank 0 has data 1"));
+  // Ranks on one host: point to point through shared memory.
+  EXPECT_THAT(r.out, HasSubstr("blocking: rank 1 has data 1 (path shm-p2p)"));
 }
 
 TEST_P(Nproc, P2pPingPong) {
@@ -81,7 +83,7 @@ TEST_P(Nproc, RingAllReduce) {
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.out, HasSubstr("PASS ring all-reduce on " +
                                std::to_string(GetParam()) + " ranks"));
-  EXPECT_THAT(r.out, HasSubstr("matches all_reduce"));
+  EXPECT_THAT(r.out, HasSubstr("matches all_reduce (send/recv path shm-p2p)"));
 }
 
 TEST_P(Nproc, Bench) {
@@ -106,7 +108,10 @@ TEST(BenchPingPong, RunsBetweenRanksZeroAndOneAndNamesItsPath) {
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     EXPECT_THAT(r.out, HasSubstr("# pingpong: 3 ranks"));
     EXPECT_THAT(r.out, HasSubstr("Out of bounds values : 0 OK"));
-    EXPECT_THAT(r.out, HasSubstr(*shm ? "#  path: tcp" : "#  path: shm-check"));
+    EXPECT_THAT(r.out, HasSubstr(*shm ? "#  path: tcp" : "#  path: shm-p2p"));
+    if (!*shm) {
+      EXPECT_THAT(r.out, HasSubstr("#  path: shm-check"));
+    }
     if (*shm) {
       EXPECT_THAT(r.out, Not(HasSubstr("shm-")));
     }
