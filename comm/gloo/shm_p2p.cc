@@ -301,6 +301,19 @@ bool ShmP2p::progress(Peer& p) {
   return any;
 }
 
+// Removes the first of `ops` waiting for the other side's header `r` (the
+// same tag) and records the match; null when none waits for it.
+ShmP2p::Op* ShmP2p::match(std::vector<Op*>& ops, const Rec& r) {
+  Op* op = nullptr;
+  if (!take_first(
+          ops, [&](Op* o) { return o->tag == static_cast<int>(r.tag); }, op)) {
+    return nullptr;
+  }
+  op->matched = true;
+  compare(*op, r.dtype, r.nbytes);
+  return op;
+}
+
 bool ShmP2p::read_control(Peer& p) {
   const uint64_t head = p.in->ctl_head.load(std::memory_order_acquire);
   if (head == p.in_ctl_tail) return false;
@@ -308,12 +321,7 @@ bool ShmP2p::read_control(Peer& p) {
     Rec r;
     std::memcpy(&r, p.in_ctl + (p.in_ctl_tail % kControlRecords) * 16, 16);
     ++p.in_ctl_tail;
-    Op* s = nullptr;
-    if (take_first(
-            p.unmatched,
-            [&](Op* o) { return o->tag == static_cast<int>(r.tag); }, s)) {
-      s->matched = true;
-      compare(*s, r.dtype, r.nbytes);
+    if (Op* s = match(p.unmatched, r)) {
       if (s->written) finish(*s);
     } else {
       p.early.push_back(r);
@@ -424,16 +432,12 @@ bool ShmP2p::read_data(Peer& p) {
       if (head - p.in_tail < sizeof(Rec)) break;
       Rec r;
       ring_get(p.in_data, p.in_tail, &r, sizeof(r));
-      Op* op = nullptr;
       Unexpected* u = nullptr;
-      if (take_first(
-              p.posted,
-              [&](Op* o) { return o->tag == static_cast<int>(r.tag); }, op)) {
-        op->matched = true;
-        compare(*op, r.dtype, r.nbytes);
-      } else if (p.posted.empty()) {
+      Op* op = match(p.posted, r);
+      if (!op && p.posted.empty()) {
         break;  // nobody waits behind it: it stays in the ring
-      } else {
+      }
+      if (!op) {
         auto e = std::make_unique<Unexpected>();
         e->h = r;
         e->data.resize(r.nbytes);

@@ -114,7 +114,7 @@ class ShmP2p {
   bool write_control(Peer& p);
   bool write_data(Peer& p);
   bool read_data(Peer& p);
-  void matched(Op& send, const Rec& r);
+  static Op* match(std::vector<Op*>& ops, const Rec& r);
   void deliver(Peer& p, Unexpected& u);
   void finish(Op& op);
   void fail(Op& op, const std::string& why);

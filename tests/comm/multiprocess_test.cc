@@ -283,36 +283,35 @@ TEST(MultiProcessTest, PeerKilledMidAllReduceFailsTheOthersFast) {
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, seconds(10));
 }
 
-TEST(MultiProcessTest, PeerKilledMidTransferFailsPendingReceivesFast) {
-  // Ranks 0 and 1 each receive 64 MiB from rank 2, over TCP (shared memory
-  // off, so that this keeps testing TCP once point to point has a
-  // shared-memory path). The receivers are stopped once their receive is
-  // posted, so rank 2 fills the sockets and blocks mid-payload; it is killed
-  // there. Gloo tells a failed connection only to operations still queued
-  // on it, not to a receive whose bytes are in transfer: the survivors must
-  // notice the death themselves, not wait out the 120 s timeout.
+// The p2p-from-last job on 3 ranks (timeout 120 s, shared memory as
+// `shm` says): once ranks 0 and 1 have posted their receives from rank 2
+// over `path`, they are SIGSTOPped; returns when rank 2 has posted its
+// sends.
+std::vector<std::unique_ptr<Subprocess>> start_p2p_stopping_receivers(
+    const std::string& path, const std::string& shm) {
   auto procs = start_workers(3, {"p2p-from-last"},
                              {{"MASTER_ADDR", "127.0.0.1"},
                               {"MASTER_PORT", std::to_string(free_port())},
                               {"DLAUNCH_COMM_TIMEOUT", "120"},
-                              {"DLAUNCH_COMM_SHM_MIN_BYTES", "off"}});
+                              {"DLAUNCH_COMM_SHM_MIN_BYTES", shm}});
   for (int r : {0, 1}) {
-    ASSERT_TRUE(procs[r]->wait_for_output(
-        "rank " + std::to_string(r) + " waiting", seconds(30)))
-        << "rank " << r << ": " << procs[r]->err();
+    EXPECT_TRUE(procs[r]->wait_for_output(
+        "rank " + std::to_string(r) + " waiting (" + path + ")", seconds(30)))
+        << "rank " << r << ": " << procs[r]->out() << procs[r]->err();
     procs[r]->signal(SIGSTOP);
-    ASSERT_TRUE(eventually(
+    EXPECT_TRUE(eventually(
         [&] { return process_state(procs[r]->pid()) == 'T'; }, seconds(10)));
   }
-  ASSERT_TRUE(procs[2]->wait_for_output("rank 2 sending", seconds(30)))
-      << procs[2]->err();
-  // Payload bytes queued towards both receivers (more than any control
-  // message): both are mid-transfer.
-  ASSERT_TRUE(eventually(
-      [&] { return sockets_with_queued_bytes(procs[2]->pid(), 4096) >= 2; },
-      seconds(30)))
-      << "sockets of rank 2 with bytes queued: "
-      << sockets_with_queued_bytes(procs[2]->pid(), 1);
+  EXPECT_TRUE(
+      procs[2]->wait_for_output("rank 2 sending (" + path + ")", seconds(30)))
+      << procs[2]->out() << procs[2]->err();
+  return procs;
+}
+
+// SIGKILLs rank 2 and resumes ranks 0 and 1, whose receives must fail at
+// once naming it, not at the 120 s timeout.
+void kill_sender_expecting_fast_failures(
+    std::vector<std::unique_ptr<Subprocess>>& procs) {
   procs[2]->signal(SIGKILL);
   EXPECT_EQ(procs[2]->wait(seconds(10)).signal, SIGKILL);
   for (int r : {0, 1}) procs[r]->signal(SIGCONT);
@@ -324,6 +323,25 @@ TEST(MultiProcessTest, PeerKilledMidTransferFailsPendingReceivesFast) {
                 HasSubstr("recv from rank 2 (tag 0) on group 'world'"));
     EXPECT_THAT(res.err, HasSubstr("connection to rank 2 lost"));
   }
+}
+
+TEST(MultiProcessTest, PeerKilledMidTransferFailsPendingReceivesFast) {
+  // Ranks 0 and 1 each receive 64 MiB from rank 2, over TCP (shared memory
+  // off, so that this keeps testing TCP now that point to point has a
+  // shared-memory path). The receivers are stopped once their receive is
+  // posted, so rank 2 fills the sockets and blocks mid-payload; it is killed
+  // there. Gloo tells a failed connection only to operations still queued
+  // on it, not to a receive whose bytes are in transfer: the survivors must
+  // notice the death themselves, not wait out the 120 s timeout.
+  auto procs = start_p2p_stopping_receivers("tcp", "off");
+  // Payload bytes queued towards both receivers (more than any control
+  // message): both are mid-transfer.
+  ASSERT_TRUE(eventually(
+      [&] { return sockets_with_queued_bytes(procs[2]->pid(), 4096) >= 2; },
+      seconds(30)))
+      << "sockets of rank 2 with bytes queued: "
+      << sockets_with_queued_bytes(procs[2]->pid(), 1);
+  kill_sender_expecting_fast_failures(procs);
 }
 
 // The names of this job's kind in /dev/shm right now.
@@ -393,33 +411,9 @@ TEST(MultiProcessTest, PeerKilledMidEachSharedMemoryOperationFailsTheOthers) {
 // nothing may stay in /dev/shm.
 TEST(MultiProcessTest, PeerKilledMidSharedMemoryTransferFailsReceivesFast) {
   const std::set<std::string> before = shm_names();
-  auto procs = start_workers(3, {"p2p-from-last"},
-                             {{"MASTER_ADDR", "127.0.0.1"},
-                              {"MASTER_PORT", std::to_string(free_port())},
-                              {"DLAUNCH_COMM_TIMEOUT", "120"}});
-  for (int r : {0, 1}) {
-    ASSERT_TRUE(procs[r]->wait_for_output(
-        "rank " + std::to_string(r) + " waiting (shm-p2p)", seconds(30)))
-        << "rank " << r << ": " << procs[r]->out() << procs[r]->err();
-    procs[r]->signal(SIGSTOP);
-    ASSERT_TRUE(eventually(
-        [&] { return process_state(procs[r]->pid()) == 'T'; }, seconds(10)));
-  }
   // Posting wrote the first ring's worth of each payload.
-  ASSERT_TRUE(
-      procs[2]->wait_for_output("rank 2 sending (shm-p2p)", seconds(30)))
-      << procs[2]->out() << procs[2]->err();
-  procs[2]->signal(SIGKILL);
-  EXPECT_EQ(procs[2]->wait(seconds(10)).signal, SIGKILL);
-  for (int r : {0, 1}) procs[r]->signal(SIGCONT);
-  for (int r : {0, 1}) {
-    CommandResult res = procs[r]->wait(seconds(20));
-    EXPECT_FALSE(res.timed_out) << "rank " << r << " waited for the timeout";
-    EXPECT_EQ(res.exit_code, 3) << "rank " << r << ": " << res.out << res.err;
-    EXPECT_THAT(res.err,
-                HasSubstr("recv from rank 2 (tag 0) on group 'world'"));
-    EXPECT_THAT(res.err, HasSubstr("connection to rank 2 lost"));
-  }
+  auto procs = start_p2p_stopping_receivers("shm-p2p", "");
+  kill_sender_expecting_fast_failures(procs);
   expect_no_new_shm(before);
 }
 
