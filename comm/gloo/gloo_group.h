@@ -89,9 +89,11 @@ inline uint64_t coll_slot(uint64_t prefix, uint32_t tag, uint32_t sub = 0) {
 }
 
 // Time left until `deadline`, at least 1 ms (Gloo reads 0 as "no timeout"
-// in places): every wait of one operation shares one deadline.
+// in places): every wait of one operation shares one deadline. Rounded up,
+// so that a wait Gloo ends at its timeout ends at or after the deadline,
+// which is how callers tell a timeout from a failure.
 inline milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<milliseconds>(
+  auto left = std::chrono::ceil<milliseconds>(
       deadline - std::chrono::steady_clock::now());
   return std::max(left, milliseconds(1));
 }
