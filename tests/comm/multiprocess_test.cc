@@ -344,12 +344,15 @@ TEST(MultiProcessTest, PeerKilledMidTransferFailsPendingReceivesFast) {
   kill_sender_expecting_fast_failures(procs);
 }
 
-// The names of this job's kind in /dev/shm right now.
+// The names of comm's shared-memory segments in /dev/shm right now (files;
+// the folders dlaunch agents of concurrent tests make there are not ours).
 std::set<std::string> shm_names() {
   std::set<std::string> out;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
     const std::string name = e.path().filename().string();
-    if (name.rfind("dlaunch-", 0) == 0) out.insert(name);
+    if (e.is_regular_file() && name.rfind("dlaunch-", 0) == 0) {
+      out.insert(name);
+    }
   }
   return out;
 }
