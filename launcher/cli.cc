@@ -2,18 +2,21 @@
 
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
+#include <algorithm>
 #include <array>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/readable_pipe.hpp>
 #include <boost/process/v2/process.hpp>
 #include <boost/process/v2/stdio.hpp>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -41,6 +44,115 @@ struct DieWithParent {
 // "--term-timeout: '0' is not valid; ..." (or "--nproc-per-node gpu: ...").
 std::string bad_value_text(const std::string& where, const BadValue& b) {
   return where + (b.about.empty() ? "" : " " + b.about) + ": " + b.message;
+}
+
+// The flags before the program: each flag's values in the order given
+// (a switch's count is its number of values), and the rest: unknown
+// options as given, then the program (or "--") and everything after it.
+struct ScannedArgs {
+  std::vector<std::vector<std::string>> values;  // indexed like flags()
+  std::vector<std::string> rest;
+};
+
+// Every spelling of every flag ("--nproc-per-node", "--nproc_per_node",
+// "-m"), sorted, with its index in flags(); built once.
+const std::vector<std::pair<std::string, size_t>>& spelling_index() {
+  static const auto kIndex = [] {
+    std::vector<std::pair<std::string, size_t>> index;
+    for (size_t i = 0; i < flags().size(); ++i) {
+      for (std::string& s : spellings(flags()[i])) {
+        index.emplace_back(std::move(s), i);
+      }
+    }
+    std::sort(index.begin(), index.end());
+    return index;
+  }();
+  return kIndex;
+}
+
+std::optional<size_t> flag_index(std::string_view spelling) {
+  const auto& index = spelling_index();
+  auto it = std::lower_bound(
+      index.begin(), index.end(), spelling,
+      [](const auto& entry, std::string_view s) { return entry.first < s; });
+  if (it == index.end() || it->first != spelling) return std::nullopt;
+  return it->second;
+}
+
+// A character that may start an option's name after its dashes.
+bool starts_name(char c) {
+  return c != '-' && c != '!' && c != ' ' && c != '\n';
+}
+
+// Splits off the flags before the program, with the rules dlaunch has always
+// had (those of CLI11, which it used before; kept so that command lines keep
+// their meaning): --NAME VALUE, --NAME=VALUE (an empty one takes the next
+// argument), -X VALUE, -XVALUE, -XY for switches X and Y; a value is the
+// next argument whatever it looks like. Unknown options are set aside and
+// scanning goes on (so --help after one still answers); the first argument
+// that is not an option (a bare "-", "-1", "") and everything after it, or
+// "--" and everything after it, is the rest. A value flag without its
+// value, or given twice (unless repeatable), throws UsageError.
+ScannedArgs scan_flags(const std::vector<std::string>& args) {
+  const std::vector<FlagSpec>& table = flags();
+  ScannedArgs out;
+  out.values.resize(table.size());
+  std::optional<std::string> pushed;  // what -XY leaves after switch X: "-Y"
+  size_t next = 0;
+  while (pushed || next < args.size()) {
+    std::string cur = pushed ? std::move(*pushed) : args[next++];
+    pushed.reset();
+    std::string spelling, value;
+    bool is_short = false;
+    if (cur.size() > 2 && cur.starts_with("--") && starts_name(cur[2])) {
+      size_t eq = cur.find('=');
+      spelling = cur.substr(0, eq);
+      if (eq != std::string::npos) value = cur.substr(eq + 1);
+    } else if (cur.size() > 1 && cur[0] == '-' && starts_name(cur[1])) {
+      is_short = true;
+      spelling = cur.substr(0, 2);
+      value = cur.substr(2);
+    }
+    std::optional<size_t> i;
+    if (!spelling.empty()) i = flag_index(spelling);
+    // "-1" is a program (or an argument) unless a flag is spelt so.
+    const bool digit =
+        is_short && std::isdigit(static_cast<unsigned char>(spelling[1])) != 0;
+    if (spelling.empty() || (digit && !i)) {
+      out.rest.push_back(std::move(cur));
+      out.rest.insert(out.rest.end(), args.begin() + next, args.end());
+      break;
+    }
+    if (!i) {
+      out.rest.push_back(std::move(cur));
+      continue;
+    }
+    const FlagSpec& f = table[*i];
+    if (f.type == ValueType::kSwitch) {
+      out.values[*i].push_back(is_short ? "" : value);
+      if (is_short && !value.empty()) pushed = "-" + value;
+      continue;
+    }
+    if (value.empty()) {
+      if (next == args.size()) {
+        throw UsageError{"dlaunch: --" + std::string(f.name) +
+                         ": 1 required TEXT missing; run 'dlaunch --help' "
+                         "for the valid forms"};
+      }
+      value = args[next++];
+    }
+    out.values[*i].push_back(std::move(value));
+  }
+  for (size_t i = 0; i < table.size(); ++i) {
+    const size_t n = out.values[i].size();
+    if (table[i].type != ValueType::kSwitch && !table[i].repeatable && n > 1) {
+      throw UsageError{"dlaunch: --" + std::string(table[i].name) +
+                       ": At Most 1 required but received " +
+                       std::to_string(n) +
+                       "; run 'dlaunch --help' for the valid forms"};
+    }
+  }
+  return out;
 }
 
 }  // namespace
@@ -107,51 +219,22 @@ int cuda_device_count(const agent::EnvMap& env) {
 
 ParseResult parse_command_line(const std::vector<std::string>& args,
                                const agent::EnvMap& env, const NoteSink& note) {
-  CLI::App app("dlaunch", "dlaunch");
-  app.set_help_flag();   // our own --help text
-  app.prefix_command();  // everything after PROG belongs to PROG
-  app.allow_extras();
-
-  // Every flag of the table, taken as text; validated by its apply().
-  struct Given {
-    CLI::Option* opt = nullptr;
-    std::string value;
-    std::vector<std::string> values;  // a repeatable flag's occurrences
-  };
-  std::map<std::string_view, Given> given;
-  for (const FlagSpec& f : flags()) {
-    std::string names;
-    for (const std::string& s : spellings(f)) {
-      names += (names.empty() ? "" : ",") + s;
-    }
-    Given& g = given[f.name];
-    if (f.repeatable) {
-      // One value per occurrence: PROG after it is not one of them.
-      g.opt = app.add_option(names, g.values)->allow_extra_args(false);
-    } else {
-      g.opt = f.type == ValueType::kSwitch ? app.add_flag(names)
-                                           : app.add_option(names, g.value);
-    }
-  }
-
-  // CLI11 wants argv order reversed in a vector<string>.
-  std::vector<std::string> rev(args.rbegin(), args.rend());
+  ScannedArgs scanned;
   try {
-    app.parse(rev);
-  } catch (const CLI::ParseError& e) {
-    std::string msg = e.what();
-    if (msg.find('\n') != std::string::npos)
-      msg = msg.substr(0, msg.find('\n'));
-    return UsageError{"dlaunch: " + msg +
-                      "; run 'dlaunch --help' for the valid forms"};
+    scanned = scan_flags(args);
+  } catch (const UsageError& e) {
+    return e;
   }
+  auto given = [&](const FlagSpec& f) -> const std::vector<std::string>& {
+    return scanned.values[&f - flags().data()];
+  };
   auto has = [&](std::string_view name) {
-    return given.at(name).opt->count() > 0;
+    return !given(*find_flag(name)).empty();
   };
   if (has("help")) return HelpRequested{};
   if (has("version")) return VersionRequested{};
 
-  std::vector<std::string> rest = app.remaining();
+  std::vector<std::string>& rest = scanned.rest;
   const bool separated = !rest.empty() && rest[0] == "--";
   if (separated) rest.erase(rest.begin());
   if (!separated && !rest.empty() && rest[0].size() > 1 && rest[0][0] == '-') {
@@ -167,7 +250,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   }
   if (has(config_flag)) {
     try {
-      file = load_job_file(given.at(config_flag).value, env);
+      file = load_job_file(given(*find_flag(config_flag))[0], env);
     } catch (const JobFileError& e) {
       return UsageError{"dlaunch: " + std::string(e.what())};
     }
@@ -214,7 +297,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
           sources.emplace_back(var, it->second);
         }
       }
-      for (const std::string& v : given.at(f.name).values) {
+      for (const std::string& v : given(f)) {
         sources.emplace_back("--" + std::string(f.name), v);
       }
       for (const auto& [where, value] : sources) {
@@ -233,8 +316,8 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
       }
     }
     std::string value, where = "--" + std::string(f.name);
-    if (has(f.name)) {
-      value = f.type == ValueType::kSwitch ? "1" : given.at(f.name).value;
+    if (!given(f).empty()) {
+      value = f.type == ValueType::kSwitch ? "1" : given(f)[0];
     } else if (auto it = env.find(pet_variable(f)); it != env.end()) {
       value = it->second;
       if (in_file && note) {

@@ -106,6 +106,38 @@ TEST(Cli, EverythingAfterTheProgramBelongsToIt) {
               HasSubstr("unknown option '--bogus'"));
 }
 
+// The flag syntax dlaunch has always accepted (CLI11's, before the table
+// parser replaced it), spelled out so that a rewrite cannot drift.
+TEST(Cli, FlagSyntaxKeepsItsMeaning) {
+  // --NAME=VALUE; an empty one takes the next argument.
+  EXPECT_EQ(ok({"--nproc_per_node=3", "true"}).agent.nproc_per_node, 3);
+  EXPECT_EQ(ok({"--role=a=b", "true"}).agent.role, "a=b");
+  EXPECT_EQ(ok({"--role=", "x", "true"}).agent.role, "x");
+  // -XVALUE, and -XY for switches X and Y.
+  EXPECT_EQ(ok({"-r0:1", "true"}).agent.redirects.for_rank(0),
+            agent::Streams::kOut);
+  LaunchOptions mr = ok({"-mr", "3", "mod"});
+  EXPECT_TRUE(mr.module);
+  EXPECT_EQ(mr.agent.redirects.all, agent::Streams::kBoth);
+  // A value is the next argument whatever it looks like.
+  EXPECT_EQ(ok({"--role", "--x", "true"}).agent.role, "--x");
+  // Switches may repeat; value flags may not.
+  EXPECT_TRUE(ok({"-m", "--module", "mod"}).module);
+  EXPECT_THAT(bad({"--role", "a", "--role", "b", "true"}).message,
+              HasSubstr("--role: At Most 1 required but received 2"));
+  EXPECT_THAT(bad({"-r"}).message,
+              HasSubstr("--redirects: 1 required TEXT missing"));
+  // --help answers even after an unknown option; an unknown letter in a
+  // group of switches is named alone.
+  EXPECT_TRUE(std::holds_alternative<HelpRequested>(
+      parse_command_line({"--bogus", "--help"}, {})));
+  EXPECT_THAT(bad({"-mx", "prog"}).message, HasSubstr("unknown option '-x'"));
+  // A bare "-" and "-1" start the program ("-1" then is no option).
+  EXPECT_EQ(ok({"-", "a"}).agent.entrypoint,
+            (std::vector<std::string>{"-", "a"}));
+  EXPECT_THAT(bad({"-1", "--help"}).message, HasSubstr("unknown option '-1'"));
+}
+
 TEST(Cli, PetVariablesFillFlagsAndTheCommandLineWins) {
   agent::EnvMap env{{"PET_NPROC_PER_NODE", "5"}, {"PET_MAX_RESTARTS", "4"}};
   LaunchOptions o = ok({"true"}, env);
