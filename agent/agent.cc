@@ -190,6 +190,19 @@ void Agent::start_attempt(rendezvous::RoundReason reason) {
     finish(1);
     return;
   }
+  // Every member of the round got the same count: past the budget, every
+  // node gives up together, whatever each saw end the last round.
+  if (round.restart_count > options_.max_restarts) {
+    give_up(round.restart_cause);
+    return;
+  }
+  if (!result_.attempts.empty() && round.restart_count > restart_count_) {
+    sink_("dlaunch: " + (failure_.empty() ? round.restart_cause : failure_) +
+          "; restarting the worker group (restart " +
+          std::to_string(round.restart_count) + " of " +
+          std::to_string(options_.max_restarts) + ")\n");
+  }
+  failure_.clear();
   restart_count_ = round.restart_count;
   round_ = round.round;
   next_ = Next::kRestart;
@@ -682,9 +695,7 @@ void Agent::group_stopped() {
   }
   if (next_ == Next::kRound) {
     if (had_workers) attempt().outcome = "stopped: " + attempt().ended_by;
-    sink_(
-        "dlaunch: re-forming the worker group (membership changed; no "
-        "restart spent)\n");
+    sink_("dlaunch: re-forming the worker group (membership changed)\n");
     start_attempt(next_reason_);
     return;
   }
@@ -694,31 +705,30 @@ void Agent::group_stopped() {
   }
   // Ours failed: every node restarts (or gives up) with us.
   if (root) rdzv_.report(rendezvous::NodeOutcome::kFailed);
-  int code = root && root->status ? root->status->shell_code() : 1;
-  if (code == 0) code = 1;
-  std::string what =
-      root ? "local rank " + std::to_string(root->local_rank) + " (pid " +
-                 std::to_string(root->pid) + ") failed with " +
-                 (root->status ? root->status->describe() : "an error")
-           : remote_failure_;
-  if (root && root->hung) what += " (hung in " + root->operation + ")";
+  failure_ = root
+                 ? "local rank " + std::to_string(root->local_rank) + " (pid " +
+                       std::to_string(root->pid) + ") failed with " +
+                       (root->status ? root->status->describe() : "an error")
+                 : remote_failure_;
+  if (root && root->hung) failure_ += " (hung in " + root->operation + ")";
   if (root && !root->injected_fault.empty()) {
-    what += " (injected: " + root->injected_fault + ")";
+    failure_ += " (injected: " + root->injected_fault + ")";
   }
-  if (restart_count_ < options_.max_restarts) {
-    sink_("dlaunch: " + what + "; restarting the worker group (restart " +
-          std::to_string(restart_count_ + 1) + " of " +
-          std::to_string(options_.max_restarts) + ")\n");
-    start_attempt(rendezvous::RoundReason::kFailure);
-    return;
-  }
+  // Even with no restart left: the next round is where every node learns
+  // the same count, and so gives up (or goes on) together.
+  start_attempt(rendezvous::RoundReason::kFailure);
+}
+
+void Agent::give_up(const std::string& cause) {
+  const WorkerRecord* root = result_.root_cause();
   if (!root) {
-    result_.error = "dlaunch: " + what + "; no restarts left (" +
-                    std::to_string(restart_count_) + " of " +
-                    std::to_string(options_.max_restarts) + " used)";
+    result_.error = "dlaunch: " + (failure_.empty() ? cause : failure_) +
+                    "; no restarts left (" + std::to_string(restart_count_) +
+                    " of " + std::to_string(options_.max_restarts) + " used)";
     sink_(result_.error + "\n");
   }
-  finish(code);
+  int code = root && root->status ? root->status->shell_code() : 1;
+  finish(code == 0 ? 1 : code);
 }
 
 void Agent::finish(int exit_code) {

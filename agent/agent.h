@@ -61,6 +61,9 @@ class Agent {
   void on_kill_timeout();
   void on_signal(int sig);
   void group_stopped();
+  // The round spent more restarts than allowed: ends the job with the root
+  // cause's code (or 1 and `cause`, the failure seen on another node).
+  void give_up(const std::string& cause);
   void finish(int exit_code);
   // Faults: an error when one names a rank or node outside `round`
   // (false: the job is finished); then timers for those of this node.
@@ -92,7 +95,8 @@ class Agent {
   Next next_ = Next::kRestart;
   rendezvous::RoundReason next_reason_ = rendezvous::RoundReason::kFailure;
   std::string remote_failure_;  // another node's failure ended the round
-  int stop_signal_ = 0;         // job-stopping signal received, 0 if none
+  std::string failure_;  // what the next round restarts for, if a failure
+  int stop_signal_ = 0;  // job-stopping signal received, 0 if none
   size_t alive_ = 0;
   std::vector<std::unique_ptr<Process>> procs_;
   std::unique_ptr<Timer> timer_;

@@ -53,6 +53,25 @@ std::vector<std::pair<std::string, std::string>> entries(
   return out;
 }
 
+// "3,1,4" <-> {3, 1, 4}: the join sequence numbers of a closed round's
+// members, as stored in r/R/closed.
+std::string join_seqs(const std::vector<int>& seqs) {
+  std::string out;
+  for (int s : seqs) out += (out.empty() ? "" : ",") + std::to_string(s);
+  return out;
+}
+std::vector<int> parse_seqs(const std::string& text) {
+  std::vector<int> out;
+  for (const std::string& s : split(text, ',')) out.push_back(to_int(s));
+  return out;
+}
+
+// Sets a flag when a thread's body ends, however it ends.
+struct SetOnExit {
+  std::atomic<bool>& flag;
+  ~SetOnExit() { flag.store(true); }
+};
+
 }  // namespace
 
 // One node's join record for a round, as stored under r/R/node/SEQ.
@@ -121,12 +140,14 @@ void C10dRendezvous::stop_watcher() {
   if (!watcher_thread_.joinable()) return;
   if (watcher_done_.load()) {
     watcher_thread_.join();
-    return;
+    if (!watcher_failed_.exchange(false)) return;
+  } else {
+    // Still parked in wait(): break its connection, and give the next
+    // watcher a fresh one.
+    watcher_->interrupt();
+    watcher_thread_.join();
+    watcher_failed_.store(false);
   }
-  // Still parked in wait(): break its connection, and give the next
-  // watcher a fresh one.
-  watcher_->interrupt();
-  watcher_thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   if (!stopping_) watcher_ = store_->clone();
 }
@@ -149,6 +170,56 @@ void C10dRendezvous::keep_alive_loop() {
   }
 }
 
+bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min) {
+  const RendezvousOptions& o = p_.options;
+  const int n = static_cast<int>(s.add(key(r, "n"), 0));
+  // Joiners lost before the round closed stay out of it.
+  std::set<std::string> lost;
+  if (s.check({key(r, "ev")})) {
+    for (const auto& [verb, id] : entries(s.get(key(r, "ev")))) {
+      if (verb == "lost" || verb == "left") lost.insert(id);
+    }
+  }
+  std::vector<int> live;
+  if (lost.empty()) {
+    for (int i = 1; i <= n; ++i) live.push_back(i);
+  } else {
+    std::vector<std::string> keys;
+    for (int i = 1; i <= n; ++i) {
+      keys.push_back(key(r, "node/" + std::to_string(i)));
+    }
+    std::vector<std::string> vals = s.multi_get(keys);
+    for (int i = 1; i <= n; ++i) {
+      if (!lost.contains(Member::decode(vals[i - 1], i).id)) live.push_back(i);
+    }
+  }
+  const int count = static_cast<int>(live.size());
+  if (count < o.max_nodes && !(at_min && count >= o.min_nodes)) return false;
+  live.resize(static_cast<size_t>(std::min(count, o.max_nodes)));
+  s.compare_set(key(r, "closed"), "", join_seqs(live));
+  return true;
+}
+
+void C10dRendezvous::start_closer(int r, std::vector<std::string> in_keys,
+                                  Clock::time_point deadline) {
+  stop_watcher();  // the last round's, done by now
+  watcher_done_.store(false);
+  watcher_thread_ = std::thread([this, r, keys = std::move(in_keys), deadline] {
+    SetOnExit done{watcher_done_};
+    try {
+      auto left =
+          std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+      watcher_->wait(keys, std::max(left, milliseconds(1)));
+      try_close(*watcher_, r, true);
+    } catch (const StoreError&) {
+      // Stopped (the round closed otherwise), past the deadline, or the
+      // store is gone: the agent's thread deals with each. The connection
+      // may be unusable: stop_watcher() replaces it.
+      watcher_failed_.store(true);
+    }
+  });
+}
+
 RendezvousResult C10dRendezvous::next_round(int local_world_size,
                                             RoundReason reason,
                                             milliseconds timeout) {
@@ -164,36 +235,67 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
           "' already finished (its rendezvous is closed); nothing to do");
     }
     int r = 0;
-    int target = o.max_nodes;
+    // A re-formed round closes as soon as each node it expects (the
+    // survivors of the previous round and the nodes that asked to join it)
+    // is back or lost: no last call. A first round waits for max_nodes or
+    // the last call.
+    bool reformed = round_ >= 0 && !fixed;
+    std::vector<std::string> expected;
+    // Whether the others wait for this node's r/R/in/ID key.
+    bool awaited = reformed;
+    // A failure anywhere in the previous round spends a restart, even when
+    // a node loss is what this node saw end it: every member proposes the
+    // count it saw and the round takes the largest, so all agree.
+    bool failed = reason == RoundReason::kFailure && round_ >= 0;
     if (round_ < 0) {
       r = to_int(store_->compare_set(prefix_ + "cur", "", "0"), 0);
     } else {
       r = round_ + 1;
       store_->compare_set(prefix_ + "cur", std::to_string(round_),
                           std::to_string(r));
-      // A re-formed round closes as soon as every survivor and every node
-      // that asked to join is back: no last call.
       std::string ev = store_->check({key(round_, "ev")})
                            ? store_->get(key(round_, "ev"))
                            : "";
-      std::set<std::string> gone, joined;
+      std::set<std::string> gone;
+      std::vector<std::string> asked;
       for (const auto& [verb, id] : entries(ev)) {
         if (verb == "lost" || verb == "left") gone.insert(id);
-        if (verb == "joined") joined.insert(id);
+        if (verb == "joined") asked.push_back(id);
+        if (verb == "failed") failed = true;
       }
-      gone.erase(node_id_);
-      if (!fixed) {
-        int expect = members_ - static_cast<int>(gone.size()) +
-                     static_cast<int>(joined.size());
-        target = std::clamp(expect, o.min_nodes, o.max_nodes);
+      if (reformed) {
+        for (const std::string& id : member_ids_) {
+          if (id != node_id_ && !gone.contains(id)) expected.push_back(id);
+        }
+        for (const std::string& id : asked) {
+          if (id != node_id_ && !gone.contains(id) &&
+              std::find(expected.begin(), expected.end(), id) ==
+                  expected.end()) {
+            expected.push_back(id);
+          }
+        }
       }
     }
-    const int restarts =
-        restart_count_ + (reason == RoundReason::kFailure && round_ >= 0);
+    int target = reformed ? std::clamp(static_cast<int>(expected.size()) + 1,
+                                       o.min_nodes, o.max_nodes)
+                          : o.max_nodes;
+    const int restarts = restart_count_ + (failed ? 1 : 0);
     const milliseconds keep_alive =
         o.keep_alive_interval * o.keep_alive_max_attempt;
 
     while (true) {
+      {
+        // Dying from here on ends round r for the others at once, and
+        // their wait for this node in round r+1 while it forms. Registered
+        // before joining: a node counted in the round is always covered.
+        std::lock_guard<std::mutex> lock(mu_);
+        alive_->append_on_close(key(r, "ev"), "lost " + node_id_ + ";",
+                                keep_alive);
+        if (!fixed) {
+          alive_->append_on_close(key(r + 1, "in/" + node_id_), "lost;",
+                                  keep_alive);
+        }
+      }
       const int seq = static_cast<int>(store_->add(key(r, "n"), 1));
       const auto joined_at = Clock::now();
       Member me;
@@ -207,28 +309,31 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
           p_.master_port != 0 ? p_.master_port : p_.pick_port(p_.node_addr);
       me.node_rank = o.node_rank;
       store_->set(key(r, "node/" + std::to_string(seq)), me.encode());
-      {
-        // Dying from here on ends this round for the others at once.
-        std::lock_guard<std::mutex> lock(mu_);
-        alive_->append_on_close(key(r, "ev"), "lost " + node_id_ + ";",
-                                keep_alive);
+      if (awaited) store_->append(key(r, "in/" + node_id_), "joined;");
+      std::vector<std::string> in_keys;
+      for (const std::string& id : expected) {
+        in_keys.push_back(key(r, "in/" + id));
       }
-      if (seq == target) {
-        store_->compare_set(key(r, "closed"), "", std::to_string(seq));
+      if (reformed) {
+        // The last expected node to arrive closes the round; should one
+        // be lost instead, the closer thread sees its key appear.
+        if (store_->check(in_keys)) {
+          try_close(*store_, r, true);
+        } else {
+          start_closer(r, in_keys, deadline);
+        }
+      } else if (seq >= target) {
+        try_close(*store_, r, false);
       }
 
       // Wait for the round to close, saying how it goes.
-      int closed = -1;
+      std::string closed;
       auto next_progress = joined_at + milliseconds(1000);
-      while (closed < 0) {
+      while (closed.empty()) {
         auto now = Clock::now();
         const bool last_call = !fixed && seq >= o.min_nodes;
         const auto call_ends = joined_at + o.last_call_timeout;
-        if (last_call && now >= call_ends) {
-          int n = static_cast<int>(store_->add(key(r, "n"), 0));
-          store_->compare_set(key(r, "closed"), "",
-                              std::to_string(std::min(n, o.max_nodes)));
-        }
+        if (last_call && now >= call_ends) try_close(*store_, r, true);
         if (now >= next_progress) {
           int n = static_cast<int>(store_->add(key(r, "n"), 0));
           std::string line =
@@ -245,6 +350,7 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
           next_progress = now + kProgressEvery;
         }
         if (now >= deadline) {
+          stop_watcher();
           int n = static_cast<int>(store_->add(key(r, "n"), 0));
           std::string who;
           for (int i = 1; i <= n; ++i) {
@@ -269,29 +375,30 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
                      std::chrono::duration_cast<milliseconds>(until - now));
         try {
           store_->wait({key(r, "closed")}, slice);
-          closed = to_int(store_->get(key(r, "closed")));
+          closed = store_->get(key(r, "closed"));
         } catch (const StoreTimeoutError&) {
         }
       }
+      stop_watcher();
+      const std::vector<int> seqs = parse_seqs(closed);
+      const int count = static_cast<int>(seqs.size());
 
-      if (seq > closed) {
+      if (std::find(seqs.begin(), seqs.end(), seq) == seqs.end()) {
         // The round formed without this node: ask for the next one (when
         // there is room) and wait for the running round to end.
         if (fixed) {
           throw RendezvousError(
               "round " + std::to_string(r) + " of job '" + p_.run_id +
-              "' already has its " + std::to_string(closed) +
+              "' already has its " + std::to_string(count) +
               " nodes; is --node-rank " + std::to_string(o.node_rank) +
               " given to two nodes?");
         }
-        if (closed < o.max_nodes) {
-          store_->append(key(r, "ev"), "joined " + node_id_ + ";");
-        }
+        awaited = count < o.max_nodes;
+        if (awaited) store_->append(key(r, "ev"), "joined " + node_id_ + ";");
         p_.log("dlaunch: round " + std::to_string(r) + " is running with " +
-               std::to_string(closed) + " nodes" +
-               (closed < o.max_nodes ? "; it restarts to take this node in\n"
-                                     : " (the most allowed); waiting for a "
-                                       "place\n"));
+               std::to_string(count) + " nodes" +
+               (awaited ? "; it restarts to take this node in\n"
+                        : " (the most allowed); waiting for a place\n"));
         auto left =
             std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
         std::string ev = wait_event(r, std::max(left, milliseconds(1)));
@@ -303,28 +410,31 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         ++r;
         store_->compare_set(prefix_ + "cur", std::to_string(r - 1),
                             std::to_string(r));
+        // A newcomer there: the round's members wait for it, not it for
+        // them.
+        reformed = false;
+        expected.clear();
         target = o.max_nodes;
         continue;
       }
 
       // A member: read everyone's record and order the group.
       std::vector<std::string> keys;
-      for (int i = 1; i <= closed; ++i) {
-        keys.push_back(key(r, "node/" + std::to_string(i)));
-      }
+      for (int i : seqs) keys.push_back(key(r, "node/" + std::to_string(i)));
       std::vector<std::string> vals = store_->multi_get(keys);
       std::vector<Member> ms;
-      for (int i = 0; i < closed; ++i)
-        ms.push_back(Member::decode(vals[i], i + 1));
+      for (int i = 0; i < count; ++i) {
+        ms.push_back(Member::decode(vals[i], seqs[i]));
+      }
       if (fixed) {
         std::sort(ms.begin(), ms.end(), [](const Member& a, const Member& b) {
           return a.node_rank < b.node_rank;
         });
-        for (int i = 0; i < closed; ++i) {
+        for (int i = 0; i < count; ++i) {
           if (ms[i].node_rank != i) {
             throw RendezvousError(
                 "the static backend needs --node-rank 0.." +
-                std::to_string(closed - 1) + " once each; got " +
+                std::to_string(count - 1) + " once each; got " +
                 std::to_string(ms[i].node_rank) + " from " + ms[i].addr +
                 (i > 0 ? " after " + ms[i - 1].addr : std::string()));
           }
@@ -344,11 +454,12 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
 
       RendezvousResult res;
       res.round = r;
-      res.group_world_size = closed;
+      res.group_world_size = count;
       res.reason = reason;
       res.world_size = 0;
       res.restart_count = 0;
-      for (int i = 0; i < closed; ++i) {
+      std::vector<std::string> ids;
+      for (int i = 0; i < count; ++i) {
         if (ms[i].id == node_id_) {
           res.group_rank = i;
           res.rank_offset = res.world_size;
@@ -356,13 +467,29 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         res.world_size += ms[i].nproc;
         res.restart_count = std::max(res.restart_count, ms[i].restarts);
         res.members.push_back(ms[i].addr);
+        ids.push_back(ms[i].id);
       }
       res.master_addr = ms[0].addr;
       res.master_port = ms[0].master_port;
+      if (round_ >= 0 && res.restart_count > restart_count_) {
+        // Spent on every member, whatever each saw end the last round.
+        res.reason = RoundReason::kFailure;
+        res.restart_cause = "a worker on another node failed";
+        const std::string ev = store_->check({key(round_, "ev")})
+                                   ? store_->get(key(round_, "ev"))
+                                   : "";
+        for (const auto& [verb, id] : entries(ev)) {
+          if (verb == "failed") {
+            res.restart_cause = "a worker on node " + id + " failed";
+            break;
+          }
+        }
+      }
 
       round_ = r;
       group_rank_ = res.group_rank;
-      members_ = closed;
+      members_ = count;
+      member_ids_ = std::move(ids);
       restart_count_ = res.restart_count;
       reported_ = false;
       std::string names;
@@ -370,8 +497,8 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         names += (names.empty() ? "" : ", ") + m;
       }
       p_.log("dlaunch: round " + std::to_string(r) + " (" +
-             reason_name(reason) + "): " + std::to_string(closed) + " nodes [" +
-             names + "], this node is group rank " +
+             reason_name(res.reason) + "): " + std::to_string(count) +
+             " nodes [" + names + "], this node is group rank " +
              std::to_string(res.group_rank) + ", " +
              std::to_string(res.world_size) + " workers\n");
       return res;
@@ -438,10 +565,7 @@ void C10dRendezvous::watch(EventCallback on_event) {
   const std::string where = p_.store_host + ":" + std::to_string(p_.store_port);
   watcher_done_.store(false);
   watcher_thread_ = std::thread([this, r, where, cb = std::move(on_event)] {
-    struct Done {
-      std::atomic<bool>& done;
-      ~Done() { done.store(true); }
-    } done{watcher_done_};
+    SetOnExit done{watcher_done_};
     std::string text;
     try {
       while (true) {

@@ -17,7 +17,8 @@ namespace dlaunch::agent::rendezvous {
 // Rendezvous of several node agents in the agents' TCP store, in rounds
 // (torchrun's c10d backend, docs/rendezvous.md). Nodes join a round; it
 // closes at max_nodes, after last_call_timeout once min_nodes joined, or
-// at once when every survivor of the previous round is back. Group ranks
+// at once when every survivor of the previous round is back or lost (a
+// node lost while the round forms leaves it at once). Group ranks
 // are stable: earlier members keep their order. Each agent binds "lost" to
 // its store connection (append_on_close, with keep-alive heartbeats), so a
 // dead or frozen agent ends the round for the others at once. With
@@ -57,6 +58,16 @@ class C10dRendezvous : public Rendezvous {
  private:
   struct Member;
   std::string key(int round, const std::string& name) const;
+  // Closes round `r` (compare_set of r/R/closed) when it may close now: its
+  // live joiners (those not lost since) reach max_nodes, or min_nodes when
+  // `at_min` (last call over, or every expected node back or lost). Uses
+  // `s`, the calling thread's connection. True when it closed it.
+  bool try_close(comm::store::TcpStore& s, int r, bool at_min);
+  // On the watcher's connection: waits until every key in `in_keys` (the
+  // expected nodes' r/R/in/ID) exists, then try_close(at_min). The agent's
+  // thread stops it with stop_watcher().
+  void start_closer(int r, std::vector<std::string> in_keys,
+                    std::chrono::steady_clock::time_point deadline);
   // Waits until round `r`'s event key exists; returns its text.
   std::string wait_event(int round, std::chrono::milliseconds timeout);
   RoundEvent classify(int round, const std::string& text) const;
@@ -71,15 +82,17 @@ class C10dRendezvous : public Rendezvous {
   std::unique_ptr<comm::store::TcpStore> alive_;    // keep-alive thread
 
   // State of the rounds this node was in.
-  int round_ = -1;          // last round joined
-  int group_rank_ = -1;     // in round_
-  int restart_count_ = 0;   // of round_
-  int members_ = 0;         // nodes in round_
-  std::string last_event_;  // round_'s event text, once seen
-  bool reported_ = false;   // report() called for round_
+  int round_ = -1;                       // last round joined
+  int group_rank_ = -1;                  // in round_
+  int restart_count_ = 0;                // of round_
+  int members_ = 0;                      // nodes in round_
+  std::vector<std::string> member_ids_;  // round_'s nodes, by group rank
+  std::string last_event_;               // round_'s event text, once seen
+  bool reported_ = false;                // report() called for round_
 
   std::thread watcher_thread_;
-  std::atomic<bool> watcher_done_{true};  // its callback has run
+  std::atomic<bool> watcher_done_{true};     // its callback has run
+  std::atomic<bool> watcher_failed_{false};  // the closer's call failed
   std::thread alive_thread_;
   std::mutex mu_;  // guards alive_ and stopping_
   std::condition_variable cv_;

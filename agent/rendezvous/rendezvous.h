@@ -93,8 +93,13 @@ struct RendezvousResult {
   std::string master_addr;  // MASTER_ADDR
   int master_port = 0;      // MASTER_PORT, free for rank 0 to bind
   // TORCHELASTIC_RESTART_COUNT: worker-group restarts so far, the same on
-  // every node (membership changes spend none).
+  // every node (membership changes spend none). A failure anywhere in the
+  // previous round spends one on every node, even on a node that saw only
+  // a node loss end it; past --max-restarts every node gives up.
   int restart_count = 0;
+  // When this round spent a restart: the failure that spent it ("a worker
+  // on node 10.0.0.2/123 failed"), for nodes that did not see it.
+  std::string restart_cause;
   RoundReason reason = RoundReason::kStart;
   // Every node's address, in group-rank order.
   std::vector<std::string> members;

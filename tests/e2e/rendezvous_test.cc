@@ -93,7 +93,7 @@ class Rendezvous : public ::testing::Test {
         "--rdzv-conf",
         "is_host=" +
             (host.empty() ? std::string(i == 0 ? "true" : "false") : host) +
-            ",join_timeout=60,last_call_timeout=1"};
+            "," + conf_};
     argv.insert(argv.end(), flags.begin(), flags.end());
     if (std::find(flags.begin(), flags.end(), "--rdzv-backend") ==
         flags.end()) {
@@ -108,6 +108,7 @@ class Rendezvous : public ::testing::Test {
 
   int port_ = free_port();
   std::string id_ = "job" + std::to_string(::getpid());
+  std::string conf_ = "join_timeout=60,last_call_timeout=1";  // --rdzv-conf
   std::map<int, std::unique_ptr<Subprocess>> agents_;
 };
 
@@ -228,6 +229,98 @@ TEST_F(Rendezvous, KilledAgentLeavesAndTheOthersGoOn) {
 TEST_F(Rendezvous, InterruptedAgentLeavesGracefullyAndTheOthersGoOn) {
   for (int i = 0; i < 3; ++i) start(i, {"--nnodes", "2:3"}, kBlockWhileThree);
   lose_a_node(this, agents_, SIGINT);
+}
+
+// Slow last calls and keep-alives: only the losses the tests cause end
+// a wait early.
+const std::string kPatientConf =
+    "join_timeout=60,last_call_timeout=600,keep_alive_interval=10,"
+    "keep_alive_max_attempt=30";
+
+TEST_F(Rendezvous, ANodeLostWhileARoundFormsEndsTheWaitAtOnce) {
+  // Round 0 has four nodes. Node 3 freezes, node 2 dies: round 1 waits for
+  // nodes 0, 1 and 3. When node 3 dies too, 0 and 1 go on at once, without
+  // the last call (600 s).
+  conf_ = kPatientConf;
+  const std::string script =
+      kShowEnv +
+      "; if [ $GROUP_WORLD_SIZE = 4 ]; then echo RUNNING; exec sleep 300; fi";
+  for (int i = 0; i < 4; ++i) start(i, {"--nnodes", "2:4"}, script);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+        << agents_[i]->err();
+  }
+  agents_[3]->signal(SIGSTOP);
+  agents_[2]->signal(SIGKILL);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(
+        agents_[i]->wait_for_output("waiting for nodes: 2/3 joined", 60s))
+        << agents_[i]->err();
+  }
+  agents_[3]->signal(SIGKILL);
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_FALSE(r.timed_out) << "round 1 still waits for node 3\n" << r.err;
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_FALSE(lines.empty()) << r.out;
+    EXPECT_EQ(lines.back().gws, 2);
+    EXPECT_EQ(lines.back().rc, 0);
+  }
+}
+
+TEST_F(Rendezvous, AFailureAndANodeLossInOneRoundEndTheBudgetEverywhere) {
+  // --max-restarts 0. On node 1, local rank 0 dies; local rank 1 ignores
+  // SIGTERM, so node 1 stays busy stopping and reports the failure only
+  // when the test kills rank 1. Meanwhile node 2 dies: node 0 sees only
+  // that loss and re-forms. The failure must still spend the job's one
+  // budget on every node: both give up, neither runs a second round.
+  conf_ = kPatientConf;
+  const std::string script =
+      kShowEnv +
+      "; [ $GROUP_WORLD_SIZE = 3 ] || exit 0; echo \"RUNNING $LOCAL_RANK "
+      "$$\"; if [ $NODE$LOCAL_RANK = 11 ]; then trap '' TERM; sleep 300 & "
+      "trap 'echo STOPPING' TERM; wait $!; wait $!; fi; exec sleep 300";
+  testing::TempDir dir;
+  for (int i = 0; i < 3; ++i) {
+    start(i,
+          {"--nnodes", "2:3", "--max-restarts", "0", "--nproc-per-node",
+           i == 1 ? "2" : "1", "--log-dir", (dir / std::to_string(i)).string()},
+          script);
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING 0", 60s))
+        << agents_[i]->err();
+  }
+  ASSERT_TRUE(agents_[1]->wait_for_output("RUNNING 1", 60s));
+  auto pid_of = [&](int local_rank) {
+    std::smatch m;
+    const std::string out = agents_[1]->out();
+    std::regex re("RUNNING " + std::to_string(local_rank) + " (\\d+)");
+    return std::regex_search(out, m, re) ? std::stoi(m[1]) : -1;
+  };
+  const pid_t rank0 = pid_of(0), rank1 = pid_of(1);
+  ASSERT_GT(rank0, 0);
+  ASSERT_GT(rank1, 0);
+  ASSERT_EQ(::kill(rank0, SIGKILL), 0);
+  // Node 1 has seen its failure: it is stopping rank 1.
+  ASSERT_TRUE(agents_[1]->wait_for_output("STOPPING", 60s))
+      << agents_[1]->out() << agents_[1]->err();
+  agents_[2]->signal(SIGKILL);
+  ASSERT_TRUE(agents_[0]->wait_for_output("waiting for nodes: 1/2 joined", 60s))
+      << agents_[0]->err();
+  ASSERT_EQ(::kill(-rank1, SIGKILL), 0);  // its process group
+  CommandResult r0 = finish(0);
+  CommandResult r1 = finish(1);
+  EXPECT_EQ(r1.exit_code, 137) << r1.err;
+  EXPECT_EQ(r0.exit_code, 1) << r0.err;
+  EXPECT_THAT(r0.err, HasSubstr("a worker on node 127.0.0.2/"));
+  EXPECT_THAT(r0.err, HasSubstr("no restarts left (0 of 0 used)"));
+  for (int i = 0; i < 2; ++i) {
+    auto summary = nlohmann::json::parse(
+        testing::read_file(dir / std::to_string(i) / id_ / "summary.json"));
+    EXPECT_EQ(summary["attempts"].size(), 1u) << "node " << i;
+  }
 }
 
 TEST_F(Rendezvous, ALateNodeScalesTheJobUp) {
