@@ -2,23 +2,31 @@
 """Rendezvous and failure-detection times of dlaunch's c10d backend, next to
 torchrun's c10d (docs/performance.md, "Rendezvous").
 
-  rendezvous: N agents on this machine (each its own 127.0.0.x), one `true`
-    worker each: from the last agent's start to every worker running (each
-    worker appends its start time to a file).
+  rendezvous: N agents on this machine (each its own 127.0.0.x), one worker
+    each that stamps its start time and exits: from the last agent's start
+    to every worker running.
   detection: --nnodes 2:4 on 3 nodes whose workers block; one non-hosting
-    agent SIGKILLed (or SIGSTOPped): from the signal to every survivor's
-    worker running again in the new round.
+    agent SIGKILLed (or SIGSTOPped, keep-alive 1 s x 2): from the signal to
+    every survivor's worker running again in the new round.
 
-Run: python3 bench/rendezvous_bench.py --build build [--counts 16,64,256]
+Every run prints its time and the 1-minute load average; the end prints the
+docs table (medians of --repeat runs). Run from the repository root:
+
+  python3 bench/rendezvous_bench.py --build build
+  python3 bench/rendezvous_bench.py --build build --counts 16,64,256 \\
+      --torch-counts 16,64 --repeat 5
 """
 import argparse
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+PYTHON = "/usr/bin/python3"
 
 
 def free_port():
@@ -27,7 +35,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+def load():
+    return os.getloadavg()[0]
+
+
 def wait_lines(path, n, timeout):
+    """The lines of `path` once it has `n`; polls (this is a benchmark)."""
     end = time.time() + timeout
     while time.time() < end:
         try:
@@ -42,46 +55,67 @@ def wait_lines(path, n, timeout):
 
 
 def worker(stamps):
-    # Start time and world size of each worker, one line each.
+    # Start time and group world size of each worker, one line each; with
+    # BLOCK_AT set, the workers of a round that size stay up.
     return ["sh", "-c",
             f'echo "$(date +%s.%N) $GROUP_WORLD_SIZE" >> {stamps}; '
             'if [ -n "$BLOCK_AT" ] && [ "$GROUP_WORLD_SIZE" = "$BLOCK_AT" ]; '
             'then exec sleep 300; fi']
 
 
-def dlaunch_agent(build, i, n, port, run_id, stamps, extra=(), conf=""):
+def dlaunch_agent(build, i, n, port, run_id, stamps, conf=""):
     return [f"{build}/bin/dlaunch", "--nnodes", n, "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
             "--local-addr", f"127.0.0.{2 + i % 250}", "--rdzv-conf",
             f"is_host={'true' if i == 0 else 'false'},last_call_timeout=1"
-            + conf, *extra, *worker(stamps)]
+            + conf, *worker(stamps)]
 
 
 def torchrun_agent(i, n, port, run_id, stamps, logs):
-    return ["torchrun", "--nnodes", n, "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
-            "--rdzv-id", run_id, "--rdzv-conf",
-            f"is_host={'true' if i == 0 else 'false'}",
-            "-r", "1", "-t", "1", "--log_dir", f"{logs}/{i}", "--no-python",
+    # Python 3.11 needs -r/-t/--log_dir with torch 1.13 (docs: DESIGN.md).
+    return [PYTHON, "-m", "torch.distributed.run", "--nnodes", n,
+            "--nproc_per_node", "1", "--rdzv_backend", "c10d",
+            "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", run_id,
+            "--rdzv_conf", f"is_host={'true' if i == 0 else 'false'}",
+            "-r", "1", "-t", "1", "--log_dir", f"{logs}/{i}", "--no_python",
             *worker(stamps)]
+
+
+def stop_all(procs, timeout):
+    end = time.time() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, end - time.time()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def rendezvous_time(cmds, stamps, n, timeout):
     procs = []
-    for c in cmds:
-        procs.append(subprocess.Popen(c, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
-        last_start = time.time()
     try:
+        for c in cmds:
+            procs.append(subprocess.Popen(c, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL,
+                                          start_new_session=True))
+        last_start = time.time()
         lines = wait_lines(stamps, n, timeout)
-        latest = max(float(l.split()[0]) for l in lines)
-        return latest - last_start
+        return max(float(l.split()[0]) for l in lines) - last_start
     finally:
-        for p in procs:
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs, timeout)
+
+
+def rendezvous(build, n, k, torch):
+    with tempfile.TemporaryDirectory() as d:
+        port = free_port()
+        stamps = f"{d}/stamps"
+        if torch:
+            cmds = [torchrun_agent(i, str(n), port, f"t{n}_{k}", stamps, d)
+                    for i in range(n)]
+        else:
+            cmds = [dlaunch_agent(build, i, str(n), port, f"b{n}_{k}", stamps)
+                    for i in range(n)]
+        return rendezvous_time(cmds, stamps, n, 900 if torch else 300)
 
 
 def detection(build, sig, conf):
@@ -91,61 +125,89 @@ def detection(build, sig, conf):
         env = dict(os.environ, BLOCK_AT="3")
         agents = [subprocess.Popen(
             dlaunch_agent(build, i, "2:4", port, "det", stamps, conf=conf),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            start_new_session=True)
             for i in range(3)]
         try:
             wait_lines(stamps, 3, 60)
             t0 = time.time()
             os.kill(agents[2].pid, sig)
             lines = wait_lines(stamps, 5, 120)
-            restarted = max(float(l.split()[0]) for l in lines[3:])
-            return restarted - t0
+            return max(float(l.split()[0]) for l in lines[3:]) - t0
         finally:
-            for a in agents:
-                if sig == signal.SIGSTOP and a is agents[2]:
-                    a.send_signal(signal.SIGCONT)
-            for a in agents:
-                try:
-                    a.wait(60)
-                except subprocess.TimeoutExpired:
-                    a.kill()
+            if sig == signal.SIGSTOP:
+                os.killpg(agents[2].pid, signal.SIGKILL)
+            stop_all(agents, 60)
+
+
+def measure(label, fn, repeat):
+    runs = []
+    for k in range(repeat):
+        before = load()
+        t = fn(k)
+        runs.append((t, before))
+        print(f"{label} run {k + 1}: {t:.3f} s (load {before:.1f})",
+              flush=True)
+    return runs
+
+
+def cell(runs):
+    if not runs:
+        return "not measured"
+    ts = [t for t, _ in runs]
+    ls = [l for _, l in runs]
+    spread = f"{min(ts):.2f}–{max(ts):.2f}, " if len(ts) > 1 else ""
+    return (f"{statistics.median(ts):.2f} s ({spread}n={len(ts)}; "
+            f"load {min(ls):.1f}–{max(ls):.1f})")
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--counts", default="16,64,256")
     ap.add_argument("--torch-counts", default="16,64")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--torch-repeat", type=int, default=None,
+                    help="runs for torchrun (default --repeat)")
+    ap.add_argument("--no-detection", action="store_true")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
-    for n in [int(c) for c in args.counts.split(",") if c]:
-        times = []
-        for k in range(args.repeat):
-            with tempfile.TemporaryDirectory() as d:
-                port = free_port()
-                cmds = [dlaunch_agent(build, i, str(n), port, f"b{n}_{k}",
-                                      f"{d}/stamps") for i in range(n)]
-                times.append(rendezvous_time(cmds, f"{d}/stamps", n, 300))
-        print(f"dlaunch c10d  {n:4d} agents: "
-              + " ".join(f"{t:.3f}" for t in times) + " s", flush=True)
-    for n in [int(c) for c in args.torch_counts.split(",") if c]:
-        times = []
-        for k in range(args.repeat):
-            with tempfile.TemporaryDirectory() as d:
-                port = free_port()
-                cmds = [torchrun_agent(i, str(n), port, f"t{n}_{k}",
-                                       f"{d}/stamps", d) for i in range(n)]
-                times.append(rendezvous_time(cmds, f"{d}/stamps", n, 600))
-        print(f"torchrun c10d {n:4d} agents: "
-              + " ".join(f"{t:.3f}" for t in times) + " s", flush=True)
-    for name, sig, conf in [
-            ("SIGKILL", signal.SIGKILL, ""),
-            ("SIGSTOP (keep_alive 1 s x 2)", signal.SIGSTOP,
-             ",keep_alive_interval=1,keep_alive_max_attempt=2")]:
-        times = [detection(build, sig, conf) for _ in range(args.repeat)]
-        print(f"detection {name}: "
-              + " ".join(f"{t:.3f}" for t in times) + " s", flush=True)
+    counts = [int(c) for c in args.counts.split(",") if c]
+    torch_counts = [int(c) for c in args.torch_counts.split(",") if c]
+    torch_repeat = args.torch_repeat or args.repeat
+    start = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+    ours = {n: measure(f"dlaunch c10d {n} agents",
+                       lambda k, n=n: rendezvous(build, n, k, False),
+                       args.repeat) for n in counts}
+    theirs = {n: measure(f"torchrun c10d {n} agents",
+                         lambda k, n=n: rendezvous(build, n, k, True),
+                         torch_repeat) for n in torch_counts}
+    detect = {}
+    if not args.no_detection:
+        for name, sig, conf in [
+                ("SIGKILL", signal.SIGKILL, ""),
+                ("SIGSTOP", signal.SIGSTOP,
+                 ",keep_alive_interval=1,keep_alive_max_attempt=2")]:
+            detect[name] = measure(f"detection {name}",
+                                   lambda k, s=sig, c=conf: detection(
+                                       build, s, c), args.repeat)
+
+    print(f"\nMedians of runs ({start}; {os.cpu_count()} cores; load = "
+          "1-minute load average before each run):\n")
+    print("| measurement | dlaunch c10d | torchrun c10d | target |")
+    print("| --- | --- | --- | --- |")
+    for n in sorted(set(counts) | set(torch_counts)):
+        target = "under 2 s" if n == 256 else ""
+        print(f"| {n} agents, last start to every worker running | "
+              f"{cell(ours.get(n, []))} | {cell(theirs.get(n, []))} | "
+              f"{target} |")
+    if detect:
+        print("| SIGKILL of a non-hosting agent (2:4 on 3 nodes) to the "
+              f"survivors' workers restarted | {cell(detect['SIGKILL'])} | "
+              "not measured | under 1 s |")
+        print("| SIGSTOP of one, keep-alive 1 s x 2 | "
+              f"{cell(detect['SIGSTOP'])} | not measured | under 2.5 s |")
 
 
 if __name__ == "__main__":

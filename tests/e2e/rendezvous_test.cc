@@ -278,9 +278,10 @@ TEST_F(Rendezvous, AFailureAndANodeLossInOneRoundEndTheBudgetEverywhere) {
   conf_ = kPatientConf;
   const std::string script =
       kShowEnv +
-      "; [ $GROUP_WORLD_SIZE = 3 ] || exit 0; echo \"RUNNING $LOCAL_RANK "
-      "$$\"; if [ $NODE$LOCAL_RANK = 11 ]; then trap '' TERM; sleep 300 & "
-      "trap 'echo STOPPING' TERM; wait $!; wait $!; fi; exec sleep 300";
+      "; [ $GROUP_WORLD_SIZE = 3 ] || exit 0; if [ $NODE$LOCAL_RANK = 11 ]; "
+      "then trap '' TERM; sleep 300 & trap 'echo STOPPING' TERM; "
+      "echo \"RUNNING 1 $$\"; wait $!; wait $!; exit 0; fi; "
+      "echo \"RUNNING $LOCAL_RANK $$\"; exec sleep 300";
   testing::TempDir dir;
   for (int i = 0; i < 3; ++i) {
     start(i,
