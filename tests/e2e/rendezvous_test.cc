@@ -105,6 +105,17 @@ class Rendezvous : public ::testing::Test {
     return *agents_[i];
   }
   CommandResult finish(int i) { return agents_[i]->wait(120s); }
+  // Whether each of agents 0..n-1 prints `text` within a minute.
+  ::testing::AssertionResult all_print(int n, const std::string& text) {
+    for (int i = 0; i < n; ++i) {
+      if (!agents_[i]->wait_for_output(text, 60s)) {
+        return ::testing::AssertionFailure()
+               << "agent " << i << " never printed '" << text << "'\n"
+               << agents_[i]->out() << agents_[i]->err();
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
 
   int port_ = free_port();
   std::string id_ = "job" + std::to_string(::getpid());
@@ -246,17 +257,10 @@ TEST_F(Rendezvous, ANodeLostWhileARoundFormsEndsTheWaitAtOnce) {
       kShowEnv +
       "; if [ $GROUP_WORLD_SIZE = 4 ]; then echo RUNNING; exec sleep 300; fi";
   for (int i = 0; i < 4; ++i) start(i, {"--nnodes", "2:4"}, script);
-  for (int i = 0; i < 4; ++i) {
-    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
-        << agents_[i]->err();
-  }
+  ASSERT_TRUE(all_print(4, "RUNNING"));
   agents_[3]->signal(SIGSTOP);
   agents_[2]->signal(SIGKILL);
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(
-        agents_[i]->wait_for_output("waiting for nodes: 2/3 joined", 60s))
-        << agents_[i]->err();
-  }
+  ASSERT_TRUE(all_print(2, "waiting for nodes: 2/3 joined"));
   agents_[3]->signal(SIGKILL);
   for (int i = 0; i < 2; ++i) {
     CommandResult r = finish(i);
@@ -289,10 +293,7 @@ TEST_F(Rendezvous, AFailureAndANodeLossInOneRoundEndTheBudgetEverywhere) {
            i == 1 ? "2" : "1", "--log-dir", (dir / std::to_string(i)).string()},
           script);
   }
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING 0", 60s))
-        << agents_[i]->err();
-  }
+  ASSERT_TRUE(all_print(3, "RUNNING 0"));
   ASSERT_TRUE(agents_[1]->wait_for_output("RUNNING 1", 60s));
   auto pid_of = [&](int local_rank) {
     std::smatch m;
@@ -357,10 +358,7 @@ TEST_F(Rendezvous, LogFoldersAreNumberedByRoundTheSameOnEveryNode) {
         "-t",       "1"};
   };
   for (int i = 0; i < 2; ++i) start(i, flags(i), script);
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
-        << agents_[i]->err();
-  }
+  ASSERT_TRUE(all_print(2, "RUNNING"));
   start(2, flags(2), script);
   for (int i = 0; i < 3; ++i) {
     CommandResult r = finish(i);
