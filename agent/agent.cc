@@ -292,6 +292,17 @@ void Agent::fire_fault(size_t k) {
   rec.action = fault_action(f);
   rec.attempt = static_cast<int>(result_.attempts.size()) - 1;
   rec.fired = env_.now();
+  if (f.kind == Fault::Kind::kCut) {
+    rec.pid = static_cast<int>(::getpid());
+    if (!rdzv_.cut_off(f.duration)) {
+      sink_("dlaunch: fault " + f.spec +
+            " not injected: this node has no link to other nodes to cut\n");
+      return;
+    }
+    result_.faults.push_back(rec);
+    sink_("dlaunch: fault injected: " + f.spec + ": " + rec.action + "\n");
+    return;
+  }
   if (!f.targets_rank()) {
     rec.pid = static_cast<int>(::getpid());
     result_.faults.push_back(rec);
@@ -331,6 +342,7 @@ void Agent::fire_fault(size_t k) {
       procs_[i]->signal_group(SIGSTOP);
       break;
     case Fault::Kind::kKillAgent:
+    case Fault::Kind::kCut:
       break;
   }
 }
@@ -410,6 +422,7 @@ void Agent::on_round_event(const rendezvous::RoundEvent& e) {
   }
   if (stop_signal_ != 0) return;  // leaving anyway
   attempt().ended_by = e.detail;
+  note_detected();
   if (state_ != State::kStopping || next_ != Next::kFinish) {
     switch (e.kind) {
       case Kind::kFailure:

@@ -23,16 +23,24 @@ Fault parse_fault(std::string_view text) {
   } else if (kind == "kill-agent") {
     f.kind = Fault::Kind::kKillAgent;
     s.allow({"node", "signal", "after", "attempt"});
+  } else if (kind == "cut") {
+    f.kind = Fault::Kind::kCut;
+    s.allow({"node", "for", "after", "attempt"});
   } else {
     s.fail("unknown kind '" + kind +
-           "'; use kill, exit, stop or kill-agent (see dlaunch --help)");
+           "'; use kill, exit, stop, kill-agent or cut (see dlaunch --help)");
   }
-  if (f.kind == Fault::Kind::kKillAgent) {
-    s.require("node", "kill-agent:node=1");
+  if (f.kind == Fault::Kind::kKillAgent || f.kind == Fault::Kind::kCut) {
+    s.require("node", kind + ":node=1");
     f.node = *s.integer("node", 0, 1 << 20);
   } else {
     s.require("rank", kind + ":rank=1");
     f.rank = *s.integer("rank", 0, 1 << 24);
+  }
+  if (f.kind == Fault::Kind::kCut) {
+    s.require("for", "cut:node=1:for=20");
+    f.duration = *s.seconds("for");
+    if (f.duration.count() == 0) s.fail("for=0 cuts nothing; use seconds > 0");
   }
   f.after = s.seconds("after").value_or(f.after);
   f.attempt = s.integer("attempt", 0, 1 << 20).value_or(0);
@@ -48,6 +56,9 @@ Fault parse_fault(std::string_view text) {
     f.spec += ":signal=" + FaultSpec::signal_text(f.signal);
   if (f.kind == Fault::Kind::kExit && f.code != 1) {
     f.spec += ":code=" + std::to_string(f.code);
+  }
+  if (f.kind == Fault::Kind::kCut) {
+    f.spec += ":for=" + FaultSpec::seconds_text(f.duration);
   }
   if (f.after.count() != 0)
     f.spec += ":after=" + FaultSpec::seconds_text(f.after);
@@ -98,6 +109,10 @@ std::string fault_action(const Fault& f) {
     case Fault::Kind::kKillAgent:
       return signal_name(f.signal) + " to the agent of node " +
              std::to_string(f.node);
+    case Fault::Kind::kCut:
+      return "node " + std::to_string(f.node) +
+             " silent to the agents' store for " +
+             FaultSpec::seconds_text(f.duration) + " s";
   }
   return "";
 }

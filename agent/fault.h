@@ -16,20 +16,24 @@ namespace dlaunch::agent {
 //                               as having exited with CODE
 //   stop:rank=R                 freeze rank R (SIGSTOP: a hang)
 //   kill-agent:node=N[:signal=KILL]  the agent of group rank N kills itself
+//   cut:node=N:for=SECONDS      node N's agent falls silent to the agents'
+//                               store for that long (its keep-alives stop,
+//                               as in a network partition)
 // each with [:after=SECONDS] (after its group started; default 0) and
 // [:attempt=K] (the group start whose restart count is K; default 0).
 // A fault fires at most once per agent. Plain data.
 struct Fault {
-  enum class Kind { kKill, kExit, kStop, kKillAgent };
+  enum class Kind { kKill, kExit, kStop, kKillAgent, kCut };
   Kind kind = Kind::kKill;
   int rank = -1;  // kill, exit, stop: the global rank; -1 otherwise
-  int node = -1;  // kill-agent: the group rank; -1 otherwise
+  int node = -1;  // kill-agent, cut: the group rank; -1 otherwise
   // How long after the group started (its workers spawned). Default 0.
   std::chrono::milliseconds after{0};
   // TORCHELASTIC_RESTART_COUNT of the group start it fires in. Default 0.
   int attempt = 0;
-  int signal = SIGKILL;  // kill, kill-agent. Default SIGKILL.
-  int code = 1;          // exit. Default 1.
+  int signal = SIGKILL;                   // kill, kill-agent. Default SIGKILL.
+  int code = 1;                           // exit. Default 1.
+  std::chrono::milliseconds duration{0};  // cut: how long. Required.
   // The canonical text (defaults left out, keys in a fixed order): two
   // faults are the same when their texts are.
   std::string spec;

@@ -361,6 +361,13 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   } catch (const BadValue& b) {
     return UsageError{"dlaunch: " + b.message};
   }
+  for (const agent::Fault& f : o.agent.faults) {
+    if (f.kind == agent::Fault::Kind::kCut && o.rdzv.endpoint_host.empty()) {
+      return UsageError{"dlaunch: fault '" + f.spec +
+                        "': one node has no link to the other nodes to cut; "
+                        "cut needs a multi-node job (--rdzv-endpoint)"};
+    }
+  }
   // A fixed-size job's ranks are known now; an elastic job's are checked
   // when each round forms.
   if (o.rdzv.min_nodes == o.rdzv.max_nodes &&

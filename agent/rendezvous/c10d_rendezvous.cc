@@ -162,6 +162,7 @@ void C10dRendezvous::keep_alive_loop() {
     cv_.wait_for(lock, p_.options.keep_alive_interval,
                  [this] { return stopping_; });
     if (stopping_) break;
+    if (Clock::now() < silent_until_) continue;
     try {
       alive_->check({});
     } catch (const StoreError&) {
@@ -590,6 +591,12 @@ void C10dRendezvous::watch(EventCallback on_event) {
     }
     cb(classify(r, text));
   });
+}
+
+bool C10dRendezvous::cut_off(milliseconds d) {
+  std::lock_guard<std::mutex> lock(mu_);
+  silent_until_ = Clock::now() + d;
+  return true;
 }
 
 void C10dRendezvous::report(NodeOutcome outcome) {

@@ -54,6 +54,10 @@ class C10dRendezvous : public Rendezvous {
                               std::chrono::milliseconds timeout) override;
   void watch(EventCallback on_event) override;
   void report(NodeOutcome outcome) override;
+  // Stops the keep-alive pings for `d`: past keep_alive_interval *
+  // keep_alive_max_attempt the store closes this node's link and the
+  // others see it lost.
+  bool cut_off(std::chrono::milliseconds d) override;
 
  private:
   struct Member;
@@ -94,9 +98,10 @@ class C10dRendezvous : public Rendezvous {
   std::atomic<bool> watcher_done_{true};     // its callback has run
   std::atomic<bool> watcher_failed_{false};  // the closer's call failed
   std::thread alive_thread_;
-  std::mutex mu_;  // guards alive_ and stopping_
+  std::mutex mu_;  // guards alive_, stopping_ and silent_until_
   std::condition_variable cv_;
   bool stopping_ = false;
+  std::chrono::steady_clock::time_point silent_until_{};  // cut_off()
 };
 
 }  // namespace dlaunch::agent::rendezvous

@@ -142,6 +142,13 @@ class Rendezvous {
   virtual void watch(EventCallback on_event) = 0;
   // Tells the other nodes how this node's part of the round ended.
   virtual void report(NodeOutcome outcome) = 0;
+  // A drill's network partition (the cut fault): this node sends nothing
+  // to the other nodes' meeting place for `d`, so that they may declare it
+  // lost. False, doing nothing, when there is no such link (one node).
+  virtual bool cut_off(std::chrono::milliseconds d) {
+    (void)d;
+    return false;
+  }
 };
 
 }  // namespace dlaunch::agent::rendezvous

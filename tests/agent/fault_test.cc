@@ -48,6 +48,12 @@ TEST(Fault, EveryKindParses) {
   EXPECT_EQ(a.rank, -1);
   EXPECT_FALSE(a.targets_rank());
   EXPECT_EQ(a.signal, SIGTERM);
+
+  Fault c = parse_fault("cut:for=20:node=1:after=1");
+  EXPECT_EQ(c.kind, Fault::Kind::kCut);
+  EXPECT_EQ(c.node, 1);
+  EXPECT_EQ(c.duration, std::chrono::seconds(20));
+  EXPECT_EQ(c.spec, "cut:node=1:for=20:after=1");
 }
 
 TEST(Fault, DefaultsAndSpellingsGiveOneCanonicalText) {
@@ -71,7 +77,12 @@ TEST(Fault, EveryBadFormIsAnErrorNamingTheSpec) {
   const Case cases[] = {
       {"", "fault '': empty"},
       {":rank=1", "fault ':rank=1': no kind before ':'"},
-      {"kil:rank=1", "unknown kind 'kil'; use kill, exit, stop or kill-agent"},
+      {"kil:rank=1",
+       "unknown kind 'kil'; use kill, exit, stop, kill-agent or cut"},
+      {"cut:node=1", "cut needs for= (like cut:node=1:for=20)"},
+      {"cut:for=3", "cut needs node= (like cut:node=1)"},
+      {"cut:node=1:for=0", "for=0 cuts nothing"},
+      {"cut:node=1:for=2:signal=KILL", "'signal' is not a key of cut"},
       {"kill", "kill needs rank= (like kill:rank=1)"},
       {"kill-agent:rank=1", "'rank' is not a key of kill-agent"},
       {"kill-agent", "kill-agent needs node="},
@@ -136,6 +147,8 @@ TEST(Fault, ActionsSayWhatFiringDoes) {
             "SIGSTOP to rank 0 (frozen)");
   EXPECT_EQ(fault_action(parse_fault("kill-agent:node=1")),
             "SIGKILL to the agent of node 1");
+  EXPECT_EQ(fault_action(parse_fault("cut:node=1:for=2.5")),
+            "node 1 silent to the agents' store for 2.5 s");
 }
 
 }  // namespace

@@ -49,6 +49,14 @@ nlohmann::json summary(const fs::path& log_dir, const std::string& id) {
   return nlohmann::json::parse(read_file(log_dir / id / "summary.json"));
 }
 
+int free_port() {
+  std::string error;
+  int port = comm::store::free_port(
+      "127.0.0.1", std::chrono::steady_clock::now() + 10s, error);
+  EXPECT_GT(port, 0) << error;
+  return port;
+}
+
 // A worker that runs until killed in the first attempt and succeeds in
 // the next.
 const std::string kFirstAttemptHangs =
@@ -155,10 +163,7 @@ TEST(Faults, WorkersThatShowNoProgressAreNotWatched) {
 }
 
 TEST(Faults, RankOutOfRangeOfAnElasticRoundIsAnErrorNamingTheSpec) {
-  std::string error;
-  int port = comm::store::free_port(
-      "127.0.0.1", std::chrono::steady_clock::now() + 10s, error);
-  ASSERT_GT(port, 0) << error;
+  const int port = free_port();
   TempDir dir;
   CommandResult r = dlaunch(
       {"--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
@@ -171,45 +176,60 @@ TEST(Faults, RankOutOfRangeOfAnElasticRoundIsAnErrorNamingTheSpec) {
   EXPECT_FALSE(fs::exists(dir / "started"));
 }
 
+// Agent `i` of a two-node elastic job (--nnodes 1:2) on 127.0.0.(i+1),
+// agent 0 hosting the store, with `fault`. Its worker records its pid and
+// sleeps while both nodes run; alone, it prints alone-ok.
+std::unique_ptr<Subprocess> node_agent(int i, int port, const std::string& id,
+                                       const fs::path& dir,
+                                       const std::string& fault,
+                                       const std::string& conf = "") {
+  std::vector<std::string> argv = {
+      kDlaunch,
+      "--nnodes",
+      "1:2",
+      "--rdzv-backend",
+      "c10d",
+      "--rdzv-endpoint",
+      "127.0.0.1:" + std::to_string(port),
+      "--rdzv-id",
+      id,
+      "--local-addr",
+      "127.0.0." + std::to_string(i + 1),
+      "--rdzv-conf",
+      std::string("is_host=") + (i == 0 ? "true" : "false") +
+          ",join_timeout=60,last_call_timeout=30" + conf,
+      "--nproc-per-node",
+      "1",
+      "--fault",
+      fault,
+      "sh",
+      "-c",
+      "echo $$ > " + (dir / "pid_").string() + std::to_string(i) +
+          "_$GROUP_WORLD_SIZE; if [ $GROUP_WORLD_SIZE = 2 ]; then exec sleep "
+          "60; fi; echo alone-ok"};
+  return std::make_unique<Subprocess>(
+      testing::CommandOptions{argv, {}, {}, ""});
+}
+
+// Waits (bounded) for `pid` to be gone.
+bool gone(int pid) {
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (testing::process_alive(pid) &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
+  return !testing::process_alive(pid);
+}
+
 // Node 1's agent kills itself; node 0 re-forms the group alone and the
 // job finishes; nothing of node 1 is left.
 TEST(Faults, KillAgentEndsThatNodeAndTheOthersGoOn) {
-  std::string error;
-  int port = comm::store::free_port(
-      "127.0.0.1", std::chrono::steady_clock::now() + 10s, error);
-  ASSERT_GT(port, 0) << error;
+  const int port = free_port();
   TempDir dir;
-  auto agent = [&](int i) {
-    std::vector<std::string> argv = {
-        kDlaunch,
-        "--nnodes",
-        "1:2",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        "127.0.0.1:" + std::to_string(port),
-        "--rdzv-id",
-        "ka",
-        "--local-addr",
-        "127.0.0." + std::to_string(i + 1),
-        "--rdzv-conf",
-        std::string("is_host=") + (i == 0 ? "true" : "false") +
-            ",join_timeout=60,last_call_timeout=30",
-        "--nproc-per-node",
-        "1",
-        "--fault",
-        "kill-agent:node=1:after=0.3",
-        "sh",
-        "-c",
-        "echo $$ > " + (dir / "pid_").string() + std::to_string(i) +
-            "_$GROUP_WORLD_SIZE; if [ $GROUP_WORLD_SIZE = 2 ]; then exec sleep "
-            "60; fi; echo alone-ok"};
-    return std::make_unique<Subprocess>(
-        testing::CommandOptions{argv, {}, {}, ""});
-  };
-  auto a0 = agent(0);
+  const std::string fault = "kill-agent:node=1:after=0.3";
+  auto a0 = node_agent(0, port, "ka", dir.path(), fault);
   ASSERT_TRUE(a0->wait_for_output("waiting for nodes", 30s)) << a0->err();
-  auto a1 = agent(1);
+  auto a1 = node_agent(1, port, "ka", dir.path(), fault);
   CommandResult r1 = a1->wait(60s);
   EXPECT_EQ(r1.signal, SIGKILL) << r1.err;
   EXPECT_THAT(r1.err, HasSubstr("fault injected: kill-agent:node=1:after=0.3: "
@@ -218,13 +238,29 @@ TEST(Faults, KillAgentEndsThatNodeAndTheOthersGoOn) {
   ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
   EXPECT_THAT(r0.out, HasSubstr("alone-ok"));
   // Node 1's worker died with its agent (the watchdog).
-  int pid = std::stoi(read_file(dir / "pid_1_2"));
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (testing::process_alive(pid) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(20ms);
-  }
-  EXPECT_FALSE(testing::process_alive(pid));
+  EXPECT_TRUE(gone(std::stoi(read_file(dir / "pid_1_2"))));
+}
+
+// Node 1 falls silent to the store past its keep-alive (2 s here): the
+// store drops it, node 0 goes on alone, node 1 learns it was declared
+// lost and stops its worker.
+TEST(Faults, CutNodeIsDroppedAndTheOthersGoOn) {
+  const int port = free_port();
+  TempDir dir;
+  const std::string fault = "cut:node=1:for=30:after=0.3";
+  const std::string conf = ",keep_alive_interval=0.5,keep_alive_max_attempt=4";
+  auto a0 = node_agent(0, port, "cut", dir.path(), fault, conf);
+  ASSERT_TRUE(a0->wait_for_output("waiting for nodes", 30s)) << a0->err();
+  auto a1 = node_agent(1, port, "cut", dir.path(), fault, conf);
+  CommandResult r0 = a0->wait(60s);
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  EXPECT_THAT(r0.out, HasSubstr("alone-ok"));
+  CommandResult r1 = a1->wait(60s);
+  EXPECT_EQ(r1.exit_code, 1) << r1.err;
+  EXPECT_THAT(r1.err, HasSubstr("fault injected: cut:node=1:for=30:after=0.3: "
+                                "node 1 silent to the agents' store for 30 s"));
+  EXPECT_THAT(r1.err, HasSubstr("declared this node lost"));
+  EXPECT_TRUE(gone(std::stoi(read_file(dir / "pid_1_2"))));
 }
 
 // --drill runs a job file with its faults and prints the verdict table.

@@ -83,7 +83,7 @@ TEST(FaultFlags, FileVariablesAndFlagsAddUp) {
 TEST(FaultFlags, BadSpecsNameTheSpecAndTheirSource) {
   EXPECT_EQ(error(parse({"--fault", "kil:rank=0", "prog"})),
             "dlaunch: --fault: fault 'kil:rank=0': unknown kind 'kil'; use "
-            "kill, exit, stop or kill-agent (see dlaunch --help)");
+            "kill, exit, stop, kill-agent or cut (see dlaunch --help)");
   EXPECT_THAT(error(parse({"prog"}, {{"DLAUNCH_FAULTS", "kill:rank=x"}})),
               HasSubstr("DLAUNCH_FAULTS: fault 'kill:rank=x': rank='x'"));
   TempDir dir;
@@ -110,6 +110,9 @@ TEST(FaultFlags, TargetsOutsideAFixedJobAreRefusedAtOnce) {
       "(ranks 0..1)");
   EXPECT_THAT(error(parse({"--fault", "kill-agent:node=1", "prog"})),
               HasSubstr("node 1 is out of range: 1 node(s) (0..0)"));
+  EXPECT_EQ(error(parse({"--fault", "cut:node=0:for=1", "prog"})),
+            "dlaunch: fault 'cut:node=0:for=1': one node has no link to the "
+            "other nodes to cut; cut needs a multi-node job (--rdzv-endpoint)");
   // Elastic jobs check when each round forms.
   EXPECT_EQ(
       specs(parse({"--nnodes", "1:4", "--rdzv-backend", "c10d",
