@@ -384,10 +384,10 @@ void Agent::on_hang_tick() {
     hang_timer_ = env_.start_timer(hang_tick_, [this] { on_hang_tick(); });
     return;
   }
-  // The stuck: the lowest progress, the ones the others wait for.
+  // The stuck: the lowest progress, the ones the others wait for (one
+  // that never showed any, still starting or frozen early, among them).
   uint64_t low = UINT64_MAX, high = 0;
   for (size_t j : running()) {
-    if (samples[j].count == 0) continue;
     low = std::min(low, samples[j].count);
     high = std::max(high, samples[j].count);
   }

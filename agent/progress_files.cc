@@ -84,7 +84,7 @@ ProgressSample ProgressFiles::sample(int i) {
   ProgressSample out;
   out.count = entered + left + s.beats;
   if (entered == 0) {
-    out.operation = s.beats > 0 ? "heartbeat" : "";
+    out.operation = s.beats > 0 ? "heartbeat" : "no operation yet";
   } else if (entered != left) {
     out.operation = std::string(comm::progress_op_name(op));
   } else {

@@ -13,7 +13,8 @@ struct ProgressSample {
   // grows while the worker makes progress; 0 before it shows any.
   uint64_t count = 0;
   // "all_reduce" while inside an operation; "between operations (last:
-  // barrier)" outside; "heartbeat" for programs that only touch the file.
+  // barrier)" outside; "heartbeat" for programs that only touch the file;
+  // "no operation yet" before any.
   std::string operation;
 };
 

@@ -745,8 +745,9 @@ std::vector<FlagSpec> make_table() {
                "restarts; the report names the stuck ranks (lowest progress) "
                "and the operation each is in. Progress is comm's count of "
                "operations; programs without comm opt in by touching the "
-               "file named by DLAUNCH_HEARTBEAT_FILE. Workers that never "
-               "showed progress are not watched.",
+               "file named by DLAUNCH_HEARTBEAT_FILE. The timeout starts "
+               "once a worker shows progress; one that never does is named "
+               "stuck when the others wait for it.",
        .section = "RELIABILITY",
        .apply =
            [](const FlagSpec& f, const std::string& v, Options& o,

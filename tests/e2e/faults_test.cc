@@ -155,6 +155,21 @@ TEST(Faults, StopFreezesARankAndHangTimeoutFindsIt) {
   EXPECT_FALSE(s["faults"][0]["detected"].is_null());
 }
 
+// Rank 0 beats once, then waits (as for a peer); rank 1 never shows any
+// progress: it is the one named stuck.
+TEST(Faults, AWorkerThatNeverShowedProgressIsNamedWhenOthersWait) {
+  CommandResult r = dlaunch(
+      {"--nproc-per-node", "2", "--hang-timeout", "0.5", "sh", "-c",
+       "if [ $RANK = 0 ]; then touch \"$DLAUNCH_HEARTBEAT_FILE\"; fi; "
+       "exec sleep 60"});
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("stuck: rank 1 (local rank 1, pid "));
+  EXPECT_THAT(r.err, HasSubstr(") in no operation yet at progress 0 (others "
+                               "up to 1)"));
+  EXPECT_THAT(r.err, HasSubstr("    hung       : no progress within "
+                               "--hang-timeout: stuck in no operation yet"));
+}
+
 TEST(Faults, WorkersThatShowNoProgressAreNotWatched) {
   CommandResult r = dlaunch({"--nproc-per-node", "2", "--hang-timeout", "0.2",
                              "sh", "-c", "sleep 1; echo quiet-done"});
