@@ -1,16 +1,25 @@
 """Every collective and the ping-pong on one host: dl-bench under dlaunch
 next to OpenMPI (bench/mpi_bench.c under mpirun, its shared-memory
-transport), alternating, in one sitting.
+transport) and torch gloo (bench/onehost_torch.py, Debian's python3-torch),
+run back to back at each size of each round, in one sitting.
 
-    python3 bench/onehost_compare.py --build build [--ranks 2] [--rounds 5]
+    python3 bench/onehost_compare.py --build build [--ranks 2,4] [--rounds 5]
+        [--write-docs docs/performance.md]
 
-Builds bench/mpi_bench.c with mpicc (Debian's libopenmpi-dev), runs both
-`rounds` times at 4 KiB, 1 MiB and 64 MiB (8 B too for the ping-pong) and
-prints a markdown table of medians over rounds (docs/performance.md, "One
-host, side by side"), with the path dl-bench reported.
+Builds bench/mpi_bench.c with mpicc (Debian's libopenmpi-dev) and runs the
+three `rounds` times at 4 KiB, 1 MiB and 64 MiB (8 B too for the
+ping-pong). Prints, per rank count, a markdown table of medians over rounds
+with the path dl-bench reported; the ratios are medians of each round's
+back-to-back ratio, which a machine whose load moves between rounds
+disturbs less than a ratio of medians. The load average is read before and
+after every round and reported with the tables. --write-docs replaces the
+tables between the "onehost-table" markers in that file.
 """
 import argparse
+import datetime
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -19,6 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = [4096, 1 << 20, 64 << 20]
 OPS = ["pingpong", "all_reduce", "broadcast", "reduce", "all_gather",
        "gather", "scatter", "reduce_scatter", "all_to_all"]
+BEGIN = "<!-- onehost-table:begin (bench/onehost_compare.py --write-docs) -->"
+END = "<!-- onehost-table:end -->"
 
 
 def dl_bench(build, ranks, nbytes, iters):
@@ -41,11 +52,7 @@ def dl_bench(build, ranks, nbytes, iters):
     return rows
 
 
-def mpi_bench(exe, ranks, nbytes, iters):
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-           str(ranks), exe, "-n", str(iters), "-w", "3", str(nbytes)]
-    out = subprocess.run(cmd, check=True, capture_output=True,
-                         text=True).stdout
+def parse_op_lines(out):
     rows = {}
     for line in out.splitlines():
         f = line.split()
@@ -54,47 +61,121 @@ def mpi_bench(exe, ranks, nbytes, iters):
     return rows
 
 
+def mpi_bench(exe, ranks, nbytes, iters):
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+           str(ranks), exe, "-n", str(iters), "-w", "3", str(nbytes)]
+    return parse_op_lines(subprocess.run(cmd, check=True, capture_output=True,
+                                         text=True).stdout)
+
+
+def torch_bench(ranks, nbytes, iters):
+    cmd = ["/usr/bin/python3", os.path.join(HERE, "onehost_torch.py"),
+           "--ranks", str(ranks), "-n", str(iters), "-w", "3", str(nbytes)]
+    return parse_op_lines(subprocess.run(cmd, check=True, capture_output=True,
+                                         text=True).stdout)
+
+
 def fmt(us):
     return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--build", default="build")
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=5)
-    a = p.parse_args()
-    exe = os.path.join(a.build, "mpi_bench")
-    subprocess.run(["mpicc", "-O2", "-o", exe,
-                    os.path.join(HERE, "mpi_bench.c")], check=True)
-    ours, theirs, paths = {}, {}, {}
-    for r in range(a.rounds):
+def label(nbytes):
+    return (f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else
+            f"{nbytes >> 10} KiB" if nbytes >= 1024 else f"{nbytes} B")
+
+
+def measure(build, mpi_exe, ranks, rounds, loads):
+    """{impl: {(op, bytes): [time per round]}}, paths by (op, bytes)."""
+    times = {"dl": {}, "mpi": {}, "torch": {}}
+    paths = {}
+    for r in range(rounds):
+        before = os.getloadavg()[0]
         for nbytes in [8] + SIZES:
             iters = 10 if nbytes >= 64 << 20 else 200
-            for k, (t, path) in dl_bench(a.build, a.ranks, nbytes,
-                                         iters).items():
-                ours.setdefault(k, []).append(t)
+            for k, (t, path) in dl_bench(build, ranks, nbytes, iters).items():
+                times["dl"].setdefault(k, []).append(t)
                 paths[k] = path
-            for k, t in mpi_bench(exe, a.ranks, nbytes, iters).items():
-                theirs.setdefault(k, []).append(t)
-        print(f"round {r + 1}/{a.rounds} done", file=sys.stderr)
-    print(f"| op, {a.ranks} ranks | size | dlaunch::comm | path | OpenMPI "
-          "| dlaunch / OpenMPI |")
-    print("|---|---|---|---|---|---|")
+            for k, t in mpi_bench(mpi_exe, ranks, nbytes, iters).items():
+                times["mpi"].setdefault(k, []).append(t)
+            # torch gloo's large sizes take seconds an iteration: fewer.
+            for k, t in torch_bench(ranks, nbytes,
+                                    3 if nbytes >= 64 << 20 else
+                                    20 if nbytes >= 1 << 20 else 200).items():
+                times["torch"].setdefault(k, []).append(t)
+        loads.extend([before, os.getloadavg()[0]])
+        print(f"{ranks} ranks: round {r + 1}/{rounds} done (load "
+              f"{before:.1f} -> {os.getloadavg()[0]:.1f})", file=sys.stderr)
+    return times, paths
+
+
+def table(ranks, times, paths):
+    lines = [f"| op, {ranks} ranks | size | dlaunch::comm | path | OpenMPI "
+             "| torch gloo | dlaunch / OpenMPI | dlaunch / torch |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def ratio(k, other):
+        pairs = list(zip(times["dl"].get(k, []), times[other].get(k, [])))
+        return (f"{statistics.median(o / t for o, t in pairs):.2f}x"
+                if pairs else "n/a")
+
+    def med(impl, k):
+        v = times[impl].get(k)
+        return fmt(statistics.median(v)) if v else "n/a"
+
     for op in OPS:
         for nbytes in [8] + SIZES:
             k = (op, nbytes)
-            if k not in ours or k not in theirs:
+            if k not in times["dl"] or (nbytes == 8 and op != "pingpong"):
                 continue
-            if nbytes == 8 and op != "pingpong":
-                continue
-            o = statistics.median(ours[k])
-            t = statistics.median(theirs[k])
-            label = (f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else
-                     f"{nbytes >> 10} KiB" if nbytes >= 1024 else
-                     f"{nbytes} B")
-            print(f"| {op} | {label} | {fmt(o)} | {paths[k]} | {fmt(t)} "
-                  f"| {o / t:.2f}x |")
+            lines.append(f"| {op} | {label(nbytes)} | {med('dl', k)} | "
+                         f"{paths[k]} | {med('mpi', k)} | {med('torch', k)} | "
+                         f"{ratio(k, 'mpi')} | {ratio(k, 'torch')} |")
+    return lines
+
+
+def write_docs(path, text):
+    with open(path) as f:
+        doc = f.read()
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(doc):
+        sys.exit(f"{path} has no '{BEGIN}' ... '{END}' markers")
+    doc = pattern.sub(lambda _: BEGIN + "\n" + text + "\n" + END, doc)
+    with open(path, "w") as f:
+        f.write(doc)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--build", default="build")
+    p.add_argument("--ranks", default="2",
+                   help="comma list of rank counts (default 2)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--write-docs", metavar="FILE",
+                   help="replace the tables between the markers in FILE")
+    a = p.parse_args()
+    for tool in ("mpicc", "mpirun"):
+        if shutil.which(tool) is None:
+            sys.exit(f"{tool} not found: install libopenmpi-dev and "
+                     "openmpi-bin (scripts/setup does)")
+    exe = os.path.join(a.build, "mpi_bench")
+    subprocess.run(["mpicc", "-O2", "-o", exe,
+                    os.path.join(HERE, "mpi_bench.c")], check=True)
+    start = datetime.datetime.now(datetime.timezone.utc)
+    loads, out = [], []
+    for ranks in [int(x) for x in a.ranks.split(",")]:
+        times, paths = measure(a.build, exe, ranks, a.rounds, loads)
+        out += table(ranks, times, paths) + [""]
+    nproc = os.cpu_count()
+    head = (f"Sitting of {start:%Y-%m-%d, %H:%M} UTC, {a.rounds} round(s), "
+            f"{nproc} cores; load average (1 min) before and after each "
+            f"round: {min(loads):.1f} to {max(loads):.1f}. Generated by "
+            f"`python3 bench/onehost_compare.py --build {a.build} --ranks "
+            f"{a.ranks} --rounds {a.rounds} --write-docs FILE`.")
+    text = "\n".join([head, ""] + out).rstrip()
+    print(text)
+    if a.write_docs:
+        write_docs(a.write_docs, text)
 
 
 if __name__ == "__main__":
