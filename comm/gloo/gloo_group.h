@@ -93,8 +93,8 @@ inline uint64_t coll_slot(uint64_t prefix, uint32_t tag, uint32_t sub = 0) {
 // so that a wait Gloo ends at its timeout ends at or after the deadline,
 // which is how callers tell a timeout from a failure.
 inline milliseconds left_until(std::chrono::steady_clock::time_point deadline) {
-  auto left = std::chrono::ceil<milliseconds>(
-      deadline - std::chrono::steady_clock::now());
+  auto left = std::chrono::ceil<milliseconds>(deadline -
+                                              std::chrono::steady_clock::now());
   return std::max(left, milliseconds(1));
 }
 
@@ -263,6 +263,7 @@ void by_element_size(DType d, F&& f) {
 struct ShmSteps {
   size_t count = 0;          // number of steps
   size_t per_step = 0;       // elements of a piece moved per step
+  size_t piece_bytes = 0;    // where piece j of an area starts: j * this
   size_t area_bytes = 0;     // bytes a rank's area holds per step
   bool produces = false;     // whether this rank writes its area
   std::vector<int> sources;  // ranks whose areas this rank reads

@@ -1,8 +1,9 @@
 // Every collective between ranks on one host, over shared memory. Data that
 // fits the channel travels with the argument check (one meeting, one copy
 // in and one copy out per byte); larger data goes through per-rank segments
-// in pipelined steps of kShmChunkBytes per piece (shm_steps), so that a
-// chunk a rank writes is still in the cache when its peers read it.
+// (shm_steps): in one step up to the segments' window, beyond it in
+// pipelined steps of kShmChunkBytes per piece, so that a chunk a rank
+// writes is still in the cache when its peers read it.
 
 #include <algorithm>
 #include <cstring>
@@ -47,11 +48,21 @@ void reduce_all(ReduceFn fn, char* out, const std::vector<const char*>& srcs,
 }
 
 // Steps over pieces of `numel` elements of `dtype`, `pieces` per area.
+// A piece that fits the segments' window (kShmDepth steps of
+// kShmChunkBytes) moves in one step: pipelining pays only for data that
+// would not stay in the cache, and every step is a meeting of the ranks
+// (a 1 MiB all_reduce: 4 steps took 135 us where the path before them took
+// 84 us; under load, 410 us against 200 us in one step, best of 3000).
 ShmSteps steps_over(DType dtype, size_t numel, size_t pieces) {
   ShmSteps s;
-  s.per_step = kShmChunkBytes / dtype_size(dtype);
+  const size_t es = dtype_size(dtype);
+  const size_t bytes = numel * es;
+  const size_t piece = bytes <= kShmDepth * kShmChunkBytes ? std::max(bytes, es)
+                                                           : kShmChunkBytes;
+  s.per_step = piece / es;
   s.count = steps_for(numel, s.per_step);
-  s.area_bytes = pieces * kShmChunkBytes;
+  s.piece_bytes = (piece + 63) / 64 * 64;  // pieces stay aligned
+  s.area_bytes = pieces * s.piece_bytes;
   return s;
 }
 
@@ -91,7 +102,7 @@ std::vector<int> all_but(int me, int n) {
 // kShmDepth steps later, once every peer has said so about it. Ends with a
 // meeting of all ranks, after which nobody reads the segments.
 bool GlooProcessGroup::shm_steps(const ShmSteps& s) {
-  const size_t need = kShmDepth * s.area_bytes;
+  const size_t need = std::min(s.count, kShmDepth) * s.area_bytes;
   if (shm_cap_ < need && !shm_grow(need)) return false;
   const auto deadline = std::chrono::steady_clock::now() + timeout();
   const uint32_t base = channel_->seq();
@@ -212,13 +223,13 @@ bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
   s.produce = [&](size_t k, char* area) {
     auto [b, c] = range(k, q, out.numel);
     for (int j : all_but(root, n)) {
-      copy_bytes(area + j * kShmChunkBytes, at(in[j], b), c * es);
+      copy_bytes(area + j * s.piece_bytes, at(in[j], b), c * es);
     }
   };
   s.consume = [&](size_t k, const std::vector<const char*>& area) {
     if (r == root) return;
     auto [b, c] = range(k, q, out.numel);
-    copy_bytes(at(out, b), area[root] + r * kShmChunkBytes, c * es);
+    copy_bytes(at(out, b), area[root] + r * s.piece_bytes, c * es);
   };
   return shm_steps(s);
 }
@@ -271,13 +282,13 @@ bool GlooProcessGroup::shm_reduce_scatter(Tensor out,
   s.produce = [&](size_t k, char* area) {
     auto [b, c] = range(k, q, out.numel);
     for (int j = 0; j < n; ++j) {
-      copy_bytes(area + j * kShmChunkBytes, at(in[j], b), c * es);
+      copy_bytes(area + j * s.piece_bytes, at(in[j], b), c * es);
     }
   };
   s.consume = [&](size_t k, const std::vector<const char*>& area) {
     auto [b, c] = range(k, q, out.numel);
     std::vector<const char*> srcs(n);
-    for (int j = 0; j < n; ++j) srcs[j] = area[j] + r * kShmChunkBytes;
+    for (int j = 0; j < n; ++j) srcs[j] = area[j] + r * s.piece_bytes;
     reduce_all(fn, at(out, b), srcs, c);
   };
   return shm_steps(s);
@@ -318,13 +329,13 @@ bool GlooProcessGroup::shm_all_to_all(std::span<const Tensor> out,
   s.produce = [&](size_t k, char* area) {
     for (int d : all_but(r, n)) {
       auto [b, c] = range(k, q, in[d].numel);
-      copy_bytes(area + d * kShmChunkBytes, at(in[d], b), c * es);
+      copy_bytes(area + d * s.piece_bytes, at(in[d], b), c * es);
     }
   };
   s.consume = [&](size_t k, const std::vector<const char*>& area) {
     for (int j : s.sources) {
       auto [b, c] = range(k, q, out[j].numel);
-      copy_bytes(at(out[j], b), area[j] + r * kShmChunkBytes, c * es);
+      copy_bytes(at(out[j], b), area[j] + r * s.piece_bytes, c * es);
     }
   };
   return shm_steps(s);

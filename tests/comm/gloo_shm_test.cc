@@ -189,7 +189,8 @@ TEST_P(GlooShmTest, OneChunkStepEqualsTcp) {
 }
 
 // 2.2 MB of f64: nine steps, more than a segment holds (the writer waits
-// for its readers); 280 KB of u8: two.
+// for its readers); 1.1 MB of f32: five; 280 KB of u8 (within the
+// segments' window): one.
 TEST_P(GlooShmTest, ManyChunkStepsEqualTcp) {
   const int n = GetParam();
   const size_t numel = 280000;
