@@ -367,3 +367,91 @@ TEST_F(AgentTest, FoldersWithLogsAreNeverLeftToTheWatchdog) {
 
 }  // namespace
 }  // namespace dlaunch::agent
+
+namespace dlaunch::agent {
+namespace {
+
+// Injected faults (agent/fault.h) over the fake Env: when and where each
+// fires, what stopping the group then does, and out-of-range targets.
+class AgentFaultTest : public AgentTest {};
+
+TEST_F(AgentFaultTest, AKillFiresAtItsTimeInItsAttemptOnly) {
+  options.max_restarts = 1;
+  options.faults = {parse_fault("kill:rank=2:after=2")};
+  env.behave = [](const ProcessSpec&, int spawn) {
+    Behaviour b;
+    b.never_exits = spawn < 4;  // the first group runs until stopped
+    return b;
+  };
+  RunResult r = run();
+  EXPECT_EQ(r.exit_code, 0) << messages;
+  ASSERT_EQ(r.attempts.size(), 2u);
+  const WorkerRecord& victim = r.attempts[0].workers[2];
+  EXPECT_EQ(victim.injected_fault, "kill:rank=2:after=2");
+  ASSERT_FALSE(env.signals_sent.empty());
+  EXPECT_EQ(env.signals_sent[0].pid, victim.pid);
+  EXPECT_EQ(env.signals_sent[0].sig, SIGKILL);
+  EXPECT_EQ(env.signals_sent[0].at, ms(2000));
+  ASSERT_EQ(r.faults.size(), 1u);
+  EXPECT_EQ(r.faults[0].fired, WallTime(ms(2000)));
+  EXPECT_EQ(r.faults[0].detected, WallTime(ms(2000)));
+  EXPECT_EQ(r.faults[0].running_again, r.attempts[1].start_time);
+  // The restarted group (restart count 1) gets no fault.
+  for (const auto& w : r.attempts[1].workers) {
+    EXPECT_TRUE(w.injected_fault.empty());
+  }
+  EXPECT_THAT(messages,
+              HasSubstr("dlaunch: fault injected: kill:rank=2:after=2: "
+                        "SIGKILL to rank 2 (local rank 2, pid "));
+}
+
+TEST_F(AgentFaultTest, AFrozenRankGetsSigkillWhenTheGroupStops) {
+  options.faults = {parse_fault("stop:rank=1:after=1")};
+  env.behave = [](const ProcessSpec& s, int) {
+    Behaviour b;
+    if (env_value(s, "LOCAL_RANK") == "0") {
+      b.runs_for = ms(1500);
+      b.exit = ExitStatus{3, 0};
+    } else {
+      b.never_exits = true;
+    }
+    return b;
+  };
+  RunResult r = run();
+  EXPECT_EQ(r.exit_code, 3);
+  const int frozen = r.attempts[0].workers[1].pid;
+  EXPECT_EQ(signals_to(frozen), (std::vector<int>{SIGSTOP, SIGKILL}));
+  EXPECT_EQ(signals_to(r.attempts[0].workers[2].pid),
+            (std::vector<int>{SIGTERM}));
+  EXPECT_TRUE(r.attempts[0].workers[1].frozen);
+  // The stop did not end the job before the timeout: rank 0's exit did.
+  EXPECT_EQ(r.root_cause()->local_rank, 0);
+}
+
+TEST_F(AgentFaultTest, AnExitFaultRecordsItsCode) {
+  options.faults = {parse_fault("exit:rank=3:code=9:after=0.5")};
+  env.behave = [](const ProcessSpec&, int) {
+    Behaviour b;
+    b.never_exits = true;
+    return b;
+  };
+  RunResult r = run();
+  EXPECT_EQ(r.exit_code, 9);
+  ASSERT_NE(r.root_cause(), nullptr);
+  EXPECT_EQ(r.root_cause()->local_rank, 3);
+  EXPECT_EQ(r.root_cause()->status->code, 9);
+  EXPECT_EQ(r.root_cause()->injected_fault, "exit:rank=3:code=9:after=0.5");
+}
+
+TEST_F(AgentFaultTest, ARankOutsideTheRoundStartsNothingAndExits2) {
+  options.faults = {parse_fault("kill:rank=4")};
+  RunResult r = run();
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(env.spawned.empty());
+  EXPECT_THAT(messages, HasSubstr("dlaunch: fault 'kill:rank=4': rank 4 is "
+                                  "out of range: 4 workers (ranks 0..3) in "
+                                  "round 0; give a target that exists"));
+}
+
+}  // namespace
+}  // namespace dlaunch::agent

@@ -17,6 +17,7 @@ struct FakeWorkerState {
   int pid = 0;
   bool alive = true;
   bool cancelled = false;
+  bool frozen = false;  // SIGSTOPped: only SIGKILL ends it
   Behaviour b;
   std::string error_file;
   Env::ExitCallback on_exit;
@@ -32,9 +33,14 @@ class FakeProcess : public Process {
   void signal_group(int sig) override {
     env_.signals_sent.push_back({env_.virtual_now(), s_->pid, sig});
     if (!s_->alive || s_->b.stuck) return;
+    if (sig == SIGSTOP) {
+      s_->frozen = true;
+      return;
+    }
     if (sig == SIGKILL) {
       exit_after(env_, s_, FakeEnv::ms(0), ExitStatus{0, SIGKILL});
-    } else if (sig != SIGUSR1 && sig != SIGUSR2 && !s_->b.ignores_stop) {
+    } else if (sig != SIGUSR1 && sig != SIGUSR2 && !s_->b.ignores_stop &&
+               !s_->frozen) {
       exit_after(env_, s_, s_->b.stop_delay, ExitStatus{0, sig});
     }
   }
@@ -42,7 +48,7 @@ class FakeProcess : public Process {
   static void exit_after(FakeEnv& env, std::shared_ptr<FakeWorkerState> s,
                          FakeEnv::ms delay, ExitStatus status) {
     env.schedule(delay, [s, status] {
-      if (!s->alive) return;
+      if (!s->alive || (s->frozen && status.signal != SIGKILL)) return;
       s->alive = false;
       if (!s->b.error_file_text.empty()) {
         std::ofstream(s->error_file) << s->b.error_file_text;

@@ -23,6 +23,8 @@ struct Behaviour {
   bool never_exits = false;   // runs until signalled
   bool ignores_stop = false;  // SIGTERM/SIGINT/... do not end it
   bool stuck = false;         // not even SIGKILL ends it (D state)
+  // SIGSTOP freezes any worker: it neither exits nor acts on signals but
+  // SIGKILL.
   std::chrono::milliseconds stop_delay{
       1};                       // exits this long after a stop signal
   std::string error_file_text;  // written to TORCHELASTIC_ERROR_FILE on exit
