@@ -101,9 +101,10 @@ struct AgentOptions {
   // most once. Default none.
   std::vector<Fault> faults;
   // A worker whose progress (comm's counter, or its heartbeat file's
-  // mtime) has not moved for this long is hung: SIGKILLed, the others
-  // SIGTERMed, the group restarted. Only workers that showed progress once
-  // are watched. 0 (default): off.
+  // mtime) has not moved for this long, after it showed some, makes the
+  // group hung: the workers with the lowest progress (one that never
+  // showed any included) are SIGKILLed, the others SIGTERMed, the group
+  // restarted. 0 (default): off.
   std::chrono::milliseconds hang_timeout{0};
 };
 
