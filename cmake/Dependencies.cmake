@@ -61,3 +61,41 @@ if(DLAUNCH_WITH_NCCL)
   target_link_libraries(dlaunch_nccl INTERFACE ${DLAUNCH_NCCL_LIBRARY} CUDA::cudart)
 endif()
 message(STATUS "dlaunch: NCCL backend ${DLAUNCH_WITH_NCCL}")
+
+# etcd rendezvous backend (agent/rendezvous/etcd): gRPC and protobuf
+# (libgrpc++-dev, protobuf-compiler-grpc) and etcd's .proto files
+# (golang-etcd-server-dev). ON by default exactly when all are present.
+find_program(DLAUNCH_PROTOC protoc)
+find_program(DLAUNCH_GRPC_CPP_PLUGIN grpc_cpp_plugin)
+set(DLAUNCH_ETCD_PROTO_DIR /usr/share/gocode/src/go.etcd.io/etcd
+  CACHE PATH "etcd 3.4's source tree with its .proto files")
+find_package(PkgConfig QUIET)
+if(PkgConfig_FOUND)
+  pkg_check_modules(DLAUNCH_GRPC QUIET grpc++ protobuf)
+endif()
+if(DLAUNCH_PROTOC AND DLAUNCH_GRPC_CPP_PLUGIN AND DLAUNCH_GRPC_FOUND AND
+   EXISTS ${DLAUNCH_ETCD_PROTO_DIR}/etcdserver/etcdserverpb/rpc.proto)
+  set(_dlaunch_etcd_default ON)
+else()
+  set(_dlaunch_etcd_default OFF)
+endif()
+option(DLAUNCH_WITH_ETCD "Build the etcd rendezvous backend (dlaunch-rdzv-etcd)"
+  ${_dlaunch_etcd_default})
+if(DLAUNCH_WITH_ETCD)
+  if(NOT _dlaunch_etcd_default)
+    message(FATAL_ERROR
+      "DLAUNCH_WITH_ETCD=ON but protoc, grpc_cpp_plugin, grpc++ (pkg-config) "
+      "or etcd's rpc.proto is missing; run scripts/setup or configure with "
+      "-DDLAUNCH_WITH_ETCD=OFF")
+  endif()
+  # Static for the static helper: pkg-config's --static list, which the
+  # linker resolves to the archives Debian ships.
+  add_library(dlaunch_grpc INTERFACE)
+  target_include_directories(dlaunch_grpc SYSTEM INTERFACE ${DLAUNCH_GRPC_INCLUDE_DIRS})
+  if(DLAUNCH_STATIC_RUNTIME)
+    target_link_libraries(dlaunch_grpc INTERFACE ${DLAUNCH_GRPC_STATIC_LDFLAGS})
+  else()
+    target_link_libraries(dlaunch_grpc INTERFACE ${DLAUNCH_GRPC_LDFLAGS})
+  endif()
+endif()
+message(STATUS "dlaunch: etcd rendezvous backend ${DLAUNCH_WITH_ETCD}")

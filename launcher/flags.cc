@@ -215,11 +215,24 @@ void apply_rdzv_conf(const FlagSpec& f, const std::string& key,
     } catch (const BadValue& b) {
       throw BadValue{b.message, key};
     }
+  } else if (key == "cacert" || key == "cert" || key == "key" ||
+             key == "user" || key == "password_file") {
+    if (v.empty()) throw BadValue{"must not be empty", key};
+    (key == "cacert"   ? r.cacert
+     : key == "cert"   ? r.cert
+     : key == "key"    ? r.key
+     : key == "user"   ? r.user
+                       : r.password_file) = v;
+  } else if (key == "password") {
+    throw BadValue{
+        "a password on the command line is visible to every user (ps); "
+        "put it in a file only you can read and give password_file=PATH"};
   } else {
     throw BadValue{"unknown key '" + key +
                    "'; valid keys are join_timeout, last_call_timeout, "
                    "close_timeout, keep_alive_interval, "
-                   "keep_alive_max_attempt, is_host, read_timeout, timeout"};
+                   "keep_alive_max_attempt, is_host, read_timeout, timeout, "
+                   "and for etcd cacert, cert, key, user, password_file"};
   }
 }
 
@@ -545,20 +558,19 @@ std::vector<FlagSpec> make_table() {
          return std::to_string(o.rdzv.node_rank);
        }},
       {.name = "rdzv-backend",
-       .placeholder = "static|c10d",
+       .placeholder = "static|c10d|etcd",
        .key = "rdzv_backend",
        .default_text = "static",
        .help = "static: a fixed set of nodes, each given --node-rank. c10d: "
                "nodes meet in the agents' TCP store and get group ranks in "
                "the order they first joined; ranks stay put while nodes "
-               "live.",
+               "live. etcd: c10d's rounds on an etcd cluster, which no node "
+               "loss ends.",
        .section = "RENDEZVOUS",
-       .choices = {"static", "c10d"},
+       .choices = {"static", "c10d", "etcd"},
        .apply =
            [](const FlagSpec& f, const std::string& v, Options& o,
-              const agent::EnvMap&) {
-             o.rdzv.backend = one_of(f, v, " (etcd is not supported yet)");
-           },
+              const agent::EnvMap&) { o.rdzv.backend = one_of(f, v); },
        .print = [](const Options& o) -> std::optional<std::string> {
          return o.rdzv.backend;
        }},
@@ -567,20 +579,30 @@ std::vector<FlagSpec> make_table() {
        .key = "rdzv_endpoint",
        .default_text = "none on one node; --master-addr:29400 for static",
        .help = "The agents' store (port 29400 unless given). The agent on "
-               "HOST hosts it (see is_host); the others connect.",
+               "HOST hosts it (see is_host); the others connect. For etcd: "
+               "its members, HOST:PORT[,HOST:PORT...] (port 2379 unless "
+               "given), tried in order.",
        .section = "RENDEZVOUS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
+             o.rdzv.endpoints.clear();
              if (v.empty()) {
                o.rdzv.endpoint_host.clear();
                return;
              }
-             parse_endpoint(v, o.rdzv);
+             for (const std::string& e : split(v, ',')) {
+               parse_endpoint(e.empty() ? v : e, o.rdzv);
+               o.rdzv.endpoints.push_back(e);
+             }
+             parse_endpoint(o.rdzv.endpoints[0], o.rdzv);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          const auto& r = o.rdzv;
          if (r.endpoint_host.empty()) return std::nullopt;
+         if (r.backend == "etcd" || r.endpoints.size() > 1) {
+           return join(r.endpoints, ',');
+         }
          bool v6 = r.endpoint_host.find(':') != std::string::npos;
          return (v6 ? "[" + r.endpoint_host + "]" : r.endpoint_host) + ":" +
                 std::to_string(r.endpoint_port);
@@ -593,8 +615,10 @@ std::vector<FlagSpec> make_table() {
                "(30), keep_alive_interval (5), keep_alive_max_attempt (3), "
                "read_timeout or timeout (60): seconds. is_host=true|false: "
                "whether this agent hosts the store (default: when the "
-               "endpoint's HOST names this machine). Any other key is an "
-               "error.",
+               "endpoint's HOST names this machine). etcd only: cacert, "
+               "cert, key (PEM files for TLS), user and password_file (the "
+               "password never goes on the command line). Any other key is "
+               "an error.",
        .section = "RENDEZVOUS",
        .apply =
            [](const FlagSpec& f, const std::string& v, Options& o,
@@ -866,6 +890,63 @@ std::chrono::milliseconds parse_duration(const FlagSpec& flag,
   return std::chrono::milliseconds(std::llround(d * 1e3));
 }
 
+// --rdzv-backend etcd: endpoints (port 2379 unless given), and the etcd
+// keys only with it.
+void check_etcd(LaunchOptions& o) {
+  agent::rendezvous::RendezvousOptions& r = o.rdzv;
+  const bool etcd = r.backend == "etcd";
+  for (const char* k : {"cacert", "cert", "key", "user", "password_file"}) {
+    if (!etcd && o.rdzv_conf.contains(k)) {
+      throw BadValue{"--rdzv-conf " + std::string(k) +
+                     " applies to --rdzv-backend etcd"};
+    }
+  }
+  if (!etcd) {
+    if (r.endpoints.size() > 1) {
+      throw BadValue{"--rdzv-endpoint: a list of endpoints is for "
+                     "--rdzv-backend etcd; c10d and static take one"};
+    }
+    return;
+  }
+  if (r.endpoints.empty()) {
+    throw BadValue{"--rdzv-backend etcd needs --rdzv-endpoint "
+                   "HOST:2379[,HOST:2379...] (the etcd members)"};
+  }
+  if (r.is_host.has_value()) {
+    throw BadValue{"--rdzv-conf is_host applies to c10d; with etcd no agent "
+                   "hosts the store"};
+  }
+  if (r.node_rank >= 0) {
+    throw BadValue{"--node-rank applies to --rdzv-backend static; etcd "
+                   "assigns node ranks itself (drop --node-rank)"};
+  }
+  if (r.user.empty() != r.password_file.empty()) {
+    throw BadValue{"--rdzv-conf user= and password_file= go together"};
+  }
+  if (r.max_nodes > 1 && o.agent.master_addr != AgentDefaults().master_addr) {
+    throw BadValue{
+        "--master-addr applies to --rdzv-backend static; with etcd "
+        "MASTER_ADDR is group rank 0's address (drop --master-addr, or "
+        "set --local-addr on each node)"};
+  }
+  r.etcd_endpoints.clear();
+  for (const std::string& e : r.endpoints) {
+    agent::rendezvous::RendezvousOptions one;
+    parse_endpoint(e, one);
+    const bool port_given = e[0] == '[' ? e.find("]:") != std::string::npos
+                                        : e.find(':') != std::string::npos;
+    const int port = port_given ? one.endpoint_port : 2379;
+    if (port == 0) {
+      throw BadValue{"--rdzv-endpoint " + e +
+                     ": etcd listens on a fixed port, like 2379"};
+    }
+    const bool v6 = one.endpoint_host.find(':') != std::string::npos;
+    r.etcd_endpoints.push_back(
+        (v6 ? "[" + one.endpoint_host + "]" : one.endpoint_host) + ":" +
+        std::to_string(port));
+  }
+}
+
 void check_rendezvous(LaunchOptions& o) {
   agent::rendezvous::RendezvousOptions& r = o.rdzv;
   const std::string nnodes = "--nnodes " + *find_flag("nnodes")->print(o);
@@ -892,6 +973,7 @@ void check_rendezvous(LaunchOptions& o) {
                    " is not below " + nnodes + "; use 0.." +
                    std::to_string(r.max_nodes - 1)};
   }
+  check_etcd(o);
   if (r.backend == "c10d" && r.node_rank >= 0) {
     throw BadValue{
         "--node-rank applies to --rdzv-backend static; c10d assigns node "
@@ -920,7 +1002,7 @@ void check_rendezvous(LaunchOptions& o) {
   if (r.endpoint_host.empty() && r.max_nodes > 1) {
     r.endpoint_host = o.agent.master_addr;
   }
-  if (!r.endpoint_host.empty() && r.max_nodes > 1 &&
+  if (!r.endpoint_host.empty() && r.max_nodes > 1 && r.backend != "etcd" &&
       o.agent.master_port == r.endpoint_port) {
     throw BadValue{"--master-port " + std::to_string(o.agent.master_port) +
                    " is the agents' store port (--rdzv-endpoint); the "

@@ -6,7 +6,9 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <stdexcept>
@@ -16,6 +18,7 @@
 #include "agent/agent.h"
 #include "agent/posix_env.h"
 #include "agent/rendezvous/c10d_rendezvous.h"
+#include "agent/rendezvous/remote_rendezvous.h"
 #include "agent/rendezvous/static_rendezvous.h"
 #include "comm/store/server.h"
 #include "launcher/cli.h"
@@ -120,6 +123,69 @@ bool names_this_machine(const std::string& host, const std::string& local) {
   return mine;
 }
 
+// This node's address for the others: --local-addr, else the master
+// address for one node or static node rank 0, else the host name.
+std::string node_address(const LaunchOptions& o) {
+  const agent::rendezvous::RendezvousOptions& r = o.rdzv;
+  if (!r.local_addr.empty()) return r.local_addr;
+  if (r.max_nodes == 1 || (r.backend == "static" && r.node_rank == 0)) {
+    return o.agent.master_addr;
+  }
+  return host_name();
+}
+
+// The etcd backend runs in dlaunch-rdzv-etcd beside this program (or at
+// $DLAUNCH_RDZV_ETCD): gRPC linked into dlaunch would slow every launch
+// (docs/performance.md).
+std::unique_ptr<agent::rendezvous::Rendezvous> etcd_rendezvous(
+    const LaunchOptions& o) {
+  const agent::rendezvous::RendezvousOptions& r = o.rdzv;
+  agent::rendezvous::RemoteRendezvous::Params p;
+  if (const char* path = std::getenv("DLAUNCH_RDZV_ETCD"); path && *path) {
+    p.program = path;
+  } else {
+    std::error_code ec;
+    p.program = std::filesystem::read_symlink("/proc/self/exe", ec)
+                    .replace_filename("dlaunch-rdzv-etcd")
+                    .string();
+  }
+  if (::access(p.program.c_str(), X_OK) != 0) {
+    throw std::runtime_error(
+        "--rdzv-backend etcd: " + p.program +
+        " is missing (build dlaunch with gRPC, DLAUNCH_WITH_ETCD, or install "
+        "it beside dlaunch)");
+  }
+  auto ms = [](std::chrono::milliseconds d) { return std::to_string(d.count()); };
+  std::string endpoints;
+  for (const std::string& e : r.etcd_endpoints) {
+    endpoints += (endpoints.empty() ? "" : ",") + e;
+  }
+  p.settings = {
+      {"run_id", o.agent.run_id.empty() ? "none" : o.agent.run_id},
+      {"node_addr", node_address(o)},
+      {"master_port", std::to_string(o.agent.master_port)},
+      {"endpoints", endpoints},
+      {"min_nodes", std::to_string(r.min_nodes)},
+      {"max_nodes", std::to_string(r.max_nodes)},
+      {"join_timeout_ms", ms(r.join_timeout)},
+      {"last_call_timeout_ms", ms(r.last_call_timeout)},
+      {"close_timeout_ms", ms(r.close_timeout)},
+      {"keep_alive_interval_ms", ms(r.keep_alive_interval)},
+      {"keep_alive_max_attempt", std::to_string(r.keep_alive_max_attempt)},
+      {"read_timeout_ms", ms(r.read_timeout)},
+      {"cacert", r.cacert},
+      {"cert", r.cert},
+      {"key", r.key},
+      {"user", r.user},
+      {"password_file", r.password_file},
+  };
+  p.log = write_stderr;
+  p.open_timeout = r.join_timeout + r.read_timeout;
+  p.grace = r.read_timeout;
+  p.close_timeout = r.close_timeout;
+  return std::make_unique<agent::rendezvous::RemoteRendezvous>(std::move(p));
+}
+
 }  // namespace
 
 int launch(const LaunchOptions& job, agent::RunResult* out) {
@@ -156,6 +222,8 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
     }
     rdzv = std::make_unique<agent::rendezvous::StaticRendezvous>(
         options.agent.master_addr, options.agent.master_port, pick_port);
+  } else if (r.backend == "etcd") {
+    rdzv = etcd_rendezvous(options);
   } else {
     const bool asked = r.is_host.has_value();
     int port = r.endpoint_port;
@@ -180,14 +248,7 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
     p.run_id = options.agent.run_id.empty() ? "none" : options.agent.run_id;
     p.store_host = r.endpoint_host;
     p.store_port = port;
-    if (!r.local_addr.empty()) {
-      p.node_addr = r.local_addr;
-    } else if (r.max_nodes == 1 ||
-               (r.backend == "static" && r.node_rank == 0)) {
-      p.node_addr = options.agent.master_addr;
-    } else {
-      p.node_addr = host_name();
-    }
+    p.node_addr = node_address(options);
     p.master_port = options.agent.master_port;
     p.pick_port = pick_port;
     // Progress lines queue for the console like the agent's other

@@ -13,8 +13,8 @@ namespace dlaunch::agent::rendezvous {
 // line (launcher/cli.h) fills it from --nnodes, --rdzv-* and friends; a YAML
 // job config fills the same struct. Plain data.
 struct RendezvousOptions {
-  // "static" (fixed nodes, --node-rank) or "c10d" (elastic, over the TCP
-  // store). Default "static".
+  // "static" (fixed nodes, --node-rank), "c10d" (elastic, over the TCP
+  // store) or "etcd" (elastic, over etcd). Default "static".
   std::string backend = "static";
   // Nodes in a round: at least min_nodes, at most max_nodes (--nnodes N or
   // MIN:MAX). Default 1:1.
@@ -25,6 +25,20 @@ struct RendezvousOptions {
   // possible only for one node that hosts the store.
   std::string endpoint_host;
   int endpoint_port = 29400;
+  // --rdzv-endpoint as given, one entry per comma-separated item (the etcd
+  // backend takes several members). Empty (default): none given.
+  std::vector<std::string> endpoints;
+  // The etcd backend's members as HOST:PORT (port 2379 unless given),
+  // from `endpoints`; filled by the command line's checks.
+  std::vector<std::string> etcd_endpoints;
+  // The etcd backend's TLS and login (--rdzv-conf cacert=, cert=, key=,
+  // user=, password_file=): PEM file paths, an etcd user and the file
+  // holding its password. Empty (default): plain TCP, no login.
+  std::string cacert;
+  std::string cert;
+  std::string key;
+  std::string user;
+  std::string password_file;
   // Whether this agent hosts the store (torchrun's is_host). Unset
   // (default): it does when the endpoint's host is one of this machine's
   // names or addresses (or --local-addr).
@@ -122,7 +136,8 @@ class RendezvousClosed : public RendezvousError {
 // How agents agree on group membership before each start or restart of
 // their workers, and how they learn that a round is over. Implementations:
 // one node (static_rendezvous.h); c10d over the TCP store and static
-// multi-node (c10d_rendezvous.h); later etcd, with the same semantics.
+// multi-node (c10d_rendezvous.h); etcd, with c10d's semantics, served by a
+// helper program (remote_rendezvous.h, etcd/etcd_rendezvous.h).
 // The agent's thread calls every method; only watch()'s callback may run
 // on another thread.
 class Rendezvous {

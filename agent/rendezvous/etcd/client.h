@@ -1,0 +1,139 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "etcd/etcdserverpb/rpc.grpc.pb.h"
+
+namespace dlaunch::agent::rendezvous::etcd {
+
+// How to reach an etcd cluster (--rdzv-endpoint and --rdzv-conf).
+struct ClientOptions {
+  // HOST:PORT of each member, tried in this order. Required.
+  std::vector<std::string> endpoints;
+  // TLS (cacert=, cert=, key=): PEM file paths. Empty cacert (default):
+  // plain TCP. cert and key, both or neither: the client's certificate.
+  std::string cacert;
+  std::string cert;
+  std::string key;
+  // etcd user (user=) and its password (read from password_file=). Empty
+  // user (default): no authentication.
+  std::string user;
+  std::string password;
+  // Bound on one request, over every endpoint tried (read_timeout).
+  // Default 60 s.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  // How long a member may take to answer before the next one is tried.
+  // Default 5 s.
+  std::chrono::milliseconds attempt_timeout{std::chrono::seconds(5)};
+};
+
+// etcd failed or no member answered; the message names the request and
+// every endpoint tried with its error.
+class EtcdError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Client;
+
+// One watch on the keys [key, range_end) from a revision on: events come
+// in revision order; after a member fails it resumes on another from the
+// revision after the last seen. Owned by its user; next() and interrupt()
+// may be called from different threads.
+class Watch {
+ public:
+  ~Watch();
+  // The next event, or nullopt at `deadline` or after interrupt(). Throws
+  // EtcdError once no member could serve the watch within the client's
+  // timeout.
+  std::optional<mvccpb::Event> next(
+      std::chrono::steady_clock::time_point deadline);
+  // Wakes a next() in progress (and the next one) with nullopt.
+  void interrupt();
+
+ private:
+  friend class Client;
+  Watch(Client& client, std::string key, std::string range_end,
+        int64_t start_revision);
+  void run();
+
+  Client& client_;
+  std::string key_, range_end_;
+  int64_t next_revision_;
+  std::thread thread_;
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  std::deque<mvccpb::Event> events_;
+  std::string error_;  // set once the watch failed for good
+  bool interrupted_ = false;
+  bool stopping_ = false;
+  grpc::ClientContext* ctx_ = nullptr;  // the stream's, for stopping it
+};
+
+// A client of etcd's v3 gRPC API that fails over among the listed members:
+// a request that a member does not answer (refused, unreachable, no
+// leader, silent for attempt_timeout) is retried on the next, until the
+// client's timeout. Thread-safe.
+class Client {
+ public:
+  explicit Client(ClientOptions options);
+  ~Client();
+
+  // Unary requests; `timeout` overrides the client's for this request.
+  etcdserverpb::RangeResponse range(
+      const etcdserverpb::RangeRequest& req,
+      std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  etcdserverpb::PutResponse put(const etcdserverpb::PutRequest& req);
+  etcdserverpb::TxnResponse txn(const etcdserverpb::TxnRequest& req);
+  // A lease of about `ttl` (etcd may round it up): its id and granted TTL.
+  etcdserverpb::LeaseGrantResponse lease_grant(
+      std::chrono::seconds ttl,
+      std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  void lease_revoke(int64_t id, std::chrono::milliseconds timeout);
+  // One keep-alive of lease `id`; returns the TTL etcd granted (<= 0: the
+  // lease is gone). Throws EtcdError when no member answered in `timeout`.
+  int64_t lease_keep_alive(int64_t id, std::chrono::milliseconds timeout);
+  // Events of [key, range_end) from `start_revision` on.
+  std::unique_ptr<Watch> watch(const std::string& key,
+                               const std::string& range_end,
+                               int64_t start_revision);
+
+  // "127.0.0.1:2379, 127.0.0.1:22379": for messages.
+  std::string endpoints_text() const;
+
+ private:
+  friend class Watch;
+  struct Member;
+  template <typename Call>
+  void call(const char* what, std::chrono::milliseconds timeout, Call&& fn);
+  // Connects to a member for a stream, failing over; returns its index.
+  size_t connect_stream(std::chrono::milliseconds timeout);
+  // Adds member m's token to ctx, logging in first (bounded by
+  // `deadline`) when there is none. Throws grpc::Status when m did not
+  // answer, EtcdError when it refused the user.
+  void authenticate(Member& m, grpc::ClientContext& ctx,
+                    std::chrono::steady_clock::time_point deadline);
+  void prepare(Member& m, grpc::ClientContext& ctx,
+               std::chrono::steady_clock::time_point deadline);
+
+  ClientOptions options_;
+  std::vector<std::unique_ptr<Member>> members_;
+  mutable std::mutex mu_;  // guards current_ and the members' tokens
+  size_t current_ = 0;     // the member requests go to first
+};
+
+// The first key after every key that starts with `prefix` (etcd's
+// range_end for a prefix).
+std::string prefix_end(const std::string& prefix);
+
+}  // namespace dlaunch::agent::rendezvous::etcd

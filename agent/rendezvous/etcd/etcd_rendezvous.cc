@@ -1,0 +1,636 @@
+#include "agent/rendezvous/etcd/etcd_rendezvous.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "agent/rendezvous/member.h"
+#include "comm/store/text.h"
+
+namespace dlaunch::agent::rendezvous::etcd {
+
+using comm::store::format_duration;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// How often a node waiting for a round says how it is going.
+constexpr milliseconds kProgressEvery(5000);
+// Separates the member records in a round's "closed" value.
+constexpr char kRecordSep = '\x1e';
+// Bound on revoking the lease at the end.
+constexpr milliseconds kRevokeTimeout(5000);
+
+// Zero-padded, so that keys sort by round.
+std::string pad(int round) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08d", round);
+  return buf;
+}
+
+etcdserverpb::RangeRequest prefix_range(const std::string& prefix,
+                                        int64_t revision = 0) {
+  etcdserverpb::RangeRequest req;
+  req.set_key(prefix);
+  req.set_range_end(prefix_end(prefix));
+  req.set_revision(revision);
+  return req;
+}
+
+bool starts_with(const std::string& s, const std::string& p) {
+  return s.compare(0, p.size(), p) == 0;
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  while (from <= s.size() && !s.empty()) {
+    size_t to = s.find(sep, from);
+    if (to == std::string::npos) to = s.size();
+    out.push_back(s.substr(from, to - from));
+    from = to + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+// What a node forming round R knows of it: the joiners (by id, with the
+// revision that created their key and their record) and, once closed,
+// the member records.
+struct EtcdRendezvous::RoundState {
+  std::map<std::string, std::pair<int64_t, std::string>> nodes;
+  bool closed = false;
+  std::string records;  // the "closed" value
+  int64_t closed_rev = 0;
+
+  void apply(const mvccpb::KeyValue& kv, bool deleted,
+             const std::string& rp) {
+    const std::string name = kv.key().substr(rp.size());
+    if (starts_with(name, "node/")) {
+      const std::string id = name.substr(5);
+      if (deleted) {
+        nodes.erase(id);
+      } else {
+        nodes[id] = {kv.create_revision(), kv.value()};
+      }
+    } else if (name == "closed" && !deleted && !closed) {
+      closed = true;
+      records = kv.value();
+      closed_rev = kv.mod_revision();
+    }
+  }
+  // Joiners' records in join order.
+  std::vector<std::string> ordered() const {
+    std::vector<std::pair<int64_t, std::string>> v;
+    for (const auto& [id, n] : nodes) v.push_back(n);
+    std::sort(v.begin(), v.end());
+    std::vector<std::string> out;
+    for (auto& [rev, rec] : v) out.push_back(std::move(rec));
+    return out;
+  }
+};
+
+EtcdRendezvous::EtcdRendezvous(Params params)
+    : p_(std::move(params)),
+      prefix_("/dlaunch/" + p_.run_id + "/"),
+      node_id_(p_.node_addr + "/" + std::to_string(::getpid())) {
+  const RendezvousOptions& o = p_.options;
+  const auto ka = o.keep_alive_interval * o.keep_alive_max_attempt;
+  const std::chrono::seconds want(std::max<int64_t>(1, (ka.count() + 999) / 1000));
+  try {
+    client_ = std::make_unique<Client>(p_.client);
+    auto grant = client_->lease_grant(want, o.join_timeout);
+    lease_ = grant.id();
+    ttl_ = std::chrono::seconds(grant.ttl());
+  } catch (const EtcdError& e) {
+    throw RendezvousError(std::string("cannot join the etcd rendezvous: ") +
+                          e.what());
+  }
+  alive_thread_ = std::thread([this] { keep_alive_loop(); });
+}
+
+EtcdRendezvous::~EtcdRendezvous() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  stop_watcher();
+  if (alive_thread_.joinable()) alive_thread_.join();
+  abandon(std::min(p_.options.read_timeout, kRevokeTimeout));
+}
+
+void EtcdRendezvous::abandon(milliseconds timeout) {
+  try {
+    client_->lease_revoke(lease_, timeout);
+  } catch (const EtcdError& e) {
+    p_.log(std::string("dlaunch: could not revoke this node's etcd lease (its "
+                       "keys vanish when it expires): ") +
+           e.what() + "\n");
+  }
+}
+
+std::string EtcdRendezvous::round_prefix(int round) const {
+  return prefix_ + "r/" + pad(round) + "/";
+}
+
+void EtcdRendezvous::set_active(Watch* w) {
+  std::lock_guard<std::mutex> lock(mu_);
+  active_ = w;
+  if (w && (lease_lost_ || watcher_stop_)) w->interrupt();
+}
+
+void EtcdRendezvous::check_lease() const {
+  if (lease_lost_) {
+    throw RendezvousError(
+        "this node's etcd lease (TTL " + std::to_string(ttl_.count()) +
+        " s) expired: it was cut off from etcd at " +
+        client_->endpoints_text() +
+        ", so the others went on without it; check the network to etcd");
+  }
+}
+
+void EtcdRendezvous::keep_alive_loop() {
+  const milliseconds ttl = ttl_;
+  const milliseconds beat = std::max(
+      milliseconds(100), std::min(p_.options.keep_alive_interval, ttl / 3));
+  // The lease was granted after this: etcd expires it no earlier than
+  // ttl from here unless a keep-alive renews it.
+  auto renewed = Clock::now() - beat;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const auto expires = renewed + ttl;
+    cv_.wait_until(lock, std::min(Clock::now() + beat, expires),
+                   [this] { return stopping_; });
+    if (stopping_) return;
+    std::string why;
+    if (Clock::now() < expires) {
+      lock.unlock();
+      const auto sent = Clock::now();
+      int64_t left = 0;
+      try {
+        left = client_->lease_keep_alive(
+            lease_, std::max(milliseconds(1),
+                             std::min(beat, std::chrono::duration_cast<milliseconds>(
+                                 expires - sent))));
+        if (left <= 0) why = "etcd says it expired";
+      } catch (const EtcdError& e) {
+        why = e.what();
+      }
+      lock.lock();
+      if (left > 0) {
+        renewed = sent;
+        continue;
+      }
+      if (why.find("expired") == std::string::npos &&
+          Clock::now() < expires) {
+        continue;  // not renewed yet; try again until it expires
+      }
+    } else {
+      why = "no keep-alive got through for " + format_duration(ttl);
+    }
+    // Past its TTL etcd has dropped this node's keys and the others go on
+    // without it: it must stop its workers, not run on as a split brain.
+    lease_lost_ = true;
+    if (active_) active_->interrupt();
+    lock.unlock();
+    p_.log("dlaunch: this node's etcd lease expired (" + why + ")\n");
+    return;
+  }
+}
+
+int EtcdRendezvous::newest_round() {
+  etcdserverpb::RangeRequest req = prefix_range(prefix_ + "r/");
+  req.set_sort_order(etcdserverpb::RangeRequest::DESCEND);
+  req.set_sort_target(etcdserverpb::RangeRequest::KEY);
+  req.set_limit(1);
+  req.set_keys_only(true);
+  auto resp = client_->range(req);
+  if (resp.kvs_size() == 0) return -1;
+  const std::string& k = resp.kvs(0).key();
+  return std::atoi(k.substr(prefix_.size() + 2, 8).c_str());
+}
+
+bool EtcdRendezvous::finished() {
+  etcdserverpb::RangeRequest req;
+  req.set_key(prefix_ + "finished");
+  req.set_count_only(true);
+  return client_->range(req).count() > 0;
+}
+
+void EtcdRendezvous::try_close(int round, RoundState& st) {
+  const std::string rp = round_prefix(round);
+  std::vector<std::string> recs = st.ordered();
+  recs.resize(std::min<size_t>(recs.size(), p_.options.max_nodes));
+  std::string value;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    value += (i ? std::string(1, kRecordSep) : std::string()) + recs[i];
+  }
+  etcdserverpb::TxnRequest t;
+  auto* c = t.add_compare();
+  c->set_key(rp + "closed");
+  c->set_target(etcdserverpb::Compare::CREATE);
+  c->set_result(etcdserverpb::Compare::EQUAL);
+  c->set_create_revision(0);
+  auto* put = t.add_success()->mutable_request_put();
+  put->set_key(rp + "closed");
+  put->set_value(value);
+  put->set_lease(lease_);
+  t.add_failure()->mutable_request_range()->set_key(rp + "closed");
+  auto resp = client_->txn(t);
+  st.closed = true;
+  if (resp.succeeded()) {
+    st.records = value;
+    st.closed_rev = resp.header().revision();
+    return;
+  }
+  const auto& kvs = resp.responses(0).response_range().kvs();
+  if (kvs.empty()) {
+    // Closed, and its closer is gone already: this node is no member; the
+    // members see the closer gone and open the next round.
+    st.records.clear();
+    st.closed_rev = resp.header().revision();
+  } else {
+    st.records = kvs[0].value();
+    st.closed_rev = kvs[0].mod_revision();
+  }
+}
+
+bool EtcdRendezvous::wait_next_round(int round, Clock::time_point deadline) {
+  etcdserverpb::RangeRequest req;
+  req.set_key(prefix_ + "r/" + pad(round + 1));
+  req.set_range_end(prefix_end(prefix_ + "r/"));
+  req.set_count_only(true);
+  auto resp = client_->range(req);
+  if (resp.count() > 0) return true;
+  if (finished()) return false;
+  auto w =
+      client_->watch(prefix_, prefix_end(prefix_), resp.header().revision() + 1);
+  set_active(w.get());
+  struct Clear {
+    EtcdRendezvous* self;
+    ~Clear() { self->set_active(nullptr); }
+  } clear{this};
+  const std::string rounds = prefix_ + "r/";
+  while (true) {
+    check_lease();
+    if (Clock::now() >= deadline) {
+      throw RendezvousError(
+          "round " + std::to_string(round) + " of job '" + p_.run_id +
+          "' kept running without this node (it has the most nodes "
+          "allowed, " +
+          std::to_string(p_.options.max_nodes) +
+          ") until join_timeout; raise the MAX of --nnodes");
+    }
+    auto ev = w->next(deadline);
+    if (!ev || ev->type() != mvccpb::Event::PUT) continue;
+    const std::string& k = ev->kv().key();
+    if (k == prefix_ + "finished") return false;
+    if (starts_with(k, rounds) &&
+        std::atoi(k.substr(rounds.size(), 8).c_str()) > round) {
+      return true;
+    }
+  }
+}
+
+RendezvousResult EtcdRendezvous::next_round(int local_world_size,
+                                            RoundReason reason,
+                                            milliseconds timeout) {
+  stop_watcher();
+  check_lease();
+  const RendezvousOptions& o = p_.options;
+  const auto start = Clock::now();
+  const auto deadline = start + timeout;
+  try {
+    if (finished()) {
+      throw RendezvousClosed(
+          "the job '" + p_.run_id +
+          "' already finished (its rendezvous is closed); nothing to do");
+    }
+    int r = 0;
+    int target = o.max_nodes;
+    if (round_ < 0) {
+      r = std::max(0, newest_round());
+    } else {
+      r = round_ + 1;
+      // A re-formed round closes as soon as every survivor and every node
+      // that asked to join is back: no last call.
+      const std::string rp = round_prefix(round_);
+      std::set<std::string> present, left;
+      const auto prev = client_->range(prefix_range(rp));
+      for (const auto& kv : prev.kvs()) {
+        const std::string name = kv.key().substr(rp.size());
+        if (starts_with(name, "node/")) present.insert(name.substr(5));
+        if (starts_with(name, "ev/") && kv.value() == "left") {
+          left.insert(name.substr(3));
+        }
+      }
+      int expect = 0;
+      for (const std::string& id : members_) {
+        if (id == node_id_ || (present.contains(id) && !left.contains(id))) {
+          ++expect;
+        }
+      }
+      if (static_cast<int>(members_.size()) < o.max_nodes) {
+        for (const std::string& id : present) {
+          if (std::find(members_.begin(), members_.end(), id) ==
+              members_.end()) {
+            ++expect;
+          }
+        }
+      }
+      target = std::clamp(expect, o.min_nodes, o.max_nodes);
+    }
+    const int restarts =
+        restart_count_ + (reason == RoundReason::kFailure && round_ >= 0);
+
+    while (true) {
+      const std::string rp = round_prefix(r);
+      MemberRecord me;
+      me.id = node_id_;
+      me.addr = p_.node_addr;
+      me.nproc = local_world_size;
+      me.prev_round = round_;
+      me.prev_rank = group_rank_;
+      me.restarts = restarts;
+      me.master_port =
+          p_.master_port != 0 ? p_.master_port : p_.pick_port(p_.node_addr);
+      me.node_rank = o.node_rank;
+      etcdserverpb::PutRequest put;
+      put.set_key(rp + "node/" + node_id_);
+      put.set_value(me.encode());
+      put.set_lease(lease_);
+      client_->put(put);
+      const auto joined_at = Clock::now();
+
+      RoundState st;
+      auto snap = client_->range(prefix_range(rp));
+      for (const auto& kv : snap.kvs()) st.apply(kv, false, rp);
+      auto w = client_->watch(rp, prefix_end(rp), snap.header().revision() + 1);
+      set_active(w.get());
+      // When the last call ends; none (max) until min_nodes joined.
+      constexpr auto kNone = Clock::time_point::max();
+      auto call_ends = kNone;
+      auto next_progress = joined_at + milliseconds(1000);
+      while (!st.closed) {
+        check_lease();
+        const auto now = Clock::now();
+        const int n = static_cast<int>(st.nodes.size());
+        if (n >= target) {
+          try_close(r, st);
+          continue;
+        }
+        if (n >= o.min_nodes && call_ends == kNone) {
+          call_ends = now + o.last_call_timeout;
+        }
+        if (n < o.min_nodes) call_ends = kNone;
+        if (now >= call_ends) {
+          try_close(r, st);
+          continue;
+        }
+        if (now >= next_progress) {
+          std::string line = "dlaunch: waiting for nodes: " +
+                             std::to_string(n) + "/" + std::to_string(target) +
+                             " joined (min " + std::to_string(o.min_nodes) +
+                             ", max " + std::to_string(o.max_nodes) + ")";
+          if (call_ends != kNone) {
+            line += ", last call ends in " +
+                    format_duration(std::chrono::duration_cast<milliseconds>(
+                        call_ends - now));
+          }
+          p_.log(line + "\n");
+          next_progress = now + kProgressEvery;
+        }
+        if (now >= deadline) {
+          std::string who;
+          for (const std::string& rec : st.ordered()) {
+            who += (who.empty() ? "" : ", ") + MemberRecord::decode(rec, 0).addr;
+          }
+          throw RendezvousError(
+              std::to_string(n) + "/" + std::to_string(o.min_nodes) +
+              " nodes joined round " + std::to_string(r) + " of job '" +
+              p_.run_id + "' at etcd " + client_->endpoints_text() +
+              " after " +
+              format_duration(
+                  std::chrono::duration_cast<milliseconds>(now - start)) +
+              " (min " + std::to_string(o.min_nodes) + ", max " +
+              std::to_string(o.max_nodes) + "; joined: " + who +
+              "); start the missing nodes or lower --nnodes");
+        }
+        auto until = std::min({deadline, next_progress, call_ends});
+        if (auto ev = w->next(until)) {
+          st.apply(ev->kv(), ev->type() == mvccpb::Event::DELETE, rp);
+        }
+      }
+      set_active(nullptr);
+      w.reset();
+
+      std::vector<MemberRecord> ms;
+      int seq = 0;
+      bool member = false;
+      for (const std::string& rec : split(st.records, kRecordSep)) {
+        ms.push_back(MemberRecord::decode(rec, ++seq));
+        member = member || ms.back().id == node_id_;
+      }
+      if (!member) {
+        const int closed = static_cast<int>(ms.size());
+        p_.log("dlaunch: round " + std::to_string(r) + " is running with " +
+               std::to_string(closed) + " nodes" +
+               (closed < o.max_nodes ? "; it restarts to take this node in\n"
+                                     : " (the most allowed); waiting for a "
+                                       "place\n"));
+        if (!wait_next_round(r, deadline)) {
+          throw RendezvousClosed("the job '" + p_.run_id +
+                                 "' finished while this node waited to "
+                                 "join; nothing to do");
+        }
+        ++r;
+        target = o.max_nodes;
+        continue;
+      }
+      members_.clear();
+      for (const MemberRecord& m : ms) members_.push_back(m.id);
+      RendezvousResult res =
+          form_round(r, std::move(ms), node_id_, reason, false);
+      round_ = r;
+      group_rank_ = res.group_rank;
+      restart_count_ = res.restart_count;
+      closed_rev_ = st.closed_rev;
+      reported_ = false;
+      p_.log(round_line(res));
+      return res;
+    }
+  } catch (const EtcdError& e) {
+    throw RendezvousError(std::string("the etcd rendezvous of job '") +
+                          p_.run_id + "' failed: " + e.what());
+  }
+}
+
+RoundEvent EtcdRendezvous::wait_round_end() {
+  const int r = round_;
+  const std::string rp = round_prefix(r);
+  const int max = p_.options.max_nodes;
+  auto is_member = [this](const std::string& id) {
+    return std::find(members_.begin(), members_.end(), id) != members_.end();
+  };
+  auto lost = [&](const std::string& id, bool left) {
+    if (id == node_id_) {
+      return RoundEvent{RoundEvent::Kind::kFatal, r,
+                        "etcd dropped this node's keys (its lease of " +
+                            std::to_string(ttl_.count()) +
+                            " s expired): it was cut off from etcd or stopped "
+                            "too long, and the others went on without it"};
+    }
+    return RoundEvent{RoundEvent::Kind::kNodeLost, r,
+                      "node " + id + (left ? " left" : " is gone")};
+  };
+  auto joined = [&](const std::string& id) {
+    return RoundEvent{RoundEvent::Kind::kNodeJoined, r,
+                      "node " + id + " asks to join"};
+  };
+  // Who was there when the round closed: a member already gone then, or
+  // a node that came too late for it, ends the round at once.
+  std::set<std::string> present;
+  const auto at_close = client_->range(prefix_range(rp, closed_rev_));
+  for (const auto& kv : at_close.kvs()) {
+    const std::string name = kv.key().substr(rp.size());
+    if (starts_with(name, "node/")) present.insert(name.substr(5));
+  }
+  for (const std::string& id : members_) {
+    if (!present.contains(id)) return lost(id, false);
+  }
+  if (static_cast<int>(members_.size()) < max) {
+    for (const std::string& id : present) {
+      if (!is_member(id)) return joined(id);
+    }
+  }
+  auto w = client_->watch(rp, prefix_end(rp), closed_rev_ + 1);
+  set_active(w.get());
+  struct Clear {
+    EtcdRendezvous* self;
+    ~Clear() { self->set_active(nullptr); }
+  } clear{this};
+  std::set<std::string> done;
+  while (true) {
+    auto ev = w->next(Clock::now() + std::chrono::hours(24));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (watcher_stop_) return RoundEvent{RoundEvent::Kind::kSucceeded, -1, ""};
+    }
+    if (lease_lost_) return lost(node_id_, false);
+    if (!ev) continue;
+    const bool del = ev->type() == mvccpb::Event::DELETE;
+    const std::string name = ev->kv().key().substr(rp.size());
+    if (starts_with(name, "node/")) {
+      const std::string id = name.substr(5);
+      if (del && is_member(id)) return lost(id, false);
+      if (!del && !is_member(id) && static_cast<int>(members_.size()) < max) {
+        return joined(id);
+      }
+    } else if (starts_with(name, "ev/") && !del) {
+      const std::string id = name.substr(3);
+      if (id == node_id_) continue;
+      if (ev->kv().value() == "failed") {
+        return RoundEvent{RoundEvent::Kind::kFailure, r,
+                          "a worker on node " + id + " failed"};
+      }
+      if (ev->kv().value() == "left") return lost(id, true);
+    } else if (starts_with(name, "done/") && !del) {
+      const std::string id = name.substr(5);
+      if (is_member(id)) done.insert(id);
+      if (done.size() == members_.size()) {
+        return RoundEvent{RoundEvent::Kind::kSucceeded, r, ""};
+      }
+    }
+  }
+}
+
+void EtcdRendezvous::watch(EventCallback on_event) {
+  stop_watcher();
+  watcher_thread_ = std::thread([this, cb = std::move(on_event)] {
+    RoundEvent ev;
+    try {
+      ev = wait_round_end();
+    } catch (const EtcdError& e) {
+      ev = RoundEvent{RoundEvent::Kind::kFatal, round_,
+                      std::string("lost etcd: ") + e.what()};
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (watcher_stop_ || stopping_) return;
+    }
+    cb(ev);
+  });
+}
+
+void EtcdRendezvous::stop_watcher() {
+  if (!watcher_thread_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watcher_stop_ = true;
+    if (active_) active_->interrupt();
+  }
+  watcher_thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  watcher_stop_ = false;
+}
+
+void EtcdRendezvous::report(NodeOutcome outcome) {
+  if (round_ < 0 || reported_) return;
+  reported_ = true;
+  const std::string rp = round_prefix(round_);
+  auto put_ev = [&](const std::string& verb) {
+    etcdserverpb::PutRequest put;
+    put.set_key(rp + "ev/" + node_id_);
+    put.set_value(verb);
+    put.set_lease(lease_);
+    client_->put(put);
+  };
+  try {
+    switch (outcome) {
+      case NodeOutcome::kSucceeded: {
+        // The exit barrier: the node whose "done" completes the set marks
+        // the job finished, for nodes that come late (the marker expires
+        // after close_timeout, so no key of the job outlives it).
+        etcdserverpb::TxnRequest t;
+        auto* put = t.add_success()->mutable_request_put();
+        put->set_key(rp + "done/" + node_id_);
+        put->set_lease(lease_);
+        auto* count = t.add_success()->mutable_request_range();
+        count->set_key(rp + "done/");
+        count->set_range_end(prefix_end(rp + "done/"));
+        count->set_count_only(true);
+        auto resp = client_->txn(t);
+        if (resp.responses(1).response_range().count() >=
+            static_cast<int64_t>(members_.size())) {
+          auto secs = std::chrono::ceil<std::chrono::seconds>(
+              p_.options.close_timeout);
+          auto grant = client_->lease_grant(std::max(secs, std::chrono::seconds(1)));
+          etcdserverpb::PutRequest fin;
+          fin.set_key(prefix_ + "finished");
+          fin.set_value("1");
+          fin.set_lease(grant.id());
+          client_->put(fin);
+        }
+        break;
+      }
+      case NodeOutcome::kFailed:
+        put_ev("failed");
+        break;
+      case NodeOutcome::kLeaving:
+        put_ev("left");
+        break;
+    }
+  } catch (const EtcdError& e) {
+    p_.log(std::string("dlaunch: cannot tell the other nodes: ") + e.what() +
+           "\n");
+  }
+}
+
+}  // namespace dlaunch::agent::rendezvous::etcd

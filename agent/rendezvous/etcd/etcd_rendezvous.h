@@ -1,0 +1,99 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/rendezvous/etcd/client.h"
+#include "agent/rendezvous/rendezvous.h"
+
+namespace dlaunch::agent::rendezvous::etcd {
+
+// The c10d backend's rounds (docs/rendezvous.md) on etcd v3, which
+// outlives any node: every key lives under /dlaunch/RUN_ID/ and is bound
+// to the lease of the agent that wrote it, which a keep-alive thread
+// renews; a dead or cut-off agent's lease expires and its keys vanish,
+// which the others see through watches. Rounds close in a transaction.
+// Threads: the helper's thread calls the methods; a watcher thread waits
+// for the round's end, a keep-alive thread renews the lease.
+class EtcdRendezvous : public Rendezvous {
+ public:
+  using PortPicker = std::function<int(const std::string& host)>;
+  using MessageSink = std::function<void(const std::string&)>;
+
+  struct Params {
+    RendezvousOptions options;
+    ClientOptions client;
+    std::string run_id;     // keys live under /dlaunch/RUN_ID/
+    std::string node_addr;  // this node's address (MASTER_ADDR if rank 0)
+    int master_port = 0;    // fixed MASTER_PORT; 0: a free port each round
+    PortPicker pick_port;   // a free port on node_addr
+    MessageSink log;        // progress lines ("waiting for nodes: ...")
+  };
+
+  // Grants this agent's lease (TTL keep_alive_interval x
+  // keep_alive_max_attempt, rounded up to seconds), retrying until
+  // join_timeout, and starts renewing it. Throws RendezvousError naming
+  // every endpoint tried.
+  explicit EtcdRendezvous(Params params);
+  // Stops the threads and revokes the lease: this agent's keys vanish.
+  ~EtcdRendezvous() override;
+
+  RendezvousResult next_round(int local_world_size, RoundReason reason,
+                              std::chrono::milliseconds timeout) override;
+  void watch(EventCallback on_event) override;
+  void report(NodeOutcome outcome) override;
+
+  // Revokes the lease now, from any thread (the agent is gone).
+  void abandon(std::chrono::milliseconds timeout);
+
+ private:
+  struct RoundState;
+  std::string round_prefix(int round) const;
+  int newest_round();
+  bool finished();
+  // Closes round r with its first nodes, unless another did; fills st.
+  void try_close(int round, RoundState& st);
+  // What ends round_ (the watcher thread's work).
+  RoundEvent wait_round_end();
+  // Waits (bounded) until a round after r opens or the job finished;
+  // returns false for finished.
+  bool wait_next_round(int round,
+                       std::chrono::steady_clock::time_point deadline);
+  void keep_alive_loop();
+  void stop_watcher();
+  void set_active(Watch* w);
+  void check_lease() const;
+
+  Params p_;
+  std::string prefix_;   // /dlaunch/RUN_ID/
+  std::string node_id_;  // unique per agent: address and pid
+  std::unique_ptr<Client> client_;
+  int64_t lease_ = 0;
+  std::chrono::seconds ttl_{0};  // as granted
+
+  // State of the round this node was last in (agent thread).
+  int round_ = -1;
+  int group_rank_ = -1;
+  int restart_count_ = 0;
+  std::vector<std::string> members_;  // ids, in join order
+  int64_t closed_rev_ = 0;            // revision at which round_ closed
+  bool reported_ = false;
+
+  std::thread watcher_thread_;
+  std::thread alive_thread_;
+  std::mutex mu_;  // guards the fields below
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  bool watcher_stop_ = false;
+  Watch* active_ = nullptr;  // the watch a lease loss must wake
+  std::atomic<bool> lease_lost_{false};
+};
+
+}  // namespace dlaunch::agent::rendezvous::etcd

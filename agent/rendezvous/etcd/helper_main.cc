@@ -1,0 +1,252 @@
+// dlaunch-rdzv-etcd: the etcd rendezvous backend as a program of its own,
+// started by the agent for --rdzv-backend etcd (remote_rendezvous.h). It
+// reads the agent's requests on stdin and answers on stdout (one socket
+// pair; protocol in remote_wire.h). End-of-file on stdin means the agent
+// is gone or done: the helper revokes its lease (its keys vanish, so the
+// other nodes see this one leave at once) and exits.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include "agent/rendezvous/etcd/etcd_rendezvous.h"
+#include "agent/rendezvous/remote_wire.h"
+#include "comm/store/resolve.h"
+
+namespace {
+
+using namespace dlaunch::agent::rendezvous;
+namespace remote = dlaunch::agent::rendezvous::remote;
+using std::chrono::milliseconds;
+
+std::mutex out_mu;
+
+void send(const std::vector<std::string>& fields) {
+  const std::string line = remote::encode_line(fields);
+  std::lock_guard<std::mutex> lock(out_mu);
+  size_t off = 0;
+  while (off < line.size()) {
+    ssize_t n = ::write(STDOUT_FILENO, line.data() + off, line.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the agent is gone: stdin's end-of-file follows
+    off += static_cast<size_t>(n);
+  }
+}
+
+void log_line(const std::string& text) { send({"log", text}); }
+
+std::string setting(const std::map<std::string, std::string>& s,
+                    const std::string& key) {
+  auto it = s.find(key);
+  return it == s.end() ? "" : it->second;
+}
+
+milliseconds ms_setting(const std::map<std::string, std::string>& s,
+                        const std::string& key, milliseconds fallback) {
+  std::string v = setting(s, key);
+  return v.empty() ? fallback : milliseconds(remote::wire_int(v));
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::string item;
+  std::istringstream in(s);
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+// The password: the file's first line (a trailing newline is no part of
+// it). The agent passes the path only, so the password is in no argv.
+std::string read_password(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    throw RendezvousError("cannot read password_file '" + path +
+                          "' (--rdzv-conf); check the path and permissions");
+  }
+  std::string line;
+  std::getline(in, line);
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  return line;
+}
+
+etcd::EtcdRendezvous::Params make_params(
+    const std::map<std::string, std::string>& s) {
+  if (setting(s, "protocol") != std::to_string(remote::kProtocolVersion)) {
+    throw RendezvousError("dlaunch-rdzv-etcd speaks protocol " +
+                          std::to_string(remote::kProtocolVersion) +
+                          ", the agent " + setting(s, "protocol") +
+                          "; install matching dlaunch programs");
+  }
+  etcd::EtcdRendezvous::Params p;
+  RendezvousOptions& o = p.options;
+  o.backend = "etcd";
+  o.min_nodes = remote::wire_int(setting(s, "min_nodes"));
+  o.max_nodes = remote::wire_int(setting(s, "max_nodes"));
+  o.join_timeout = ms_setting(s, "join_timeout_ms", o.join_timeout);
+  o.last_call_timeout = ms_setting(s, "last_call_timeout_ms", o.last_call_timeout);
+  o.close_timeout = ms_setting(s, "close_timeout_ms", o.close_timeout);
+  o.keep_alive_interval =
+      ms_setting(s, "keep_alive_interval_ms", o.keep_alive_interval);
+  o.keep_alive_max_attempt =
+      remote::wire_int(setting(s, "keep_alive_max_attempt"));
+  o.read_timeout = ms_setting(s, "read_timeout_ms", o.read_timeout);
+  p.client.endpoints = split_commas(setting(s, "endpoints"));
+  p.client.cacert = setting(s, "cacert");
+  p.client.cert = setting(s, "cert");
+  p.client.key = setting(s, "key");
+  p.client.user = setting(s, "user");
+  if (std::string f = setting(s, "password_file"); !f.empty()) {
+    p.client.password = read_password(f);
+  }
+  p.client.timeout = o.read_timeout;
+  p.run_id = setting(s, "run_id");
+  p.node_addr = setting(s, "node_addr");
+  p.master_port = remote::wire_int(setting(s, "master_port"));
+  p.pick_port = [](const std::string& host) {
+    std::string error;
+    int port = dlaunch::comm::store::free_port(
+        host, std::chrono::steady_clock::now() + std::chrono::seconds(30),
+        error);
+    if (port < 0) throw RendezvousError(error + "; check --local-addr");
+    return port;
+  };
+  p.log = log_line;
+  return p;
+}
+
+// Runs the agent's requests in order on one thread, so that the reader
+// sees end-of-file even while a round forms.
+class Executor {
+ public:
+  Executor() : thread_([this] { run(); }) {}
+  void push(std::vector<std::string> request) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(request));
+    cv_.notify_all();
+  }
+  // The rendezvous once open (for revoking at end-of-file), or null.
+  etcd::EtcdRendezvous* rendezvous() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rdzv_.get();
+  }
+  // Waits (at most `timeout`) until every request queued so far ran, so
+  // that a report sent just before end-of-file reaches etcd before the
+  // lease goes; a round still forming (next, open) is not waited for.
+  void drain(milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, timeout, [this] {
+      return queue_.empty() && (busy_.empty() || busy_ == "next" ||
+                                busy_ == "open");
+    });
+  }
+
+ private:
+  void run() {
+    while (true) {
+      std::vector<std::string> req;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        busy_.clear();
+        cv_.notify_all();
+        cv_.wait(lock, [this] { return !queue_.empty(); });
+        req = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = req[0];
+      }
+      handle(req);
+    }
+  }
+
+  void handle(const std::vector<std::string>& req) {
+    const std::string& verb = req[0];
+    try {
+      if (verb == "open") {
+        auto params = make_params(
+            remote::decode_settings({req.begin() + 1, req.end()}));
+        auto r = std::make_unique<etcd::EtcdRendezvous>(std::move(params));
+        std::lock_guard<std::mutex> lock(mu_);
+        rdzv_ = std::move(r);
+        send({"ready"});
+        return;
+      }
+      if (!rdzv_) throw RendezvousError("'" + verb + "' before open");
+      if (verb == "next" && req.size() == 4) {
+        RendezvousResult r = rdzv_->next_round(
+            remote::wire_int(req[1]),
+            remote::reason_from_wire(remote::wire_int(req[2])),
+            milliseconds(remote::wire_int(req[3])));
+        std::vector<std::string> f = {"round"};
+        for (std::string& x : remote::encode_result(r)) f.push_back(x);
+        send(f);
+      } else if (verb == "watch") {
+        rdzv_->watch([](const RoundEvent& e) {
+          send({"event", std::to_string(remote::to_wire(e.kind)),
+                std::to_string(e.round), e.detail});
+        });
+      } else if (verb == "report" && req.size() == 2) {
+        rdzv_->report(remote::outcome_from_wire(remote::wire_int(req[1])));
+      } else {
+        throw RendezvousError("unknown request '" + verb + "'");
+      }
+    } catch (const RendezvousClosed& e) {
+      send({"error", "closed", e.what()});
+    } catch (const std::exception& e) {
+      send({"error", "error", e.what()});
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::vector<std::string>> queue_;
+  std::string busy_;  // the verb of the request running now
+  std::unique_ptr<etcd::EtcdRendezvous> rdzv_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+int main(int argc, char**) {
+  if (argc > 1 || ::isatty(STDIN_FILENO)) {
+    std::cerr << "dlaunch-rdzv-etcd: the etcd rendezvous backend of dlaunch; "
+                 "dlaunch starts it for --rdzv-backend etcd (it is not meant "
+                 "to be run by hand)\n";
+    return 2;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  Executor exec;
+  std::string buf;
+  char chunk[4096];
+  while (true) {
+    ssize_t n = ::read(STDIN_FILENO, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buf.append(chunk, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = buf.find('\n')) != std::string::npos) {
+      try {
+        auto f = remote::decode_line(buf.substr(0, nl));
+        if (!f.empty() && !f[0].empty()) exec.push(std::move(f));
+      } catch (const std::invalid_argument& e) {
+        send({"error", "error", std::string("bad request: ") + e.what()});
+      }
+      buf.erase(0, nl + 1);
+    }
+  }
+  // The agent is gone or done: leave the rendezvous now. The executor may
+  // be inside a request; the process ends under it.
+  exec.drain(std::chrono::seconds(10));
+  if (auto* r = exec.rendezvous()) r->abandon(std::chrono::seconds(5));
+  std::cout.flush();
+  std::_Exit(0);
+}

@@ -1,0 +1,104 @@
+#include "agent/rendezvous/member.h"
+
+#include <algorithm>
+#include <charconv>
+#include <climits>
+#include <sstream>
+
+namespace dlaunch::agent::rendezvous {
+
+namespace {
+
+int to_int(const std::string& s) {
+  int v = -1;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  return ec == std::errc() ? v : -1;
+}
+
+}  // namespace
+
+std::string MemberRecord::encode() const {
+  return id + "\n" + addr + "\n" + std::to_string(nproc) + "\n" +
+         std::to_string(prev_round) + "\n" + std::to_string(prev_rank) + "\n" +
+         std::to_string(restarts) + "\n" + std::to_string(master_port) + "\n" +
+         std::to_string(node_rank);
+}
+
+MemberRecord MemberRecord::decode(const std::string& text, int seq) {
+  std::vector<std::string> f;
+  std::string item;
+  std::istringstream in(text);
+  while (std::getline(in, item, '\n')) f.push_back(item);
+  if (f.size() != 8) {
+    throw RendezvousError("malformed join record '" + text +
+                          "' in the store (another dlaunch version?)");
+  }
+  return MemberRecord{f[0],         f[1],         to_int(f[2]),
+                      to_int(f[3]), to_int(f[4]), to_int(f[5]),
+                      to_int(f[6]), to_int(f[7]), seq};
+}
+
+RendezvousResult form_round(int round, std::vector<MemberRecord> ms,
+                            const std::string& self_id, RoundReason reason,
+                            bool fixed) {
+  const int n = static_cast<int>(ms.size());
+  if (fixed) {
+    std::sort(ms.begin(), ms.end(),
+              [](const MemberRecord& a, const MemberRecord& b) {
+                return a.node_rank < b.node_rank;
+              });
+    for (int i = 0; i < n; ++i) {
+      if (ms[i].node_rank != i) {
+        throw RendezvousError(
+            "the static backend needs --node-rank 0.." +
+            std::to_string(n - 1) + " once each; got " +
+            std::to_string(ms[i].node_rank) + " from " + ms[i].addr +
+            (i > 0 ? " after " + ms[i - 1].addr : std::string()));
+      }
+    }
+  } else {
+    // Stable ranks: members of the previous round keep their order.
+    auto order = [round](const MemberRecord& m) {
+      return std::make_pair(m.prev_round == round - 1 && m.prev_rank >= 0
+                                ? m.prev_rank
+                                : INT_MAX,
+                            m.seq);
+    };
+    std::stable_sort(ms.begin(), ms.end(),
+                     [&](const MemberRecord& a, const MemberRecord& b) {
+                       return order(a) < order(b);
+                     });
+  }
+  RendezvousResult res;
+  res.round = round;
+  res.group_world_size = n;
+  res.reason = reason;
+  res.world_size = 0;
+  res.restart_count = 0;
+  for (int i = 0; i < n; ++i) {
+    if (ms[i].id == self_id) {
+      res.group_rank = i;
+      res.rank_offset = res.world_size;
+    }
+    res.world_size += ms[i].nproc;
+    res.restart_count = std::max(res.restart_count, ms[i].restarts);
+    res.members.push_back(ms[i].addr);
+  }
+  res.master_addr = ms[0].addr;
+  res.master_port = ms[0].master_port;
+  return res;
+}
+
+std::string round_line(const RendezvousResult& r) {
+  std::string names;
+  for (const std::string& m : r.members) {
+    names += (names.empty() ? "" : ", ") + m;
+  }
+  return "dlaunch: round " + std::to_string(r.round) + " (" +
+         reason_name(r.reason) + "): " + std::to_string(r.group_world_size) +
+         " nodes [" + names + "], this node is group rank " +
+         std::to_string(r.group_rank) + ", " + std::to_string(r.world_size) +
+         " workers\n";
+}
+
+}  // namespace dlaunch::agent::rendezvous

@@ -1,0 +1,43 @@
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "agent/rendezvous/rendezvous.h"
+
+namespace dlaunch::agent::rendezvous {
+
+// One node's join record for a round, as the elastic backends (c10d, etcd)
+// store it: who the node is, what it brings, and its place in the
+// previous round, which keeps group ranks stable. Plain data.
+struct MemberRecord {
+  std::string id;    // unique per agent: address and pid
+  std::string addr;  // --local-addr or the host name
+  int nproc = 0;     // its local world size
+  int prev_round = -1;
+  int prev_rank = -1;
+  int restarts = 0;     // the restart count it proposes
+  int master_port = 0;  // free for rank 0 to bind, should it be rank 0
+  int node_rank = -1;   // --node-rank (static backend)
+  int seq = 0;          // join order in the round, 1-based; not encoded
+
+  // Eight lines of text.
+  std::string encode() const;
+  // Throws RendezvousError for text that is not a record.
+  static MemberRecord decode(const std::string& text, int seq);
+};
+
+// Orders the closed round's members and says where this node (`self_id`)
+// stands: with `fixed` (the static backend) by --node-rank, which must be
+// 0..N-1 once each (else RendezvousError); otherwise members of the
+// previous round keep their order and newcomers follow in join order. The
+// restart count is the largest proposed.
+RendezvousResult form_round(int round, std::vector<MemberRecord> members,
+                            const std::string& self_id, RoundReason reason,
+                            bool fixed);
+
+// "dlaunch: round 1 (node lost): 2 nodes [a, b], this node is group rank
+// 0, 4 workers\n".
+std::string round_line(const RendezvousResult& round);
+
+}  // namespace dlaunch::agent::rendezvous

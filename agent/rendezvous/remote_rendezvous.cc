@@ -1,0 +1,222 @@
+#include "agent/rendezvous/remote_rendezvous.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "agent/rendezvous/remote_wire.h"
+#include "comm/store/text.h"
+
+extern char** environ;
+
+namespace dlaunch::agent::rendezvous {
+
+using comm::store::format_duration;
+using std::chrono::milliseconds;
+
+RemoteRendezvous::RemoteRendezvous(Params params) : p_(std::move(params)) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+    throw RendezvousError(std::string("cannot start ") + p_.program +
+                          ": socketpair: " + std::strerror(errno));
+  }
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t attr;
+  ::posix_spawn_file_actions_init(&fa);
+  ::posix_spawn_file_actions_adddup2(&fa, sv[1], STDIN_FILENO);
+  ::posix_spawn_file_actions_adddup2(&fa, sv[1], STDOUT_FILENO);
+  ::posix_spawnattr_init(&attr);
+  sigset_t none;
+  sigemptyset(&none);
+  ::posix_spawnattr_setsigmask(&attr, &none);
+  ::posix_spawnattr_setpgroup(&attr, 0);
+  ::posix_spawnattr_setflags(&attr,
+                             POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
+  char* argv[] = {const_cast<char*>(p_.program.c_str()), nullptr};
+  int rc = ::posix_spawn(&pid_, p_.program.c_str(), &fa, &attr, argv, environ);
+  ::posix_spawn_file_actions_destroy(&fa);
+  ::posix_spawnattr_destroy(&attr);
+  ::close(sv[1]);
+  if (rc != 0) {
+    ::close(sv[0]);
+    throw RendezvousError("cannot start the rendezvous helper " + p_.program +
+                          ": " + std::strerror(rc) +
+                          " (build or install it beside dlaunch)");
+  }
+  fd_ = sv[0];
+  reader_ = std::thread([this] { read_loop(); });
+  auto settings = p_.settings;
+  settings["protocol"] = std::to_string(remote::kProtocolVersion);
+  std::vector<std::string> open = {"open"};
+  for (std::string& kv : remote::encode_settings(settings)) open.push_back(kv);
+  try {
+    send(open);
+    auto a = answer(p_.open_timeout, "to connect");
+    if (a[0] != "ready") {
+      throw RendezvousError("the rendezvous helper " + p_.program +
+                            " answered '" + a[0] + "' to open");
+    }
+  } catch (...) {
+    close();
+    throw;
+  }
+}
+
+RemoteRendezvous::~RemoteRendezvous() { close(); }
+
+void RemoteRendezvous::close() {
+  if (fd_ < 0) return;
+  ::shutdown(fd_, SHUT_WR);  // the helper leaves and exits
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    on_event_ = nullptr;  // its receiver may be gone already
+    if (!cv_.wait_for(lock, p_.close_timeout, [this] { return gone_; })) {
+      p_.log("dlaunch: the rendezvous helper " + p_.program +
+             " did not leave within " + format_duration(p_.close_timeout) +
+             " (close_timeout); killing it\n");
+      ::kill(pid_, SIGKILL);
+    }
+  }
+  if (reader_.joinable()) reader_.join();
+  while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  ::close(fd_);
+  fd_ = -1;
+}
+
+void RemoteRendezvous::send(const std::vector<std::string>& fields) {
+  const std::string line = remote::encode_line(fields);
+  size_t off = 0;
+  while (off < line.size()) {
+    ssize_t n = ::send(fd_, line.data() + off, line.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the helper is gone: answer() or the reader says so
+    off += static_cast<size_t>(n);
+  }
+}
+
+std::vector<std::string> RemoteRendezvous::answer(milliseconds timeout,
+                                                  const std::string& what) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [this] { return answer_ || gone_; })) {
+    throw RendezvousError("the rendezvous helper " + p_.program +
+                          " did not answer within " + format_duration(timeout) +
+                          " while waiting " + what);
+  }
+  if (!answer_) {
+    throw RendezvousError("the rendezvous helper " + p_.program +
+                          " exited while waiting " + what +
+                          " (its message is above)");
+  }
+  std::vector<std::string> a = std::move(*answer_);
+  answer_.reset();
+  if (a[0] == "error") {
+    const std::string text = a.size() > 2 ? a[2] : "unknown error";
+    if (a.size() > 1 && a[1] == "closed") throw RendezvousClosed(text);
+    throw RendezvousError(text);
+  }
+  return a;
+}
+
+RendezvousResult RemoteRendezvous::next_round(int local_world_size,
+                                              RoundReason reason,
+                                              milliseconds timeout) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_event_ = nullptr;  // the old round's event no longer matters
+    watched_round_ = -1;
+  }
+  send({"next", std::to_string(local_world_size),
+        std::to_string(remote::to_wire(reason)),
+        std::to_string(timeout.count())});
+  auto a = answer(timeout + p_.grace, "for a rendezvous round");
+  try {
+    if (a[0] != "round") throw std::invalid_argument("unexpected '" + a[0] + "'");
+    RendezvousResult r = remote::decode_result({a.begin() + 1, a.end()});
+    std::lock_guard<std::mutex> lock(mu_);
+    watched_round_ = r.round;
+    return r;
+  } catch (const std::invalid_argument& e) {
+    throw RendezvousError("the rendezvous helper " + p_.program +
+                          " sent a bad round: " + e.what());
+  }
+}
+
+void RemoteRendezvous::watch(EventCallback on_event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    on_event_ = std::move(on_event);
+  }
+  send({"watch"});
+}
+
+void RemoteRendezvous::report(NodeOutcome outcome) {
+  send({"report", std::to_string(remote::to_wire(outcome))});
+}
+
+void RemoteRendezvous::read_loop() {
+  std::string buf;
+  char chunk[4096];
+  while (true) {
+    ssize_t n = ::read(fd_, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    buf.append(chunk, static_cast<size_t>(n));
+    size_t nl;
+    while ((nl = buf.find('\n')) != std::string::npos) {
+      std::vector<std::string> f;
+      try {
+        f = remote::decode_line(buf.substr(0, nl));
+      } catch (const std::invalid_argument& e) {
+        p_.log(std::string("dlaunch: bad line from the rendezvous helper: ") +
+               e.what() + "\n");
+      }
+      buf.erase(0, nl + 1);
+      if (f.empty()) continue;
+      if (f[0] == "log" && f.size() > 1) {
+        p_.log(f[1]);
+      } else if (f[0] == "event" && f.size() > 3) {
+        RoundEvent ev;
+        EventCallback cb;
+        try {
+          ev.kind = remote::kind_from_wire(remote::wire_int(f[1]));
+          ev.round = remote::wire_int(f[2]);
+          ev.detail = f[3];
+        } catch (const std::invalid_argument& e) {
+          ev = {RoundEvent::Kind::kFatal, watched_round_,
+                std::string("bad event from the rendezvous helper: ") + e.what()};
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (ev.round == watched_round_) std::swap(cb, on_event_);
+        }
+        if (cb) cb(ev);
+      } else {
+        std::lock_guard<std::mutex> lock(mu_);
+        answer_ = std::move(f);
+        cv_.notify_all();
+      }
+    }
+  }
+  EventCallback cb;
+  RoundEvent ev{RoundEvent::Kind::kFatal, -1,
+                "the rendezvous helper " + p_.program +
+                    " exited (its message is above); this node cannot tell "
+                    "whether the others go on"};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    gone_ = true;
+    std::swap(cb, on_event_);
+    ev.round = watched_round_;
+    cv_.notify_all();
+  }
+  if (cb) cb(ev);
+}
+
+}  // namespace dlaunch::agent::rendezvous

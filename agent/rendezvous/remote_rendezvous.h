@@ -1,0 +1,79 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/rendezvous/rendezvous.h"
+
+namespace dlaunch::agent::rendezvous {
+
+// A rendezvous served by a helper program that the agent starts and talks
+// to over a socket pair (remote_wire.h): the etcd backend, whose gRPC
+// client would slow every launch if linked into dlaunch
+// (docs/performance.md). The helper gets end-of-file when the agent dies,
+// even by SIGKILL, and then leaves the rendezvous at once. Threads: the
+// agent's thread calls the methods; a reader thread delivers watch()'s
+// event.
+class RemoteRendezvous : public Rendezvous {
+ public:
+  using MessageSink = std::function<void(const std::string&)>;
+
+  struct Params {
+    std::string program;  // the helper's path
+    // The helper's settings (its "open" message; never on its command
+    // line, so a password stays out of ps).
+    std::map<std::string, std::string> settings;
+    MessageSink log;  // the helper's progress lines
+    // How long the helper may take to start and connect. Default 600 s.
+    std::chrono::milliseconds open_timeout{std::chrono::seconds(600)};
+    // Added to each next_round()'s timeout, which the helper enforces
+    // itself, before the agent gives up on it. Default 60 s.
+    std::chrono::milliseconds grace{std::chrono::seconds(60)};
+    // How long the helper may take to leave at the end. Default 30 s.
+    std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
+  };
+
+  // Starts the helper (in a process group of its own: a Ctrl-C for the
+  // agent does not reach it) and waits until it is connected. Throws
+  // RendezvousError with the helper's message.
+  explicit RemoteRendezvous(Params params);
+  // Closes the socket (the helper leaves and exits) and reaps the helper,
+  // SIGKILLing it after close_timeout.
+  ~RemoteRendezvous() override;
+
+  RendezvousResult next_round(int local_world_size, RoundReason reason,
+                              std::chrono::milliseconds timeout) override;
+  void watch(EventCallback on_event) override;
+  void report(NodeOutcome outcome) override;
+
+ private:
+  void send(const std::vector<std::string>& fields);
+  // Waits for the helper's answer (ready, round or error).
+  std::vector<std::string> answer(std::chrono::milliseconds timeout,
+                                  const std::string& waiting_for);
+  void read_loop();
+  // The destructor's work: the helper leaves, is reaped, the fd closed.
+  void close();
+
+  Params p_;
+  int fd_ = -1;
+  pid_t pid_ = -1;
+  std::thread reader_;
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  std::optional<std::vector<std::string>> answer_;
+  EventCallback on_event_;  // set by watch(), taken by the event
+  int watched_round_ = -1;
+  bool gone_ = false;  // the helper closed its end
+};
+
+}  // namespace dlaunch::agent::rendezvous
