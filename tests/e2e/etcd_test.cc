@@ -1,0 +1,463 @@
+// The etcd rendezvous backend against a real etcd (Debian's etcd-server)
+// that each test starts on free loopback ports with its data in a temp
+// folder: every agent is its own `dlaunch --rdzv-backend etcd` advertising
+// its own 127.0.0.x. Skipped when etcd is not installed. Waits are bounded
+// and on observed output or state, never on sleeps.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dlaunch {
+namespace {
+
+using testing::CommandResult;
+using ::testing::HasSubstr;
+using testing::Subprocess;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+const std::string kEtcd = "/usr/bin/etcd";
+const std::string kEtcdctl = "/usr/bin/etcdctl";
+
+const std::string kShowEnv =
+    "echo \"ENV node=$NODE rank=$RANK ws=$WORLD_SIZE gr=$GROUP_RANK "
+    "gws=$GROUP_WORLD_SIZE master=$MASTER_ADDR rc=$TORCHELASTIC_RESTART_COUNT\"";
+// Round 0 (three nodes) blocks until stopped; a round of two finishes.
+const std::string kBlockWhileThree =
+    kShowEnv +
+    "; if [ $GROUP_WORLD_SIZE = 3 ]; then echo RUNNING; exec sleep 300; fi";
+
+int free_port() {
+  int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+struct EnvLine {
+  int node, rank, ws, gr, gws, rc;
+  std::string master;
+};
+
+std::vector<EnvLine> env_lines(const std::string& out) {
+  std::vector<EnvLine> v;
+  std::regex re(
+      "ENV node=(\\d+) rank=(\\d+) ws=(\\d+) gr=(\\d+) gws=(\\d+) "
+      "master=(\\S+) rc=(\\d+)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    v.push_back({std::stoi(m[1]), std::stoi(m[2]), std::stoi(m[3]),
+                 std::stoi(m[4]), std::stoi(m[5]), std::stoi(m[7]), m[6]});
+  }
+  return v;
+}
+
+// Polls `done` (every 20 ms) until it holds or `timeout` passes: for state
+// that has no event to wait on (etcd's health, its keys).
+template <typename Pred>
+bool eventually(Pred done, std::chrono::milliseconds timeout) {
+  const auto end = Clock::now() + timeout;
+  while (!done()) {
+    if (Clock::now() >= end) return false;
+    std::this_thread::sleep_for(20ms);
+  }
+  return true;
+}
+
+// An etcd cluster of `n` members on 127.0.0.1, data in a temp folder.
+// Members are killed with the
+// object.
+class EtcdCluster {
+ public:
+  explicit EtcdCluster(int n) {
+    std::string initial;
+    for (int i = 0; i < n; ++i) {
+      client_.push_back(free_port());
+      peer_.push_back(free_port());
+      initial += (i ? "," : "") + name(i) + "=" + peer_url(i);
+    }
+    for (int i = 0; i < n; ++i) {
+      const std::string log = (dir_ / (name(i) + ".log")).string();
+      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      members_.push_back(std::make_unique<Subprocess>(testing::CommandOptions{
+          {kEtcd, "--name", name(i), "--data-dir",
+           (dir_ / name(i)).string(), "--listen-client-urls",
+           "http://" + endpoint(i), "--advertise-client-urls",
+           "http://" + endpoint(i), "--listen-peer-urls", peer_url(i),
+           "--initial-advertise-peer-urls", peer_url(i), "--initial-cluster",
+           initial, "--initial-cluster-token",
+           "t" + std::to_string(::getpid()) + "-" + std::to_string(client_[0]),
+           "--initial-cluster-state", "new"},
+          {},
+          {},
+          "",
+          fd,
+          fd}));
+      ::close(fd);
+    }
+  }
+
+  // Every member answers (bounded).
+  bool healthy(std::chrono::milliseconds timeout = 60s) {
+    return eventually(
+        [&] {
+          return testing::run_command({{kEtcdctl, "--endpoints", endpoints(),
+                                        "--command-timeout=2s", "endpoint",
+                                        "health"}, {}, {}, ""},
+                                      10s)
+                     .exit_code == 0;
+        },
+        timeout);
+  }
+  std::string endpoint(int i) const {
+    return "127.0.0.1:" + std::to_string(client_[i]);
+  }
+  // "127.0.0.1:P0,127.0.0.1:P1,..."
+  std::string endpoints() const {
+    std::string s;
+    for (size_t i = 0; i < client_.size(); ++i) {
+      s += (i ? "," : "") + endpoint(static_cast<int>(i));
+    }
+    return s;
+  }
+  void kill(int i) {
+    members_[i]->signal(SIGKILL);
+    members_[i]->wait(10s);
+  }
+  // Keys under `prefix`, one per line ("" when none or on error).
+  std::string keys(const std::string& prefix) const {
+    return testing::run_command({{kEtcdctl, "--endpoints", endpoints(), "get",
+                                  "--prefix", prefix, "--keys-only"}, {}, {}, ""},
+                                10s)
+        .out;
+  }
+
+ private:
+  static std::string name(int i) { return "m" + std::to_string(i); }
+  std::string peer_url(int i) const {
+    return "http://127.0.0.1:" + std::to_string(peer_[i]);
+  }
+  testing::TempDir dir_{"dlaunch-etcd"};
+  std::vector<int> client_, peer_;
+  std::vector<std::unique_ptr<Subprocess>> members_;
+};
+
+// A TCP proxy the test controls: forwards 127.0.0.1:port() to `target`
+// until cut(), after which it passes nothing either way and accepts
+// connections that go nowhere (a silent partition, not a refusal).
+class Proxy {
+ public:
+  explicit Proxy(int target_port) : target_(target_port) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    ::listen(listen_, 64);
+    ::pipe2(wake_, O_CLOEXEC);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Proxy() {
+    stop_ = true;
+    ::write(wake_[1], "x", 1);
+    thread_.join();
+    for (int fd : fds_) ::close(fd);
+    ::close(listen_);
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+  int port() const { return port_; }
+  void cut() {
+    cut_ = true;
+    ::write(wake_[1], "x", 1);
+  }
+
+ private:
+  void run() {
+    std::map<int, int> peer;  // fd -> the other side
+    while (!stop_) {
+      std::vector<pollfd> p = {{listen_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+      if (!cut_) {
+        for (auto [fd, other] : peer) p.push_back({fd, POLLIN, 0});
+      }
+      if (::poll(p.data(), p.size(), -1) < 0) continue;
+      if (p[1].revents) {
+        char c;
+        ::read(wake_[0], &c, 1);
+      }
+      if (p[0].revents & POLLIN) {
+        int c = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0) {
+          fds_.push_back(c);
+          if (!cut_) {
+            int s = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            sockaddr_in a{};
+            a.sin_family = AF_INET;
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            a.sin_port = htons(static_cast<uint16_t>(target_));
+            if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+              peer[c] = s;
+              peer[s] = c;
+            }
+            fds_.push_back(s);
+          }
+        }
+      }
+      for (size_t i = 2; i < p.size(); ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buf[65536];
+        ssize_t n = ::read(p[i].fd, buf, sizeof buf);
+        auto it = peer.find(p[i].fd);
+        if (it == peer.end()) continue;
+        if (n <= 0) {
+          int other = it->second;
+          ::shutdown(other, SHUT_WR);
+          peer.erase(other);
+          peer.erase(it);
+          continue;
+        }
+        for (ssize_t off = 0; off < n;) {
+          ssize_t w = ::write(it->second, buf + off, n - off);
+          if (w <= 0) break;
+          off += w;
+        }
+      }
+    }
+  }
+
+  int target_;
+  int listen_ = -1;
+  int port_ = 0;
+  int wake_[2];
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> cut_{false};
+  std::vector<int> fds_;
+  std::thread thread_;
+};
+
+class EtcdRendezvous : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::access(kEtcd.c_str(), X_OK) != 0 ||
+        ::access(kEtcdctl.c_str(), X_OK) != 0) {
+      GTEST_SKIP() << "etcd is not installed (scripts/setup installs "
+                      "etcd-server and etcd-client)";
+    }
+  }
+
+  // Starts agent `i` advertising 127.0.0.(i+1), meeting in etcd at
+  // `endpoints` under job `id`.
+  Subprocess& start(int i, const std::string& endpoints,
+                    const std::vector<std::string>& flags,
+                    const std::string& script, const std::string& id = "",
+                    const std::string& conf = "") {
+    std::vector<std::string> argv = {
+        kDlaunch,
+        "--rdzv-backend",
+        "etcd",
+        "--rdzv-endpoint",
+        endpoints,
+        "--rdzv-id",
+        id.empty() ? id_ : id,
+        "--local-addr",
+        "127.0.0." + std::to_string(i + 1),
+        "--rdzv-conf",
+        "join_timeout=60,last_call_timeout=1,close_timeout=2" +
+            (conf.empty() ? ",keep_alive_interval=1,keep_alive_max_attempt=3"
+                          : "," + conf)};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    argv.insert(argv.end(), {"sh", "-c", script});
+    agents_[i] = std::make_unique<Subprocess>(
+        testing::CommandOptions{argv, {{"NODE", std::to_string(i)}}, {}, ""});
+    return *agents_[i];
+  }
+
+  // Agents `survivors` finish with a round of two after another node was
+  // lost, keeping their order and spending no restart.
+  void expect_two_finish(const std::vector<int>& survivors) {
+    for (int i : survivors) {
+      CommandResult r = agents_[i]->wait(120s);
+      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+      EXPECT_THAT(r.err, HasSubstr("re-forming the worker group"));
+      auto lines = env_lines(r.out);
+      ASSERT_EQ(lines.size(), 2u) << r.out;
+      EXPECT_EQ(lines[0].gws, 3);
+      EXPECT_EQ(lines[1].gws, 2);
+      EXPECT_EQ(lines[1].ws, 2);
+      EXPECT_EQ(lines[1].rc, 0);
+    }
+  }
+
+  std::string id_ = "etcd" + std::to_string(::getpid());
+  std::map<int, std::unique_ptr<Subprocess>> agents_;
+};
+
+TEST_F(EtcdRendezvous, TheFirstAgentIsKilledAndTheOthersFinish) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  for (int i = 0; i < 3; ++i) {
+    start(i, etcd.endpoint(0), {"--nnodes", "2:3"}, kBlockWhileThree);
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+        << agents_[i]->out() << agents_[i]->err();
+  }
+  // The first node, group rank 0, holds MASTER_ADDR; with c10d it would
+  // host the store and its loss would end the job.
+  int first = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (env_lines(agents_[i]->out()).at(0).gr == 0) first = i;
+  }
+  ASSERT_GE(first, 0);
+  std::vector<int> survivors;
+  for (int i = 0; i < 3; ++i) {
+    if (i != first) survivors.push_back(i);
+  }
+  std::vector<pid_t> left = testing::descendants(agents_[first]->pid());
+  ASSERT_FALSE(left.empty());
+  agents_[first]->signal(SIGKILL);
+  agents_[first]->wait(30s);
+  expect_two_finish(survivors);
+  const std::string addr = "127.0.0." + std::to_string(first + 1);
+  for (int i : survivors) {
+    EXPECT_THAT(agents_[i]->err(), HasSubstr("node " + addr + "/"));
+    // The new group rank 0 is one of the survivors.
+    auto lines = env_lines(agents_[i]->out());
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_NE(lines[1].master, addr);
+  }
+  // Nothing of the killed node is left: workers and its etcd helper.
+  for (pid_t p : left) {
+    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 10s))
+        << "process " << p << " of the killed agent survived";
+  }
+}
+
+TEST_F(EtcdRendezvous, AMemberOfAThreeMemberClusterDiesMidRendezvous) {
+  EtcdCluster etcd(3);
+  ASSERT_TRUE(etcd.healthy());
+  // Two of three nodes join and wait; the member they talk to (the first
+  // listed) dies; the third node comes and the round completes.
+  const std::string conf = "keep_alive_interval=2,keep_alive_max_attempt=4";
+  for (int i = 0; i < 2; ++i) {
+    start(i, etcd.endpoints(), {"--nnodes", "3"}, kShowEnv, "", conf);
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("waiting for nodes: 2/3", 60s))
+        << agents_[i]->err();
+  }
+  etcd.kill(0);
+  start(2, etcd.endpoints(), {"--nnodes", "3"}, kShowEnv, "", conf);
+  std::set<int> ranks;
+  for (int i = 0; i < 3; ++i) {
+    CommandResult r = agents_[i]->wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u) << r.out;
+    EXPECT_EQ(lines[0].gws, 3);
+    ranks.insert(lines[0].gr);
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+}
+
+TEST_F(EtcdRendezvous, AnAgentCutOffFromEtcdStopsItsWorkers) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  Proxy proxy(std::stoi(etcd.endpoint(0).substr(10)));
+  const std::string script = kBlockWhileThree;
+  start(0, etcd.endpoint(0), {"--nnodes", "2:3"}, script);
+  start(1, etcd.endpoint(0), {"--nnodes", "2:3"}, script);
+  start(2, "127.0.0.1:" + std::to_string(proxy.port()), {"--nnodes", "2:3"},
+        script);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+        << agents_[i]->out() << agents_[i]->err();
+  }
+  std::vector<pid_t> workers = testing::descendants(agents_[2]->pid());
+  ASSERT_FALSE(workers.empty());
+  proxy.cut();
+  // Its lease expires (TTL 3 s): the others go on without it...
+  expect_two_finish({0, 1});
+  // ...and it stops its workers instead of running on as a split brain.
+  CommandResult cut = agents_[2]->wait(60s);
+  EXPECT_NE(cut.exit_code, 0) << cut.err;
+  EXPECT_FALSE(cut.timed_out);
+  EXPECT_THAT(cut.err, HasSubstr("lease"));
+  EXPECT_EQ(env_lines(cut.out).size(), 1u) << cut.out;
+  for (pid_t p : workers) {
+    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 10s))
+        << "worker " << p << " of the cut-off agent survived";
+  }
+}
+
+TEST_F(EtcdRendezvous, TwoJobsStayApartAndLeaveNoKeys) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  // Jobs a (2 nodes, 1 worker each) and b (2 nodes, 2 workers each).
+  for (int i = 0; i < 2; ++i) {
+    start(i, etcd.endpoint(0), {"--nnodes", "2"}, kShowEnv, id_ + "a");
+    start(i + 2, etcd.endpoint(0), {"--nnodes", "2", "--nproc-per-node", "2"},
+          kShowEnv, id_ + "b");
+  }
+  for (int i = 0; i < 4; ++i) {
+    CommandResult r = agents_[i]->wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    for (const EnvLine& l : env_lines(r.out)) {
+      EXPECT_EQ(l.gws, 2);
+      EXPECT_EQ(l.ws, i < 2 ? 2 : 4);
+    }
+  }
+  // Every key of both jobs is gone once the "finished" marker expires
+  // (close_timeout, 2 s).
+  std::string keys;
+  EXPECT_TRUE(eventually(
+      [&] {
+        keys = etcd.keys("/dlaunch/");
+        return keys.empty();
+      },
+      30s))
+      << keys;
+}
+
+TEST_F(EtcdRendezvous, NoEndpointAnswersNamesEveryOneTried) {
+  const std::string a = "127.0.0.1:" + std::to_string(free_port());
+  const std::string b = "127.0.0.1:" + std::to_string(free_port());
+  CommandResult r = testing::run_command(
+      {{kDlaunch, "--rdzv-backend", "etcd", "--rdzv-endpoint", a + "," + b,
+        "--nnodes", "2", "--rdzv-conf", "join_timeout=2,read_timeout=2",
+        "true"}, {}, {}, ""},
+      60s);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr(a));
+  EXPECT_THAT(r.err, HasSubstr(b));
+  EXPECT_THAT(r.err, HasSubstr("no etcd member answered"));
+}
+
+}  // namespace
+}  // namespace dlaunch
