@@ -127,6 +127,12 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
 
 Client::~Client() = default;
 
+void Client::cancel() {
+  std::lock_guard<std::mutex> lock(mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* ctx : inflight_) ctx->TryCancel();
+}
+
 std::string Client::endpoints_text() const {
   std::string s;
   for (const auto& m : members_) s += (s.empty() ? "" : ", ") + m->endpoint;
@@ -185,8 +191,16 @@ void Client::call(const char* what, milliseconds timeout, Call&& fn) {
     const auto now = Clock::now();
     if (now >= deadline && attempt >= n) break;
     grpc::Status s;
+    grpc::ClientContext ctx;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cancelled_) {
+        throw EtcdError(std::string("etcd ") + what +
+                        ": the client was stopped");
+      }
+      inflight_.insert(&ctx);
+    }
     try {
-      grpc::ClientContext ctx;
       prepare(m, ctx, std::min(deadline, now + options_.attempt_timeout));
       // First pass: a member that refuses fails at once and the next is
       // tried; later passes wait (to the attempt's deadline) for members
@@ -195,6 +209,14 @@ void Client::call(const char* what, milliseconds timeout, Call&& fn) {
       s = fn(m, ctx);
     } catch (const grpc::Status& st) {
       s = st;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inflight_.erase(&ctx);
+      if (cancelled_) {
+        throw EtcdError(std::string("etcd ") + what +
+                        ": the client was stopped");
+      }
     }
     if (s.ok()) {
       std::lock_guard<std::mutex> lock(mu_);

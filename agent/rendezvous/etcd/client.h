@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -108,6 +109,10 @@ class Client {
                                const std::string& range_end,
                                int64_t start_revision);
 
+  // Cancels the requests in flight and fails every later one at once
+  // (the rendezvous is over: its lease expired). Any thread.
+  void cancel();
+
   // "127.0.0.1:2379, 127.0.0.1:22379": for messages.
   std::string endpoints_text() const;
 
@@ -128,8 +133,10 @@ class Client {
 
   ClientOptions options_;
   std::vector<std::unique_ptr<Member>> members_;
-  mutable std::mutex mu_;  // guards current_ and the members' tokens
+  mutable std::mutex mu_;  // guards the members' tokens and below
   size_t current_ = 0;     // the member requests go to first
+  std::set<grpc::ClientContext*> inflight_;  // unary requests, for cancel()
+  bool cancelled_ = false;
 };
 
 // The first key after every key that starts with `prefix` (etcd's

@@ -127,6 +127,7 @@ EtcdRendezvous::~EtcdRendezvous() {
 }
 
 void EtcdRendezvous::abandon(milliseconds timeout) {
+  if (lease_lost_) return;  // nothing left to revoke
   try {
     client_->lease_revoke(lease_, timeout);
   } catch (const EtcdError& e) {
@@ -144,6 +145,14 @@ void EtcdRendezvous::set_active(Watch* w) {
   std::lock_guard<std::mutex> lock(mu_);
   active_ = w;
   if (w && (lease_lost_ || watcher_stop_)) w->interrupt();
+}
+
+RoundEvent EtcdRendezvous::self_lost() const {
+  return RoundEvent{RoundEvent::Kind::kFatal, round_,
+                    "etcd dropped this node's keys (its lease of " +
+                        std::to_string(ttl_.count()) +
+                        " s expired): it was cut off from etcd or stopped "
+                        "too long, and the others went on without it"};
 }
 
 void EtcdRendezvous::check_lease() const {
@@ -200,6 +209,7 @@ void EtcdRendezvous::keep_alive_loop() {
     lease_lost_ = true;
     if (active_) active_->interrupt();
     lock.unlock();
+    client_->cancel();  // whatever this node still asks etcd is moot
     p_.log("dlaunch: this node's etcd lease expired (" + why + ")\n");
     return;
   }
@@ -467,6 +477,7 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       return res;
     }
   } catch (const EtcdError& e) {
+    check_lease();
     throw RendezvousError(std::string("the etcd rendezvous of job '") +
                           p_.run_id + "' failed: " + e.what());
   }
@@ -480,13 +491,7 @@ RoundEvent EtcdRendezvous::wait_round_end() {
     return std::find(members_.begin(), members_.end(), id) != members_.end();
   };
   auto lost = [&](const std::string& id, bool left) {
-    if (id == node_id_) {
-      return RoundEvent{RoundEvent::Kind::kFatal, r,
-                        "etcd dropped this node's keys (its lease of " +
-                            std::to_string(ttl_.count()) +
-                            " s expired): it was cut off from etcd or stopped "
-                            "too long, and the others went on without it"};
-    }
+    if (id == node_id_) return self_lost();
     return RoundEvent{RoundEvent::Kind::kNodeLost, r,
                       "node " + id + (left ? " left" : " is gone")};
   };
@@ -561,6 +566,7 @@ void EtcdRendezvous::watch(EventCallback on_event) {
       ev = RoundEvent{RoundEvent::Kind::kFatal, round_,
                       std::string("lost etcd: ") + e.what()};
     }
+    if (lease_lost_) ev = self_lost();
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (watcher_stop_ || stopping_) return;

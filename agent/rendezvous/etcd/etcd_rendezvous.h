@@ -69,7 +69,10 @@ class EtcdRendezvous : public Rendezvous {
   void keep_alive_loop();
   void stop_watcher();
   void set_active(Watch* w);
+  // Throws RendezvousError once the lease is lost.
   void check_lease() const;
+  // The kFatal event of a node whose lease expired.
+  RoundEvent self_lost() const;
 
   Params p_;
   std::string prefix_;   // /dlaunch/RUN_ID/

@@ -140,6 +140,11 @@ class Executor {
     std::lock_guard<std::mutex> lock(mu_);
     return rdzv_.get();
   }
+  // The agent's close_timeout (30 s until open).
+  milliseconds close_timeout() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return close_timeout_;
+  }
   // Waits (at most `timeout`) until every request queued so far ran, so
   // that a report sent just before end-of-file reaches etcd before the
   // lease goes; a round still forming (next, open) is not waited for.
@@ -174,9 +179,11 @@ class Executor {
       if (verb == "open") {
         auto params = make_params(
             remote::decode_settings({req.begin() + 1, req.end()}));
+        const milliseconds close = params.options.close_timeout;
         auto r = std::make_unique<etcd::EtcdRendezvous>(std::move(params));
         std::lock_guard<std::mutex> lock(mu_);
         rdzv_ = std::move(r);
+        close_timeout_ = close;
         send({"ready"});
         return;
       }
@@ -210,6 +217,7 @@ class Executor {
   std::condition_variable cv_;
   std::deque<std::vector<std::string>> queue_;
   std::string busy_;  // the verb of the request running now
+  milliseconds close_timeout_{std::chrono::seconds(30)};
   std::unique_ptr<etcd::EtcdRendezvous> rdzv_;
   std::thread thread_;
 };
@@ -245,8 +253,12 @@ int main(int argc, char**) {
   }
   // The agent is gone or done: leave the rendezvous now. The executor may
   // be inside a request; the process ends under it.
-  exec.drain(std::chrono::seconds(10));
-  if (auto* r = exec.rendezvous()) r->abandon(std::chrono::seconds(5));
+  // Both within the agent's close_timeout, after which it SIGKILLs us.
+  const milliseconds half = exec.close_timeout() / 2;
+  exec.drain(std::min<milliseconds>(half, std::chrono::seconds(10)));
+  if (auto* r = exec.rendezvous()) {
+    r->abandon(std::min<milliseconds>(half, std::chrono::seconds(5)));
+  }
   std::cout.flush();
   std::_Exit(0);
 }
