@@ -162,10 +162,16 @@ std::string dry_run_plan(const LaunchOptions& o) {
     s << ", world size " << o.agent.nproc_per_node;
   }
   s << "\n";
+  std::string etcd;
+  for (const std::string& e : o.rdzv.etcd_endpoints) {
+    etcd += (etcd.empty() ? ", etcd at " : ", ") + e;
+  }
   s << "  rendezvous: " << o.rdzv.backend
     << (o.standalone ? ", store hosted here on a free port (standalone)"
-                     : ", store at " + o.rdzv.endpoint_host + ":" +
-                           std::to_string(o.rdzv.endpoint_port))
+        : o.rdzv.backend == "etcd"
+            ? etcd
+            : ", store at " + o.rdzv.endpoint_host + ":" +
+                  std::to_string(o.rdzv.endpoint_port))
     << "\n";
   s << "  restarts:  up to " << o.agent.max_restarts << "; SIGKILL "
     << format_seconds(o.agent.term_timeout) << " s after SIGTERM\n";

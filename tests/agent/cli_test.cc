@@ -322,14 +322,32 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
        "--standalone runs one node"},
       {{"--standalone", "--rdzv-endpoint", "h:1", "true"},
        "drop it or --rdzv-endpoint"},
-      {{"--rdzv-backend", "etcd-v9", "true"}, "use static or c10d"},
+      {{"--rdzv-backend", "etcd-v9", "true"}, "use static, c10d or etcd"},
+      {{"--rdzv-backend", "etcd", "--nnodes", "2", "true"},
+       "etcd needs --rdzv-endpoint HOST:2379"},
+      {{"--rdzv-backend", "etcd", "--rdzv-endpoint", "h", "--rdzv-conf",
+        "is_host=true", "true"},
+       "with etcd no agent hosts the store"},
+      {{"--rdzv-backend", "etcd", "--rdzv-endpoint", "h", "--rdzv-conf",
+        "user=u", "true"},
+       "user= and password_file= go together"},
+      {{"--rdzv-backend", "etcd", "--rdzv-endpoint", "h:0", "true"},
+       "etcd listens on a fixed port"},
+      {{"--rdzv-conf", "password=hunter2", "true"},
+       "give password_file=PATH"},
+      {{"--rdzv-backend", "c10d", "--rdzv-endpoint", "h", "--rdzv-conf",
+        "cacert=/ca.pem", "true"},
+       "cacert applies to --rdzv-backend etcd"},
+      {{"--rdzv-backend", "c10d", "--rdzv-endpoint", "a,b", "true"},
+       "a list of endpoints is for --rdzv-backend etcd"},
       {{"--rdzv-endpoint", "host:http", "true"}, "HOST or HOST:PORT"},
       {{"--rdzv-endpoint", ":29400", "true"}, "HOST or HOST:PORT"},
       {{"--rdzv-conf", "bogus", "true"}, "'bogus' is not KEY=VALUE"},
       {{"--rdzv-conf", "colour=red", "true"},
        "unknown key 'colour'; valid keys are join_timeout, "
        "last_call_timeout, close_timeout, keep_alive_interval, "
-       "keep_alive_max_attempt, is_host, read_timeout, timeout"},
+       "keep_alive_max_attempt, is_host, read_timeout, timeout, and for "
+       "etcd cacert, cert, key, user, password_file"},
       {{"--rdzv-conf", "join_timeout=nan", "true"},
        "--rdzv-conf join_timeout: 'nan' is not valid"},
       {{"--rdzv-conf", "last_call_timeout=inf", "true"}, "'inf' is not valid"},
@@ -393,6 +411,23 @@ TEST(Cli, RendezvousFlagsAreHonoured) {
   EXPECT_EQ(st.rdzv.node_rank, 2);
   EXPECT_EQ(st.rdzv.endpoint_host, "127.0.0.2");
   EXPECT_EQ(st.rdzv.endpoint_port, 29400);
+}
+
+TEST(Cli, EtcdTakesAListOfMembersAndItsTlsAndLogin) {
+  LaunchOptions o = ok(
+      {"--nnodes", "2:4", "--rdzv-backend", "etcd", "--rdzv-endpoint",
+       "e1,e2:2380,[::1]", "--rdzv-conf",
+       "cacert=/ca.pem,cert=/c.pem,key=/k.pem,user=dl,password_file=/pw",
+       "true"});
+  const auto& r = o.rdzv;
+  EXPECT_EQ(r.backend, "etcd");
+  EXPECT_EQ(r.etcd_endpoints,
+            (std::vector<std::string>{"e1:2379", "e2:2380", "[::1]:2379"}));
+  EXPECT_EQ(r.cacert, "/ca.pem");
+  EXPECT_EQ(r.cert, "/c.pem");
+  EXPECT_EQ(r.key, "/k.pem");
+  EXPECT_EQ(r.user, "dl");
+  EXPECT_EQ(r.password_file, "/pw");
 }
 
 TEST(Cli, HelpReadsLikeAManPage) {
