@@ -218,11 +218,11 @@ void apply_rdzv_conf(const FlagSpec& f, const std::string& key,
   } else if (key == "cacert" || key == "cert" || key == "key" ||
              key == "user" || key == "password_file") {
     if (v.empty()) throw BadValue{"must not be empty", key};
-    (key == "cacert"   ? r.cacert
-     : key == "cert"   ? r.cert
-     : key == "key"    ? r.key
-     : key == "user"   ? r.user
-                       : r.password_file) = v;
+    (key == "cacert" ? r.cacert
+     : key == "cert" ? r.cert
+     : key == "key"  ? r.key
+     : key == "user" ? r.user
+                     : r.password_file) = v;
   } else if (key == "password") {
     throw BadValue{
         "a password on the command line is visible to every user (ps); "
@@ -568,9 +568,8 @@ std::vector<FlagSpec> make_table() {
                "loss ends.",
        .section = "RENDEZVOUS",
        .choices = {"static", "c10d", "etcd"},
-       .apply =
-           [](const FlagSpec& f, const std::string& v, Options& o,
-              const agent::EnvMap&) { o.rdzv.backend = one_of(f, v); },
+       .apply = [](const FlagSpec& f, const std::string& v, Options& o,
+                   const agent::EnvMap&) { o.rdzv.backend = one_of(f, v); },
        .print = [](const Options& o) -> std::optional<std::string> {
          return o.rdzv.backend;
        }},
@@ -903,22 +902,26 @@ void check_etcd(LaunchOptions& o) {
   }
   if (!etcd) {
     if (r.endpoints.size() > 1) {
-      throw BadValue{"--rdzv-endpoint: a list of endpoints is for "
-                     "--rdzv-backend etcd; c10d and static take one"};
+      throw BadValue{
+          "--rdzv-endpoint: a list of endpoints is for "
+          "--rdzv-backend etcd; c10d and static take one"};
     }
     return;
   }
   if (r.endpoints.empty()) {
-    throw BadValue{"--rdzv-backend etcd needs --rdzv-endpoint "
-                   "HOST:2379[,HOST:2379...] (the etcd members)"};
+    throw BadValue{
+        "--rdzv-backend etcd needs --rdzv-endpoint "
+        "HOST:2379[,HOST:2379...] (the etcd members)"};
   }
   if (r.is_host.has_value()) {
-    throw BadValue{"--rdzv-conf is_host applies to c10d; with etcd no agent "
-                   "hosts the store"};
+    throw BadValue{
+        "--rdzv-conf is_host applies to c10d; with etcd no agent "
+        "hosts the store"};
   }
   if (r.node_rank >= 0) {
-    throw BadValue{"--node-rank applies to --rdzv-backend static; etcd "
-                   "assigns node ranks itself (drop --node-rank)"};
+    throw BadValue{
+        "--node-rank applies to --rdzv-backend static; etcd "
+        "assigns node ranks itself (drop --node-rank)"};
   }
   if (r.user.empty() != r.password_file.empty()) {
     throw BadValue{"--rdzv-conf user= and password_file= go together"};

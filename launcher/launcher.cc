@@ -155,7 +155,9 @@ std::unique_ptr<agent::rendezvous::Rendezvous> etcd_rendezvous(
         " is missing (build dlaunch with gRPC, DLAUNCH_WITH_ETCD, or install "
         "it beside dlaunch)");
   }
-  auto ms = [](std::chrono::milliseconds d) { return std::to_string(d.count()); };
+  auto ms = [](std::chrono::milliseconds d) {
+    return std::to_string(d.count());
+  };
   std::string endpoints;
   for (const std::string& e : r.etcd_endpoints) {
     endpoints += (endpoints.empty() ? "" : ",") + e;

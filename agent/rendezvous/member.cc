@@ -5,6 +5,8 @@
 #include <climits>
 #include <sstream>
 
+#include "comm/store/text.h"
+
 namespace dlaunch::agent::rendezvous {
 
 namespace {
@@ -50,19 +52,17 @@ RendezvousResult form_round(int round, std::vector<MemberRecord> ms,
     for (int i = 0; i < n; ++i) {
       if (ms[i].node_rank != i) {
         throw RendezvousError(
-            "the static backend needs --node-rank 0.." +
-            std::to_string(n - 1) + " once each; got " +
-            std::to_string(ms[i].node_rank) + " from " + ms[i].addr +
-            (i > 0 ? " after " + ms[i - 1].addr : std::string()));
+            "the static backend needs --node-rank 0.." + std::to_string(n - 1) +
+            " once each; got " + std::to_string(ms[i].node_rank) + " from " +
+            ms[i].addr + (i > 0 ? " after " + ms[i - 1].addr : std::string()));
       }
     }
   } else {
     // Stable ranks: members of the previous round keep their order.
     auto order = [round](const MemberRecord& m) {
-      return std::make_pair(m.prev_round == round - 1 && m.prev_rank >= 0
-                                ? m.prev_rank
-                                : INT_MAX,
-                            m.seq);
+      return std::make_pair(
+          m.prev_round == round - 1 && m.prev_rank >= 0 ? m.prev_rank : INT_MAX,
+          m.seq);
     };
     std::stable_sort(ms.begin(), ms.end(),
                      [&](const MemberRecord& a, const MemberRecord& b) {
@@ -99,6 +99,40 @@ std::string round_line(const RendezvousResult& r) {
          " nodes [" + names + "], this node is group rank " +
          std::to_string(r.group_rank) + ", " + std::to_string(r.world_size) +
          " workers\n";
+}
+
+std::string waiting_line(int joined, int target, const RendezvousOptions& o,
+                         std::chrono::milliseconds call_left) {
+  std::string line = "dlaunch: waiting for nodes: " + std::to_string(joined) +
+                     "/" + std::to_string(target) + " joined (min " +
+                     std::to_string(o.min_nodes) + ", max " +
+                     std::to_string(o.max_nodes) + ")";
+  if (call_left.count() >= 0) {
+    line += ", last call ends in " + comm::store::format_duration(call_left);
+  }
+  return line + "\n";
+}
+
+std::string too_few_message(int joined, int round, const std::string& run_id,
+                            const std::string& where,
+                            std::chrono::milliseconds waited,
+                            const RendezvousOptions& o,
+                            const std::vector<std::string>& joiners) {
+  std::string who;
+  for (const std::string& j : joiners) who += (who.empty() ? "" : ", ") + j;
+  return std::to_string(joined) + "/" + std::to_string(o.min_nodes) +
+         " nodes joined round " + std::to_string(round) + " of job '" + run_id +
+         "' at " + where + " after " + comm::store::format_duration(waited) +
+         " (min " + std::to_string(o.min_nodes) + ", max " +
+         std::to_string(o.max_nodes) + "; joined: " + who +
+         "); start the missing nodes or lower --nnodes";
+}
+
+std::string late_line(int round, int members, int max_nodes) {
+  return "dlaunch: round " + std::to_string(round) + " is running with " +
+         std::to_string(members) + " nodes" +
+         (members < max_nodes ? "; it restarts to take this node in\n"
+                              : " (the most allowed); waiting for a place\n");
 }
 
 }  // namespace dlaunch::agent::rendezvous

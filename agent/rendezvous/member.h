@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -39,5 +40,21 @@ RendezvousResult form_round(int round, std::vector<MemberRecord> members,
 // "dlaunch: round 1 (node lost): 2 nodes [a, b], this node is group rank
 // 0, 4 workers\n".
 std::string round_line(const RendezvousResult& round);
+
+// The texts both elastic backends show while a round forms.
+// "dlaunch: waiting for nodes: 2/3 joined (min 2, max 4)[, last call ends
+// in 12 s]\n"; `call_left` < 0: no last call running.
+std::string waiting_line(int joined, int target, const RendezvousOptions& o,
+                         std::chrono::milliseconds call_left);
+// "1/2 nodes joined round 0 of job 'x' at WHERE after 600 s (min 2, max 4;
+// joined: a, b); start the missing nodes or lower --nnodes".
+std::string too_few_message(int joined, int round, const std::string& run_id,
+                            const std::string& where,
+                            std::chrono::milliseconds waited,
+                            const RendezvousOptions& o,
+                            const std::vector<std::string>& joiners);
+// "dlaunch: round 3 is running with 2 nodes; it restarts to take this
+// node in\n" (or, at max_nodes, "... waiting for a place").
+std::string late_line(int round, int members, int max_nodes);
 
 }  // namespace dlaunch::agent::rendezvous

@@ -137,7 +137,8 @@ RendezvousResult RemoteRendezvous::next_round(int local_world_size,
         std::to_string(timeout.count())});
   auto a = answer(timeout + p_.grace, "for a rendezvous round");
   try {
-    if (a[0] != "round") throw std::invalid_argument("unexpected '" + a[0] + "'");
+    if (a[0] != "round")
+      throw std::invalid_argument("unexpected '" + a[0] + "'");
     RendezvousResult r = remote::decode_result({a.begin() + 1, a.end()});
     std::lock_guard<std::mutex> lock(mu_);
     watched_round_ = r.round;
@@ -189,8 +190,9 @@ void RemoteRendezvous::read_loop() {
           ev.round = remote::wire_int(f[2]);
           ev.detail = f[3];
         } catch (const std::invalid_argument& e) {
-          ev = {RoundEvent::Kind::kFatal, watched_round_,
-                std::string("bad event from the rendezvous helper: ") + e.what()};
+          ev = {
+              RoundEvent::Kind::kFatal, watched_round_,
+              std::string("bad event from the rendezvous helper: ") + e.what()};
         }
         {
           std::lock_guard<std::mutex> lock(mu_);

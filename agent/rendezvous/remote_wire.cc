@@ -32,11 +32,20 @@ std::string encode_line(const std::vector<std::string>& fields) {
     if (i > 0) out += ' ';
     for (char c : fields[i]) {
       switch (c) {
-        case '%': out += "%25"; break;
-        case ' ': out += "%20"; break;
-        case '\n': out += "%0A"; break;
-        case '\r': out += "%0D"; break;
-        default: out += c;
+        case '%':
+          out += "%25";
+          break;
+        case ' ':
+          out += "%20";
+          break;
+        case '\n':
+          out += "%0A";
+          break;
+        case '\r':
+          out += "%0D";
+          break;
+        default:
+          out += c;
       }
     }
   }
@@ -51,11 +60,17 @@ std::vector<std::string> decode_line(const std::string& line) {
       out.emplace_back();
     } else if (c == '%') {
       const std::string code = line.substr(i + 1, 2);
-      if (code == "25") out.back() += '%';
-      else if (code == "20") out.back() += ' ';
-      else if (code == "0A") out.back() += '\n';
-      else if (code == "0D") out.back() += '\r';
-      else throw std::invalid_argument("bad escape '%" + code + "' in '" + line + "'");
+      if (code == "25")
+        out.back() += '%';
+      else if (code == "20")
+        out.back() += ' ';
+      else if (code == "0A")
+        out.back() += '\n';
+      else if (code == "0D")
+        out.back() += '\r';
+      else
+        throw std::invalid_argument("bad escape '%" + code + "' in '" + line +
+                                    "'");
       i += 2;
     } else {
       out.back() += c;
@@ -65,12 +80,15 @@ std::vector<std::string> decode_line(const std::string& line) {
 }
 
 std::vector<std::string> encode_result(const RendezvousResult& r) {
-  std::vector<std::string> f = {
-      std::to_string(r.round),        std::to_string(r.group_rank),
-      std::to_string(r.group_world_size), std::to_string(r.world_size),
-      std::to_string(r.rank_offset),  r.master_addr,
-      std::to_string(r.master_port),  std::to_string(r.restart_count),
-      std::to_string(to_wire(r.reason))};
+  std::vector<std::string> f = {std::to_string(r.round),
+                                std::to_string(r.group_rank),
+                                std::to_string(r.group_world_size),
+                                std::to_string(r.world_size),
+                                std::to_string(r.rank_offset),
+                                r.master_addr,
+                                std::to_string(r.master_port),
+                                std::to_string(r.restart_count),
+                                std::to_string(to_wire(r.reason))};
   f.insert(f.end(), r.members.begin(), r.members.end());
   return f;
 }

@@ -333,8 +333,7 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
        "user= and password_file= go together"},
       {{"--rdzv-backend", "etcd", "--rdzv-endpoint", "h:0", "true"},
        "etcd listens on a fixed port"},
-      {{"--rdzv-conf", "password=hunter2", "true"},
-       "give password_file=PATH"},
+      {{"--rdzv-conf", "password=hunter2", "true"}, "give password_file=PATH"},
       {{"--rdzv-backend", "c10d", "--rdzv-endpoint", "h", "--rdzv-conf",
         "cacert=/ca.pem", "true"},
        "cacert applies to --rdzv-backend etcd"},
@@ -414,11 +413,11 @@ TEST(Cli, RendezvousFlagsAreHonoured) {
 }
 
 TEST(Cli, EtcdTakesAListOfMembersAndItsTlsAndLogin) {
-  LaunchOptions o = ok(
-      {"--nnodes", "2:4", "--rdzv-backend", "etcd", "--rdzv-endpoint",
-       "e1,e2:2380,[::1]", "--rdzv-conf",
-       "cacert=/ca.pem,cert=/c.pem,key=/k.pem,user=dl,password_file=/pw",
-       "true"});
+  LaunchOptions o =
+      ok({"--nnodes", "2:4", "--rdzv-backend", "etcd", "--rdzv-endpoint",
+          "e1,e2:2380,[::1]", "--rdzv-conf",
+          "cacert=/ca.pem,cert=/c.pem,key=/k.pem,user=dl,password_file=/pw",
+          "true"});
   const auto& r = o.rdzv;
   EXPECT_EQ(r.backend, "etcd");
   EXPECT_EQ(r.etcd_endpoints,

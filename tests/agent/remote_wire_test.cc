@@ -10,8 +10,8 @@ namespace dlaunch::agent::rendezvous::remote {
 namespace {
 
 TEST(RemoteWire, FieldsWithSpacesNewlinesAndPercentRoundTrip) {
-  std::vector<std::string> f = {"log", "waiting for nodes: 2/3\n", "100%",
-                                "", "a\rb"};
+  std::vector<std::string> f = {"log", "waiting for nodes: 2/3\n", "100%", "",
+                                "a\rb"};
   std::string line = encode_line(f);
   ASSERT_EQ(line.back(), '\n');
   EXPECT_EQ(line.find('\n'), line.size() - 1);
@@ -58,13 +58,13 @@ TEST(RemoteWire, MalformedMessagesAreRefused) {
   EXPECT_THROW(decode_line("a%2"), std::invalid_argument);
   EXPECT_THROW(decode_line("a%zz"), std::invalid_argument);
   EXPECT_THROW(decode_result({"1", "2"}), std::invalid_argument);
-  EXPECT_THROW(decode_result({"x", "0", "1", "1", "0", "h", "1", "0", "0",
-                              "h"}),
-               std::invalid_argument);
+  EXPECT_THROW(
+      decode_result({"x", "0", "1", "1", "0", "h", "1", "0", "0", "h"}),
+      std::invalid_argument);
   // A round of two nodes that lists one.
-  EXPECT_THROW(decode_result({"0", "0", "2", "1", "0", "h", "1", "0", "0",
-                              "h"}),
-               std::invalid_argument);
+  EXPECT_THROW(
+      decode_result({"0", "0", "2", "1", "0", "h", "1", "0", "0", "h"}),
+      std::invalid_argument);
   EXPECT_THROW(kind_from_wire(99), std::invalid_argument);
   EXPECT_THROW(decode_settings({"novalue"}), std::invalid_argument);
 }

@@ -3,9 +3,9 @@
 // folder: every agent is its own `dlaunch --rdzv-backend etcd` advertising
 // its own 127.0.0.x. Skipped when etcd is not installed. Waits are bounded
 // and on observed output or state, never on sleeps.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "tests/testing/net.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -38,23 +40,14 @@ const std::string kEtcdctl = "/usr/bin/etcdctl";
 
 const std::string kShowEnv =
     "echo \"ENV node=$NODE rank=$RANK ws=$WORLD_SIZE gr=$GROUP_RANK "
-    "gws=$GROUP_WORLD_SIZE master=$MASTER_ADDR rc=$TORCHELASTIC_RESTART_COUNT\"";
+    "gws=$GROUP_WORLD_SIZE master=$MASTER_ADDR "
+    "rc=$TORCHELASTIC_RESTART_COUNT\"";
 // Round 0 (three nodes) blocks until stopped; a round of two finishes.
 const std::string kBlockWhileThree =
     kShowEnv +
     "; if [ $GROUP_WORLD_SIZE = 3 ]; then echo RUNNING; exec sleep 300; fi";
 
-int free_port() {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
+using testing::free_port;
 
 struct EnvLine {
   int node, rank, ws, gr, gws, rc;
@@ -92,7 +85,11 @@ bool eventually(Pred done, std::chrono::milliseconds timeout) {
 // object.
 class EtcdCluster {
  public:
-  explicit EtcdCluster(int n) {
+  // With `tls`, members serve HTTPS with a certificate of a test CA
+  // (tls_dir(): ca.pem, client.pem, client.key) and require client
+  // certificates.
+  explicit EtcdCluster(int n, bool tls = false) : tls_(tls) {
+    if (tls) make_certificates();
     std::string initial;
     for (int i = 0; i < n; ++i) {
       client_.push_back(free_port());
@@ -100,22 +97,39 @@ class EtcdCluster {
       initial += (i ? "," : "") + name(i) + "=" + peer_url(i);
     }
     for (int i = 0; i < n; ++i) {
+      std::vector<std::string> tls_flags;
+      if (tls) {
+        tls_flags = {"--cert-file",       (dir_ / "server.pem").string(),
+                     "--key-file",        (dir_ / "server.key").string(),
+                     "--trusted-ca-file", (dir_ / "ca.pem").string(),
+                     "--client-cert-auth"};
+      }
       const std::string log = (dir_ / (name(i) + ".log")).string();
-      int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      members_.push_back(std::make_unique<Subprocess>(testing::CommandOptions{
-          {kEtcd, "--name", name(i), "--data-dir",
-           (dir_ / name(i)).string(), "--listen-client-urls",
-           "http://" + endpoint(i), "--advertise-client-urls",
-           "http://" + endpoint(i), "--listen-peer-urls", peer_url(i),
-           "--initial-advertise-peer-urls", peer_url(i), "--initial-cluster",
-           initial, "--initial-cluster-token",
-           "t" + std::to_string(::getpid()) + "-" + std::to_string(client_[0]),
-           "--initial-cluster-state", "new"},
-          {},
-          {},
-          "",
-          fd,
-          fd}));
+      int fd =
+          ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      std::vector<std::string> argv = {
+          kEtcd,
+          "--name",
+          name(i),
+          "--data-dir",
+          (dir_ / name(i)).string(),
+          "--listen-client-urls",
+          scheme() + endpoint(i),
+          "--advertise-client-urls",
+          scheme() + endpoint(i),
+          "--listen-peer-urls",
+          peer_url(i),
+          "--initial-advertise-peer-urls",
+          peer_url(i),
+          "--initial-cluster",
+          initial,
+          "--initial-cluster-token",
+          "t" + std::to_string(::getpid()) + "-" + std::to_string(client_[0]),
+          "--initial-cluster-state",
+          "new"};
+      argv.insert(argv.end(), tls_flags.begin(), tls_flags.end());
+      members_.push_back(std::make_unique<Subprocess>(
+          testing::CommandOptions{argv, {}, {}, "", fd, fd}));
       ::close(fd);
     }
   }
@@ -124,14 +138,19 @@ class EtcdCluster {
   bool healthy(std::chrono::milliseconds timeout = 60s) {
     return eventually(
         [&] {
-          return testing::run_command({{kEtcdctl, "--endpoints", endpoints(),
-                                        "--command-timeout=2s", "endpoint",
-                                        "health"}, {}, {}, ""},
-                                      10s)
-                     .exit_code == 0;
+          std::vector<std::string> argv = {kEtcdctl,    "--endpoints",
+                                           endpoints(), "--command-timeout=2s",
+                                           "endpoint",  "health"};
+          if (tls_) {
+            argv.insert(argv.end(), {"--cacert", (dir_ / "ca.pem").string(),
+                                     "--cert", (dir_ / "client.pem").string(),
+                                     "--key", (dir_ / "client.key").string()});
+          }
+          return testing::run_command({argv, {}, {}, ""}, 10s).exit_code == 0;
         },
         timeout);
   }
+  const std::filesystem::path& tls_dir() const { return dir_.path(); }
   std::string endpoint(int i) const {
     return "127.0.0.1:" + std::to_string(client_[i]);
   }
@@ -150,13 +169,37 @@ class EtcdCluster {
   // Keys under `prefix`, one per line ("" when none or on error).
   std::string keys(const std::string& prefix) const {
     return testing::run_command({{kEtcdctl, "--endpoints", endpoints(), "get",
-                                  "--prefix", prefix, "--keys-only"}, {}, {}, ""},
+                                  "--prefix", prefix, "--keys-only"},
+                                 {},
+                                 {},
+                                 ""},
                                 10s)
         .out;
   }
 
  private:
   static std::string name(int i) { return "m" + std::to_string(i); }
+  std::string scheme() const { return tls_ ? "https://" : "http://"; }
+  // A CA, a server certificate for 127.0.0.1 and a client certificate,
+  // all signed by the CA (openssl).
+  void make_certificates() {
+    const std::string script =
+        "set -e; cd '" + dir_.path().string() +
+        "'; k='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes'\n"
+        "openssl req -x509 $k -keyout ca.key -out ca.pem -days 1 "
+        "-subj /CN=dlaunch-test-ca 2>/dev/null\n"
+        "echo 'subjectAltName=IP:127.0.0.1' > san\n"
+        "for c in server client; do\n"
+        "  openssl req $k -keyout $c.key -out $c.csr -subj /CN=$c "
+        "2>/dev/null\n"
+        "  openssl x509 -req -in $c.csr -CA ca.pem -CAkey ca.key "
+        "-CAcreateserial -out $c.pem -days 1 -extfile san 2>/dev/null\n"
+        "done\n";
+    CommandResult r =
+        testing::run_command({{"sh", "-c", script}, {}, {}, ""}, 60s);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  bool tls_ = false;
   std::string peer_url(int i) const {
     return "http://127.0.0.1:" + std::to_string(peer_[i]);
   }
@@ -445,13 +488,75 @@ TEST_F(EtcdRendezvous, TwoJobsStayApartAndLeaveNoKeys) {
       << keys;
 }
 
+TEST_F(EtcdRendezvous, LogsInWithAUserWhosePasswordIsInAFile) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  auto ctl = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {kEtcdctl, "--endpoints", etcd.endpoint(0)});
+    return testing::run_command({args, {}, {}, ""}, 30s);
+  };
+  ASSERT_EQ(
+      ctl({"user", "add", "root:s3cret", "--interactive=false"}).exit_code, 0);
+  ASSERT_EQ(ctl({"auth", "enable"}).exit_code, 0);
+  testing::TempDir dir;
+  testing::write_file(dir / "pw", "s3cret\n", 0600);
+  testing::write_file(dir / "bad", "wrong\n", 0600);
+  const std::string ka = "keep_alive_interval=1,keep_alive_max_attempt=3,";
+  for (int i = 0; i < 2; ++i) {
+    start(i, etcd.endpoint(0), {"--nnodes", "2"}, kShowEnv, "",
+          ka + "user=root,password_file=" + (dir / "pw").string());
+  }
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = agents_[i]->wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    ASSERT_EQ(env_lines(r.out).size(), 1u) << r.out;
+    EXPECT_EQ(env_lines(r.out)[0].gws, 2);
+  }
+  // A wrong password: a clear error, and the password in no message.
+  start(2, etcd.endpoint(0), {"--nnodes", "1"}, kShowEnv, id_ + "x",
+        ka + "user=root,password_file=" + (dir / "bad").string());
+  CommandResult bad = agents_[2]->wait(60s);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("refused user 'root'"));
+  EXPECT_THAT(bad.err, ::testing::Not(HasSubstr("wrong")));
+}
+
+TEST_F(EtcdRendezvous, TalksTlsWithAClientCertificate) {
+  EtcdCluster etcd(1, true);
+  ASSERT_TRUE(etcd.healthy());
+  const auto& d = etcd.tls_dir();
+  const std::string tls =
+      "keep_alive_interval=1,keep_alive_max_attempt=3,"
+      "cacert=" +
+      (d / "ca.pem").string() + ",cert=" + (d / "client.pem").string() +
+      ",key=" + (d / "client.key").string();
+  for (int i = 0; i < 2; ++i) {
+    start(i, etcd.endpoint(0), {"--nnodes", "2"}, kShowEnv, "", tls);
+  }
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = agents_[i]->wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    ASSERT_EQ(env_lines(r.out).size(), 1u) << r.out;
+  }
+  // Plain TCP to a TLS member: no answer, and the error says where.
+  start(2, etcd.endpoint(0), {"--nnodes", "1"}, kShowEnv, id_ + "plain",
+        "keep_alive_interval=1,keep_alive_max_attempt=3,read_timeout=2,"
+        "join_timeout=2");
+  CommandResult plain = agents_[2]->wait(60s);
+  EXPECT_NE(plain.exit_code, 0);
+  EXPECT_THAT(plain.err, HasSubstr(etcd.endpoint(0)));
+}
+
 TEST_F(EtcdRendezvous, NoEndpointAnswersNamesEveryOneTried) {
   const std::string a = "127.0.0.1:" + std::to_string(free_port());
   const std::string b = "127.0.0.1:" + std::to_string(free_port());
   CommandResult r = testing::run_command(
       {{kDlaunch, "--rdzv-backend", "etcd", "--rdzv-endpoint", a + "," + b,
         "--nnodes", "2", "--rdzv-conf", "join_timeout=2,read_timeout=2",
-        "true"}, {}, {}, ""},
+        "true"},
+       {},
+       {},
+       ""},
       60s);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr(a));

@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "tests/testing/net.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -42,17 +43,7 @@ const std::string kShowEnv =
     "master=$MASTER_ADDR:$MASTER_PORT rc=$TORCHELASTIC_RESTART_COUNT "
     "id=$TORCHELASTIC_RUN_ID\"";
 
-int free_port() {
-  int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
+using testing::free_port;
 
 struct EnvLine {
   int node, rank, local, ws, lws, gr, gws, rc;

@@ -244,14 +244,13 @@ void Client::call(const char* what, milliseconds timeout, Call&& fn) {
     tried += (i ? "; " : "") + members_[i]->endpoint + " (" +
              (errors[i].empty() ? "not tried" : errors[i]) + ")";
   }
-  throw EtcdError(std::string("no etcd member answered ") + what +
-                  " within " + seconds_text(timeout) + "; tried " + tried +
+  throw EtcdError(std::string("no etcd member answered ") + what + " within " +
+                  seconds_text(timeout) + "; tried " + tried +
                   ". Start etcd or check --rdzv-endpoint");
 }
 
-etcdserverpb::RangeResponse Client::range(
-    const etcdserverpb::RangeRequest& req,
-    std::optional<milliseconds> timeout) {
+etcdserverpb::RangeResponse Client::range(const etcdserverpb::RangeRequest& req,
+                                          std::optional<milliseconds> timeout) {
   etcdserverpb::RangeResponse resp;
   call("range", timeout.value_or(options_.timeout),
        [&](Member& m, grpc::ClientContext& ctx) {

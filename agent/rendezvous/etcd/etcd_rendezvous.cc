@@ -69,8 +69,7 @@ struct EtcdRendezvous::RoundState {
   std::string records;  // the "closed" value
   int64_t closed_rev = 0;
 
-  void apply(const mvccpb::KeyValue& kv, bool deleted,
-             const std::string& rp) {
+  void apply(const mvccpb::KeyValue& kv, bool deleted, const std::string& rp) {
     const std::string name = kv.key().substr(rp.size());
     if (starts_with(name, "node/")) {
       const std::string id = name.substr(5);
@@ -102,7 +101,8 @@ EtcdRendezvous::EtcdRendezvous(Params params)
       node_id_(p_.node_addr + "/" + std::to_string(::getpid())) {
   const RendezvousOptions& o = p_.options;
   const auto ka = o.keep_alive_interval * o.keep_alive_max_attempt;
-  const std::chrono::seconds want(std::max<int64_t>(1, (ka.count() + 999) / 1000));
+  const std::chrono::seconds want(
+      std::max<int64_t>(1, (ka.count() + 999) / 1000));
   try {
     client_ = std::make_unique<Client>(p_.client);
     auto grant = client_->lease_grant(want, o.join_timeout);
@@ -185,9 +185,10 @@ void EtcdRendezvous::keep_alive_loop() {
       int64_t left = 0;
       try {
         left = client_->lease_keep_alive(
-            lease_, std::max(milliseconds(1),
-                             std::min(beat, std::chrono::duration_cast<milliseconds>(
-                                 expires - sent))));
+            lease_,
+            std::max(milliseconds(1),
+                     std::min(beat, std::chrono::duration_cast<milliseconds>(
+                                        expires - sent))));
         if (left <= 0) why = "etcd says it expired";
       } catch (const EtcdError& e) {
         why = e.what();
@@ -197,8 +198,7 @@ void EtcdRendezvous::keep_alive_loop() {
         renewed = sent;
         continue;
       }
-      if (why.find("expired") == std::string::npos &&
-          Clock::now() < expires) {
+      if (why.find("expired") == std::string::npos && Clock::now() < expires) {
         continue;  // not renewed yet; try again until it expires
       }
     } else {
@@ -280,8 +280,8 @@ bool EtcdRendezvous::wait_next_round(int round, Clock::time_point deadline) {
   auto resp = client_->range(req);
   if (resp.count() > 0) return true;
   if (finished()) return false;
-  auto w =
-      client_->watch(prefix_, prefix_end(prefix_), resp.header().revision() + 1);
+  auto w = client_->watch(prefix_, prefix_end(prefix_),
+                          resp.header().revision() + 1);
   set_active(w.get());
   struct Clear {
     EtcdRendezvous* self;
@@ -405,33 +405,21 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
           continue;
         }
         if (now >= next_progress) {
-          std::string line = "dlaunch: waiting for nodes: " +
-                             std::to_string(n) + "/" + std::to_string(target) +
-                             " joined (min " + std::to_string(o.min_nodes) +
-                             ", max " + std::to_string(o.max_nodes) + ")";
-          if (call_ends != kNone) {
-            line += ", last call ends in " +
-                    format_duration(std::chrono::duration_cast<milliseconds>(
-                        call_ends - now));
-          }
-          p_.log(line + "\n");
+          p_.log(waiting_line(
+              n, target, o,
+              call_ends != kNone
+                  ? std::chrono::duration_cast<milliseconds>(call_ends - now)
+                  : milliseconds(-1)));
           next_progress = now + kProgressEvery;
         }
         if (now >= deadline) {
-          std::string who;
+          std::vector<std::string> who;
           for (const std::string& rec : st.ordered()) {
-            who += (who.empty() ? "" : ", ") + MemberRecord::decode(rec, 0).addr;
+            who.push_back(MemberRecord::decode(rec, 0).addr);
           }
-          throw RendezvousError(
-              std::to_string(n) + "/" + std::to_string(o.min_nodes) +
-              " nodes joined round " + std::to_string(r) + " of job '" +
-              p_.run_id + "' at etcd " + client_->endpoints_text() +
-              " after " +
-              format_duration(
-                  std::chrono::duration_cast<milliseconds>(now - start)) +
-              " (min " + std::to_string(o.min_nodes) + ", max " +
-              std::to_string(o.max_nodes) + "; joined: " + who +
-              "); start the missing nodes or lower --nnodes");
+          throw RendezvousError(too_few_message(
+              n, r, p_.run_id, "etcd " + client_->endpoints_text(),
+              std::chrono::duration_cast<milliseconds>(now - start), o, who));
         }
         auto until = std::min({deadline, next_progress, call_ends});
         if (auto ev = w->next(until)) {
@@ -449,12 +437,7 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
         member = member || ms.back().id == node_id_;
       }
       if (!member) {
-        const int closed = static_cast<int>(ms.size());
-        p_.log("dlaunch: round " + std::to_string(r) + " is running with " +
-               std::to_string(closed) + " nodes" +
-               (closed < o.max_nodes ? "; it restarts to take this node in\n"
-                                     : " (the most allowed); waiting for a "
-                                       "place\n"));
+        p_.log(late_line(r, static_cast<int>(ms.size()), o.max_nodes));
         if (!wait_next_round(r, deadline)) {
           throw RendezvousClosed("the job '" + p_.run_id +
                                  "' finished while this node waited to "
@@ -526,7 +509,8 @@ RoundEvent EtcdRendezvous::wait_round_end() {
     auto ev = w->next(Clock::now() + std::chrono::hours(24));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (watcher_stop_) return RoundEvent{RoundEvent::Kind::kSucceeded, -1, ""};
+      if (watcher_stop_)
+        return RoundEvent{RoundEvent::Kind::kSucceeded, -1, ""};
     }
     if (lease_lost_) return lost(node_id_, false);
     if (!ev) continue;
@@ -615,9 +599,10 @@ void EtcdRendezvous::report(NodeOutcome outcome) {
         auto resp = client_->txn(t);
         if (resp.responses(1).response_range().count() >=
             static_cast<int64_t>(members_.size())) {
-          auto secs = std::chrono::ceil<std::chrono::seconds>(
-              p_.options.close_timeout);
-          auto grant = client_->lease_grant(std::max(secs, std::chrono::seconds(1)));
+          auto secs =
+              std::chrono::ceil<std::chrono::seconds>(p_.options.close_timeout);
+          auto grant =
+              client_->lease_grant(std::max(secs, std::chrono::seconds(1)));
           etcdserverpb::PutRequest fin;
           fin.set_key(prefix_ + "finished");
           fin.set_value("1");

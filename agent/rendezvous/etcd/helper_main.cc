@@ -94,7 +94,8 @@ etcd::EtcdRendezvous::Params make_params(
   o.min_nodes = remote::wire_int(setting(s, "min_nodes"));
   o.max_nodes = remote::wire_int(setting(s, "max_nodes"));
   o.join_timeout = ms_setting(s, "join_timeout_ms", o.join_timeout);
-  o.last_call_timeout = ms_setting(s, "last_call_timeout_ms", o.last_call_timeout);
+  o.last_call_timeout =
+      ms_setting(s, "last_call_timeout_ms", o.last_call_timeout);
   o.close_timeout = ms_setting(s, "close_timeout_ms", o.close_timeout);
   o.keep_alive_interval =
       ms_setting(s, "keep_alive_interval_ms", o.keep_alive_interval);
@@ -151,8 +152,8 @@ class Executor {
   void drain(milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, timeout, [this] {
-      return queue_.empty() && (busy_.empty() || busy_ == "next" ||
-                                busy_ == "open");
+      return queue_.empty() &&
+             (busy_.empty() || busy_ == "next" || busy_ == "open");
     });
   }
 
@@ -177,8 +178,8 @@ class Executor {
     const std::string& verb = req[0];
     try {
       if (verb == "open") {
-        auto params = make_params(
-            remote::decode_settings({req.begin() + 1, req.end()}));
+        auto params =
+            make_params(remote::decode_settings({req.begin() + 1, req.end()}));
         const milliseconds close = params.options.close_timeout;
         auto r = std::make_unique<etcd::EtcdRendezvous>(std::move(params));
         std::lock_guard<std::mutex> lock(mu_);
