@@ -349,7 +349,7 @@ class EtcdRendezvous : public ::testing::Test {
       ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
       EXPECT_THAT(r.err, HasSubstr("re-forming the worker group"));
       auto lines = env_lines(r.out);
-      ASSERT_EQ(lines.size(), 2u) << r.out;
+      ASSERT_EQ(lines.size(), 2u) << r.out << r.err;
       EXPECT_EQ(lines[0].gws, 3);
       EXPECT_EQ(lines[1].gws, 2);
       EXPECT_EQ(lines[1].ws, 2);
@@ -514,8 +514,9 @@ TEST_F(EtcdRendezvous, LogsInWithAUserWhosePasswordIsInAFile) {
   }
   // A wrong password: a clear error, and the password in no message.
   start(2, etcd.endpoint(0), {"--nnodes", "1"}, kShowEnv, id_ + "x",
-        ka + "user=root,password_file=" + (dir / "bad").string());
-  CommandResult bad = agents_[2]->wait(60s);
+        ka + "join_timeout=20,user=root,password_file=" +
+            (dir / "bad").string());
+  CommandResult bad = agents_[2]->wait(120s);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.err, HasSubstr("refused user 'root'"));
   EXPECT_THAT(bad.err, ::testing::Not(HasSubstr("wrong")));

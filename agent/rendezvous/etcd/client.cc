@@ -200,6 +200,14 @@ void Client::call(const char* what, milliseconds timeout, Call&& fn) {
       }
       inflight_.insert(&ctx);
     }
+    struct Forget {  // whatever leaves this attempt, cancel() must not see ctx
+      Client* c;
+      grpc::ClientContext* ctx;
+      ~Forget() {
+        std::lock_guard<std::mutex> lock(c->mu_);
+        c->inflight_.erase(ctx);
+      }
+    } forget{this, &ctx};
     try {
       prepare(m, ctx, std::min(deadline, now + options_.attempt_timeout));
       // First pass: a member that refuses fails at once and the next is
@@ -212,7 +220,6 @@ void Client::call(const char* what, milliseconds timeout, Call&& fn) {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      inflight_.erase(&ctx);
       if (cancelled_) {
         throw EtcdError(std::string("etcd ") + what +
                         ": the client was stopped");
