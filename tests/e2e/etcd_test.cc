@@ -341,19 +341,20 @@ class EtcdRendezvous : public ::testing::Test {
     return *agents_[i];
   }
 
-  // Agents `survivors` finish with a round of two after another node was
-  // lost, keeping their order and spending no restart.
+  // Agents `survivors` finish with a round of two after the round of
+  // three lost a node, spending no restart. (On a loaded machine a round
+  // of two may form first, before the third node joins.)
   void expect_two_finish(const std::vector<int>& survivors) {
     for (int i : survivors) {
       CommandResult r = agents_[i]->wait(120s);
       ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
       EXPECT_THAT(r.err, HasSubstr("re-forming the worker group"));
       auto lines = env_lines(r.out);
-      ASSERT_EQ(lines.size(), 2u) << r.out << r.err;
-      EXPECT_EQ(lines[0].gws, 3);
-      EXPECT_EQ(lines[1].gws, 2);
-      EXPECT_EQ(lines[1].ws, 2);
-      EXPECT_EQ(lines[1].rc, 0);
+      ASSERT_GE(lines.size(), 2u) << r.out << r.err;
+      EXPECT_EQ(lines[lines.size() - 2].gws, 3) << r.out;
+      EXPECT_EQ(lines.back().gws, 2) << r.out;
+      EXPECT_EQ(lines.back().ws, 2);
+      EXPECT_EQ(lines.back().rc, 0);
     }
   }
 
@@ -375,7 +376,7 @@ TEST_F(EtcdRendezvous, TheFirstAgentIsKilledAndTheOthersFinish) {
   // host the store and its loss would end the job.
   int first = -1;
   for (int i = 0; i < 3; ++i) {
-    if (env_lines(agents_[i]->out()).at(0).gr == 0) first = i;
+    if (env_lines(agents_[i]->out()).back().gr == 0) first = i;
   }
   ASSERT_GE(first, 0);
   std::vector<int> survivors;
@@ -392,8 +393,7 @@ TEST_F(EtcdRendezvous, TheFirstAgentIsKilledAndTheOthersFinish) {
     EXPECT_THAT(agents_[i]->err(), HasSubstr("node " + addr + "/"));
     // The new group rank 0 is one of the survivors.
     auto lines = env_lines(agents_[i]->out());
-    ASSERT_EQ(lines.size(), 2u);
-    EXPECT_NE(lines[1].master, addr);
+    EXPECT_NE(lines.back().master, addr);
   }
   // Nothing of the killed node is left: workers and its etcd helper.
   for (pid_t p : left) {
@@ -452,7 +452,9 @@ TEST_F(EtcdRendezvous, AnAgentCutOffFromEtcdStopsItsWorkers) {
   EXPECT_NE(cut.exit_code, 0) << cut.err;
   EXPECT_FALSE(cut.timed_out);
   EXPECT_THAT(cut.err, HasSubstr("lease"));
-  EXPECT_EQ(env_lines(cut.out).size(), 1u) << cut.out;
+  // No round of two started on it after the cut.
+  ASSERT_FALSE(env_lines(cut.out).empty()) << cut.out;
+  EXPECT_EQ(env_lines(cut.out).back().gws, 3) << cut.out;
   for (pid_t p : workers) {
     EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 10s))
         << "worker " << p << " of the cut-off agent survived";
@@ -513,9 +515,9 @@ TEST_F(EtcdRendezvous, LogsInWithAUserWhosePasswordIsInAFile) {
     EXPECT_EQ(env_lines(r.out)[0].gws, 2);
   }
   // A wrong password: a clear error, and the password in no message.
-  start(2, etcd.endpoint(0), {"--nnodes", "1"}, kShowEnv, id_ + "x",
-        ka + "join_timeout=20,user=root,password_file=" +
-            (dir / "bad").string());
+  start(
+      2, etcd.endpoint(0), {"--nnodes", "1"}, kShowEnv, id_ + "x",
+      ka + "join_timeout=20,user=root,password_file=" + (dir / "bad").string());
   CommandResult bad = agents_[2]->wait(120s);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.err, HasSubstr("refused user 'root'"));
