@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -138,7 +139,7 @@ std::string node_address(const LaunchOptions& o) {
 // $DLAUNCH_RDZV_ETCD): gRPC linked into dlaunch would slow every launch
 // (docs/performance.md).
 std::unique_ptr<agent::rendezvous::Rendezvous> etcd_rendezvous(
-    const LaunchOptions& o) {
+    const LaunchOptions& o, std::function<void(const std::string&)> log) {
   const agent::rendezvous::RendezvousOptions& r = o.rdzv;
   agent::rendezvous::RemoteRendezvous::Params p;
   if (const char* path = std::getenv("DLAUNCH_RDZV_ETCD"); path && *path) {
@@ -181,7 +182,7 @@ std::unique_ptr<agent::rendezvous::Rendezvous> etcd_rendezvous(
       {"user", r.user},
       {"password_file", r.password_file},
   };
-  p.log = write_stderr;
+  p.log = std::move(log);
   p.open_timeout = r.join_timeout + r.read_timeout;
   p.grace = r.read_timeout;
   p.close_timeout = r.close_timeout;
@@ -225,7 +226,9 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
     rdzv = std::make_unique<agent::rendezvous::StaticRendezvous>(
         options.agent.master_addr, options.agent.master_port, pick_port);
   } else if (r.backend == "etcd") {
-    rdzv = etcd_rendezvous(options);
+    // Progress lines queue for the console, as c10d's do.
+    rdzv = etcd_rendezvous(
+        options, [&env](const std::string& s) { env.write_console(2, s); });
   } else {
     const bool asked = r.is_host.has_value();
     int port = r.endpoint_port;

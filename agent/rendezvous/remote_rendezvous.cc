@@ -84,6 +84,7 @@ void RemoteRendezvous::close() {
     }
   }
   if (reader_.joinable()) reader_.join();
+  flush_logs();
   while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
   }
   ::close(fd_);
@@ -101,13 +102,35 @@ void RemoteRendezvous::send(const std::vector<std::string>& fields) {
   }
 }
 
+void RemoteRendezvous::flush_logs() {
+  std::vector<std::string> lines;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    lines.swap(logs_);
+  }
+  for (const std::string& l : lines) p_.log(l);
+}
+
 std::vector<std::string> RemoteRendezvous::answer(milliseconds timeout,
                                                   const std::string& what) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [this] { return answer_ || gone_; })) {
-    throw RendezvousError("the rendezvous helper " + p_.program +
-                          " did not answer within " + format_duration(timeout) +
-                          " while waiting " + what);
+  while (true) {
+    const bool woke = cv_.wait_until(
+        lock, deadline, [this] { return answer_ || gone_ || !logs_.empty(); });
+    if (!logs_.empty()) {
+      // Progress lines go out from this (the agent's) thread.
+      lock.unlock();
+      flush_logs();
+      lock.lock();
+      continue;
+    }
+    if (!woke) {
+      throw RendezvousError(
+          "the rendezvous helper " + p_.program + " did not answer within " +
+          format_duration(timeout) + " while waiting " + what);
+    }
+    break;
   }
   if (!answer_) {
     throw RendezvousError("the rendezvous helper " + p_.program +
@@ -150,6 +173,7 @@ RendezvousResult RemoteRendezvous::next_round(int local_world_size,
 }
 
 void RemoteRendezvous::watch(EventCallback on_event) {
+  flush_logs();
   {
     std::lock_guard<std::mutex> lock(mu_);
     on_event_ = std::move(on_event);
@@ -158,6 +182,7 @@ void RemoteRendezvous::watch(EventCallback on_event) {
 }
 
 void RemoteRendezvous::report(NodeOutcome outcome) {
+  flush_logs();
   send({"report", std::to_string(remote::to_wire(outcome))});
 }
 
@@ -181,7 +206,9 @@ void RemoteRendezvous::read_loop() {
       buf.erase(0, nl + 1);
       if (f.empty()) continue;
       if (f[0] == "log" && f.size() > 1) {
-        p_.log(f[1]);
+        std::lock_guard<std::mutex> lock(mu_);
+        logs_.push_back(f[1]);
+        cv_.notify_all();
       } else if (f[0] == "event" && f.size() > 3) {
         RoundEvent ev;
         EventCallback cb;

@@ -32,7 +32,7 @@ class RemoteRendezvous : public Rendezvous {
     // The helper's settings (its "open" message; never on its command
     // line, so a password stays out of ps).
     std::map<std::string, std::string> settings;
-    MessageSink log;  // the helper's progress lines
+    MessageSink log;  // the helper's progress lines, from the agent's thread
     // How long the helper may take to start and connect. Default 600 s.
     std::chrono::milliseconds open_timeout{std::chrono::seconds(600)};
     // Added to each next_round()'s timeout, which the helper enforces
@@ -61,6 +61,9 @@ class RemoteRendezvous : public Rendezvous {
   std::vector<std::string> answer(std::chrono::milliseconds timeout,
                                   const std::string& waiting_for);
   void read_loop();
+  // Writes the helper's queued log lines (from the agent's thread: the
+  // console is not to be written from the reader's).
+  void flush_logs();
   // The destructor's work: the helper leaves, is reaped, the fd closed.
   void close();
 
@@ -71,7 +74,8 @@ class RemoteRendezvous : public Rendezvous {
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
   std::optional<std::vector<std::string>> answer_;
-  EventCallback on_event_;  // set by watch(), taken by the event
+  std::vector<std::string> logs_;  // the helper's lines, not yet written
+  EventCallback on_event_;         // set by watch(), taken by the event
   int watched_round_ = -1;
   bool gone_ = false;  // the helper closed its end
 };
