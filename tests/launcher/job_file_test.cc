@@ -112,8 +112,8 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
       {"program: x\n\nmonitor_interval: 1e308\n",
        "job.yaml:3:19: monitor_interval: '1e308' is not valid"},
       {"program: x\nrdzv_backend: etcd-v9\n",
-       "job.yaml:2:15: rdzv_backend: 'etcd-v9' is not valid; use static or "
-       "c10d"},
+       "job.yaml:2:15: rdzv_backend: 'etcd-v9' is not valid; use static, "
+       "c10d or etcd"},
       // ${VAR}s.
       {"program: x\nenv:\n  A: ${DLAUNCH_TEST_UNSET}\n",
        "job.yaml:3:6: env.A: ${DLAUNCH_TEST_UNSET} is not set in the "
