@@ -60,6 +60,7 @@ class C10dRendezvous : public Rendezvous {
   bool cut_off(std::chrono::milliseconds d) override;
 
  private:
+  struct Member;
   std::string key(int round, const std::string& name) const;
   // Closes round `r` (compare_set of r/R/closed) when it may close now: its
   // live joiners (those not lost since) reach max_nodes, or min_nodes when

@@ -88,15 +88,17 @@ std::vector<std::string> encode_result(const RendezvousResult& r) {
                                 r.master_addr,
                                 std::to_string(r.master_port),
                                 std::to_string(r.restart_count),
-                                std::to_string(to_wire(r.reason))};
+                                std::to_string(to_wire(r.reason)),
+                                r.restart_cause};
   f.insert(f.end(), r.members.begin(), r.members.end());
   return f;
 }
 
 RendezvousResult decode_result(const std::vector<std::string>& f) {
-  if (f.size() < 9) {
-    throw std::invalid_argument("a round needs 9 fields and the members, got " +
-                                std::to_string(f.size()));
+  if (f.size() < 10) {
+    throw std::invalid_argument(
+        "a round needs 10 fields and the members, got " +
+        std::to_string(f.size()));
   }
   RendezvousResult r;
   r.round = wire_int(f[0]);
@@ -108,7 +110,8 @@ RendezvousResult decode_result(const std::vector<std::string>& f) {
   r.master_port = wire_int(f[6]);
   r.restart_count = wire_int(f[7]);
   r.reason = reason_from_wire(wire_int(f[8]));
-  r.members.assign(f.begin() + 9, f.end());
+  r.restart_cause = f[9];
+  r.members.assign(f.begin() + 10, f.end());
   if (static_cast<int>(r.members.size()) != r.group_world_size) {
     throw std::invalid_argument("a round of " + f[2] + " nodes lists " +
                                 std::to_string(r.members.size()));

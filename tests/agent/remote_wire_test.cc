@@ -29,6 +29,7 @@ TEST(RemoteWire, ARoundRoundTrips) {
   r.master_port = 29500;
   r.restart_count = 4;
   r.reason = RoundReason::kNodeJoined;
+  r.restart_cause = "a worker on node 10.0.0.2/7 failed";
   r.members = {"10.0.0.1", "10.0.0.2"};
   RendezvousResult back = decode_result(encode_result(r));
   EXPECT_EQ(back.round, 3);
@@ -40,6 +41,7 @@ TEST(RemoteWire, ARoundRoundTrips) {
   EXPECT_EQ(back.master_port, 29500);
   EXPECT_EQ(back.restart_count, 4);
   EXPECT_EQ(back.reason, RoundReason::kNodeJoined);
+  EXPECT_EQ(back.restart_cause, r.restart_cause);
   EXPECT_EQ(back.members, r.members);
 }
 

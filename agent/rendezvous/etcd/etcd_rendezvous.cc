@@ -451,6 +451,20 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       for (const MemberRecord& m : ms) members_.push_back(m.id);
       RendezvousResult res =
           form_round(r, std::move(ms), node_id_, reason, false);
+      if (round_ >= 0 && res.restart_count > restart_count_) {
+        // A failure anywhere in the last round spends the restart on every
+        // member, whatever each saw end that round.
+        res.reason = RoundReason::kFailure;
+        res.restart_cause = "a worker on another node failed";
+        const std::string ev = round_prefix(round_) + "ev/";
+        const auto evs = client_->range(prefix_range(ev));
+        for (const auto& kv : evs.kvs()) {
+          if (kv.value() == "failed") {
+            res.restart_cause =
+                "a worker on node " + kv.key().substr(ev.size()) + " failed";
+          }
+        }
+      }
       round_ = r;
       group_rank_ = res.group_rank;
       restart_count_ = res.restart_count;
