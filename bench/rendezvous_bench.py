@@ -93,6 +93,7 @@ def stop_all(procs, timeout):
 
 def rendezvous_time(cmds, stamps, n, timeout):
     procs = []
+    done = False
     try:
         for c in cmds:
             procs.append(subprocess.Popen(c, stdout=subprocess.DEVNULL,
@@ -100,9 +101,11 @@ def rendezvous_time(cmds, stamps, n, timeout):
                                           start_new_session=True))
         last_start = time.time()
         lines = wait_lines(stamps, n, timeout)
+        done = True
         return max(float(l.split()[0]) for l in lines) - last_start
     finally:
-        stop_all(procs, timeout)
+        # After a timeout the agents are stopped at once.
+        stop_all(procs, timeout if done else 0)
 
 
 def rendezvous(build, n, k, torch):
@@ -115,7 +118,7 @@ def rendezvous(build, n, k, torch):
         else:
             cmds = [dlaunch_agent(build, i, str(n), port, f"b{n}_{k}", stamps)
                     for i in range(n)]
-        return rendezvous_time(cmds, stamps, n, 900 if torch else 300)
+        return rendezvous_time(cmds, stamps, n, 600 if torch else 300)
 
 
 def detection(build, sig, conf):
@@ -144,7 +147,12 @@ def measure(label, fn, repeat):
     runs = []
     for k in range(repeat):
         before = load()
-        t = fn(k)
+        try:
+            t = fn(k)
+        except TimeoutError as e:
+            print(f"{label} run {k + 1}: did not finish ({e}; load "
+                  f"{before:.1f})", flush=True)
+            return runs + [(None, before)]
         runs.append((t, before))
         print(f"{label} run {k + 1}: {t:.3f} s (load {before:.1f})",
               flush=True)
@@ -154,8 +162,10 @@ def measure(label, fn, repeat):
 def cell(runs):
     if not runs:
         return "not measured"
-    ts = [t for t, _ in runs]
     ls = [l for _, l in runs]
+    if runs[-1][0] is None:
+        return f"did not finish within the timeout (load {ls[-1]:.1f})"
+    ts = [t for t, _ in runs]
     spread = f"{min(ts):.2f}–{max(ts):.2f}, " if len(ts) > 1 else ""
     return (f"{statistics.median(ts):.2f} s ({spread}n={len(ts)}; "
             f"load {min(ls):.1f}–{max(ls):.1f})")
