@@ -29,15 +29,17 @@ struct Backlog {
   size_t dropped = 0;          // under the console's lock
 };
 
-// One console stream (fd 1 or 2) written by a thread of its own, so the
-// agent's event loop never blocks on a terminal, pipe or ssh session that
-// stops reading. Bytes are written in the order they were queued. A console
-// that went away (EPIPE or any other write error) stops console output, not
-// the job: later text is discarded. Methods are called from one thread (the
-// event loop's); the writer thread touches only the queue.
+// One console stream (fd 1 or 2) that never blocks the agent's event loop
+// on a terminal, pipe or ssh session that stops reading: text is written at
+// once without blocking while the console takes it, and what it does not
+// take goes to a thread of its own (started then), which writes it in
+// order. A console that went away (EPIPE or any other write error) stops
+// console output, not the job: later text is discarded. Methods are called
+// from one thread (the event loop's); the writer thread touches only the
+// queue.
 class Console {
  public:
-  explicit Console(int fd) : fd_(fd) {}
+  explicit Console(int fd);
   // Ends the writer without waiting for a write that the console blocks:
   // a thread stuck there is left to die with the process.
   ~Console();
@@ -68,8 +70,19 @@ class Console {
     bool idle = true;      // nothing queued and no write in progress
   };
   static void writer(int fd, std::shared_ptr<State> state);
+  // Writes what of `text` the console takes without blocking; the bytes
+  // written (all of them when it failed: they are discarded). Called with
+  // the state's lock held and nothing queued.
+  size_t write_now(std::string_view text);
 
   int fd_;
+  // For write_now: fd_ itself for a regular file or a socket (send with
+  // MSG_DONTWAIT), else fd_ reopened with O_NONBLOCK (a flag of our own
+  // open file, not of the one shared with our parent); -1 when neither
+  // works (every write goes through the thread). Opened with the console,
+  // so that the agent's open files stay the same from its start.
+  int direct_fd_ = -1;
+  bool direct_socket_ = false;
   std::shared_ptr<State> state_ = std::make_shared<State>();
   std::thread thread_;
   bool finished_ = false;

@@ -20,6 +20,7 @@
 #include <boost/process/v2/posix/vfork_launcher.hpp>
 #include <boost/process/v2/process.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -247,15 +248,32 @@ struct PosixEnv::Impl {
     if (--running == 0) end_strays();
   }
 
-  // The agent's own children right now (threads each have a list).
-  static std::vector<pid_t> own_children() {
+  // The agent's children that strays can be among, right now: the thread
+  // group leader's. The kernel hands an orphan to the subreaper's first
+  // live thread, which is the leader while the agent runs
+  // (find_new_reaper); the other threads' lists hold only what they spawned
+  // themselves (workers, never strays). One small read: this runs on every
+  // SIGCHLD.
+  static std::vector<pid_t> adopted_children() {
     std::vector<pid_t> out;
-    std::error_code ec;
-    for (const auto& task :
-         std::filesystem::directory_iterator("/proc/self/task", ec)) {
-      std::ifstream in(task.path() / "children");
-      pid_t pid;
-      while (in >> pid) out.push_back(pid);
+    const std::string path =
+        "/proc/self/task/" + std::to_string(::getpid()) + "/children";
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return out;
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
+      if (n > 0) text.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    const char* p = text.data();
+    const char* end = p + text.size();
+    while (p < end) {
+      pid_t pid = 0;
+      auto [next, ec] = std::from_chars(p, end, pid);
+      if (ec == std::errc()) out.push_back(pid);
+      p = next < end ? next + 1 : end;  // past the space after each pid
     }
     return out;
   }
@@ -278,7 +296,7 @@ struct PosixEnv::Impl {
   // tag: workers' descendants adopted after their parent died.
   std::vector<pid_t> tagged_children() {
     std::vector<pid_t> out;
-    for (pid_t c : own_children()) {
+    for (pid_t c : adopted_children()) {
       if (c == watchdog.pid() || workers.contains(c)) continue;
       if (strays.contains(c) || environ_has(c, tag)) out.push_back(c);
     }
@@ -440,7 +458,9 @@ struct Worker : std::enable_shared_from_this<Worker> {
     // the log file gets all of it; the console queue takes it beyond its
     // limit (the worker is gone; nothing more comes).
     int fd = p.pipe.native_handle();
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    if (int fl = ::fcntl(fd, F_GETFL); (fl & O_NONBLOCK) == 0) {
+      ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    }
     for (size_t got = 0; got < kFinalDrainBytes;) {
       ssize_t n = ::read(fd, p.buf.data(), p.buf.size());
       if (n < 0 && errno == EINTR) continue;
