@@ -165,7 +165,10 @@ def main():
     loads, out = [], []
     for ranks in [int(x) for x in a.ranks.split(",")]:
         times, paths = measure(a.build, exe, ranks, a.rounds, loads)
-        out += table(ranks, times, paths) + [""]
+        lines = table(ranks, times, paths)
+        # Each rank count's table as soon as it is measured (stderr).
+        print("\n".join(lines), file=sys.stderr)
+        out += lines + [""]
     nproc = os.cpu_count()
     head = (f"Sitting of {start:%Y-%m-%d, %H:%M} UTC, {a.rounds} round(s), "
             f"{nproc} cores; load average (1 min) before and after each "
