@@ -21,6 +21,7 @@
 #include "comm/store/prefix_store.h"
 #include "comm/store/resolve.h"
 #include "comm/store/server.h"
+#include "comm/store/token.h"
 #include "comm/watched_group.h"
 
 namespace dlaunch::comm {
@@ -135,10 +136,6 @@ void resolve_rank(const InitOptions& o, bool from_env, const std::string& how,
   }
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
 // The local address on the route to `host`: a connected UDP socket sends
 // nothing but lets the kernel pick the source address peers can reach.
 // Empty when `host` does not resolve within `timeout`.
@@ -182,7 +179,7 @@ void pick_gloo_address(gloo::GroupOptions& g, const std::string& master,
     g.hostname = host;
     return;
   }
-  if (!master.empty() && is_loopback(master)) {
+  if (!master.empty() && store::is_loopback(master)) {
     g.hostname = "127.0.0.1";
     return;
   }
@@ -320,11 +317,20 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
   }
 
   // env:// and tcp://: rank 0 serves the store, every rank connects to it.
+  // dlaunch gives its workers the job's token: then the store takes only
+  // clients that present it (torch's TCPStore has no such check).
+  std::string token;
+  try {
+    token = store::token_from_env(env(store::kTokenEnv)).value_or("");
+  } catch (const store::TokenError& e) {
+    throw CommError(std::string("init_method ") + method + ": " + e.what());
+  }
   std::shared_ptr<store::StoreServer> server;
   if (g.rank == 0) {
     try {
-      server = store::StoreServer::start(
-          {.host = "0.0.0.0", .port = static_cast<uint16_t>(port)});
+      server = store::StoreServer::start({.host = "0.0.0.0",
+                                          .port = static_cast<uint16_t>(port),
+                                          .token = token});
     } catch (const std::exception& e) {
       throw CommError("rank 0 cannot serve the store on port " +
                       std::to_string(port) + " (" + e.what() +
@@ -337,6 +343,7 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
     so.port = static_cast<uint16_t>(port);
     so.connect_timeout = timeout;
     so.timeout = timeout;
+    so.token = token;
     std::shared_ptr<store::TcpStore> tcp = store::TcpStore::connect(so);
     // Each group created later rendezvous over its own connection.
     g.store_clone = [tcp] {

@@ -227,12 +227,23 @@ void apply_rdzv_conf(const FlagSpec& f, const std::string& key,
     throw BadValue{
         "a password on the command line is visible to every user (ps); "
         "put it in a file only you can read and give password_file=PATH"};
+  } else if (key == "token_file") {
+    // Read when the job starts (launch), not here: --dry-run and
+    // --print-config need no token.
+    if (v.empty()) {
+      throw BadValue{
+          "needs a path: token_file=PATH (a 0600 file holding "
+          "the job's token)",
+          key};
+    }
+    r.token_file = v;
   } else {
     throw BadValue{"unknown key '" + key +
                    "'; valid keys are join_timeout, last_call_timeout, "
                    "close_timeout, keep_alive_interval, "
                    "keep_alive_max_attempt, is_host, read_timeout, timeout, "
-                   "and for etcd cacert, cert, key, user, password_file"};
+                   "token_file, and for etcd cacert, cert, key, user, "
+                   "password_file"};
   }
 }
 
@@ -614,7 +625,9 @@ std::vector<FlagSpec> make_table() {
                "(30), keep_alive_interval (5), keep_alive_max_attempt (3), "
                "read_timeout or timeout (60): seconds. is_host=true|false: "
                "whether this agent hosts the store (default: when the "
-               "endpoint's HOST names this machine). etcd only: cacert, "
+               "endpoint's HOST names this machine). token_file=PATH: a "
+               "0600 file holding the job's store token (default: "
+               "$DLAUNCH_RDZV_TOKEN). etcd only: cacert, "
                "cert, key (PEM files for TLS), user and password_file (the "
                "password never goes on the command line). Any other key is "
                "an error.",

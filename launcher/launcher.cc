@@ -21,10 +21,13 @@
 #include "agent/rendezvous/c10d_rendezvous.h"
 #include "agent/rendezvous/remote_rendezvous.h"
 #include "agent/rendezvous/static_rendezvous.h"
+#include "comm/store/resolve.h"
 #include "comm/store/server.h"
+#include "comm/store/token.h"
 #include "launcher/cli.h"
 #include "launcher/drill.h"
 #include "launcher/job_print.h"
+#include "launcher/job_token.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -78,9 +81,7 @@ std::string host_name() {
   return buf;
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
+using comm::store::is_loopback;
 
 // Whether `host` names this machine: --local-addr, the host name, a
 // loopback name, or an address of one of its interfaces.
@@ -204,6 +205,8 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   }
   agent::PosixEnv env;  // first: it records the limits workers get
   const agent::rendezvous::RendezvousOptions& r = options.rdzv;
+  const JobToken token = job_token(r, agent::current_environment());
+  if (auto warning = tokenless_warning(r, token)) write_stderr(*warning);
   auto pick_port = [&env](const std::string& host) {
     return env.free_port(host);
   };
@@ -215,8 +218,8 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   if (r.endpoint_host.empty()) {
     if (options.standalone) {
       try {
-        store =
-            comm::store::StoreServer::start({.host = "127.0.0.1", .port = 0});
+        store = comm::store::StoreServer::start(
+            {.host = "127.0.0.1", .port = 0, .token = token.job});
       } catch (const std::exception& e) {
         throw std::runtime_error(
             std::string("--standalone: cannot host the rendezvous store: ") +
@@ -237,7 +240,8 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
       try {
         store = comm::store::StoreServer::start(
             {.host = is_loopback(r.endpoint_host) ? r.endpoint_host : "0.0.0.0",
-             .port = static_cast<uint16_t>(port)});
+             .port = static_cast<uint16_t>(port),
+             .token = token.job});
         port = store->port();
       } catch (const std::exception& e) {
         // Unasked, another agent of this machine may host it already.
@@ -253,6 +257,7 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
     p.run_id = options.agent.run_id.empty() ? "none" : options.agent.run_id;
     p.store_host = r.endpoint_host;
     p.store_port = port;
+    p.token = token.job;
     p.node_addr = node_address(options);
     p.master_port = options.agent.master_port;
     p.pick_port = pick_port;
@@ -265,6 +270,8 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   // Workers inherit dlaunch's environment with the job's env map on top.
   agent::EnvMap base = agent::current_environment();
   for (const auto& [name, value] : options.env) base[name] = value;
+  // The workers' env:// store (served by rank 0) takes only this token.
+  if (!token.workers.empty()) base[comm::store::kTokenEnv] = token.workers;
   agent::RunResult result;
   {
     // The agent's messages queue behind the workers' lines: a stalled or
@@ -333,6 +340,9 @@ int main(int argc, char** argv) {
       return passed ? 0 : 1;
     }
     return launch(options);
+  } catch (const comm::store::TokenError& e) {
+    write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+    return 2;
   } catch (const std::exception& e) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
     return 1;

@@ -113,10 +113,14 @@ C10dRendezvous::C10dRendezvous(Params params)
   so.port = static_cast<uint16_t>(p_.store_port);
   so.connect_timeout = p_.options.join_timeout;
   so.timeout = p_.options.read_timeout;
+  so.token = p_.token;
   try {
     store_ = comm::store::TcpStore::connect(so);
     watcher_ = store_->clone();
     alive_ = store_->clone();
+  } catch (const comm::store::StoreAuthError& e) {
+    throw RendezvousError(
+        std::string("the agents' store refused this agent: ") + e.what());
   } catch (const StoreError& e) {
     throw RendezvousError(std::string("cannot reach the agents' store: ") +
                           e.what() +

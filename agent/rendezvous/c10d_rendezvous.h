@@ -35,6 +35,7 @@ class C10dRendezvous : public Rendezvous {
     std::string run_id;      // keys live under dlaunch/rdzv/RUN_ID/
     std::string store_host;  // where the agents' store listens
     int store_port = 0;
+    std::string token;      // the job's store token; empty: none
     std::string node_addr;  // this node's address (MASTER_ADDR if rank 0)
     int master_port = 0;    // fixed MASTER_PORT; 0: a free port each round
     PortPicker pick_port;   // a free port on node_addr

@@ -64,6 +64,10 @@ struct RendezvousOptions {
   // Bound on one store request (read_timeout, or torchrun's `timeout`).
   // Default 60 s.
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};
+  // A 0600 file holding the job's store token (--rdzv-conf token_file=);
+  // read when the job starts. Empty (default): $DLAUNCH_RDZV_TOKEN, else
+  // no token (launcher/job_token.h).
+  std::string token_file{};
 };
 
 // Why a round opened (summary.json lists it for every round).

@@ -37,6 +37,10 @@ constexpr size_t kMaxResponseBytes = size_t{1} << 30;
 constexpr size_t kReadChunk = 64 * 1024;
 // Missing keys named in a timeout message; the rest are counted.
 constexpr size_t kKeysListed = 10;
+// How a refused client gets the job's token (docs/store.md).
+constexpr char kTokenFix[] =
+    "give it the job's token (DLAUNCH_RDZV_TOKEN, or --rdzv-conf "
+    "token_file=PATH for an agent, --token-file for dl-store)";
 
 // Waits until `fd` is ready for `events`. False when `deadline` passes first.
 bool wait_fd(int fd, short events, Clock::time_point deadline) {
@@ -52,30 +56,74 @@ bool wait_fd(int fd, short events, Clock::time_point deadline) {
   }
 }
 
-// The server's hello when it is readable within the deadline; otherwise a
-// retryable reason in `error`.
-bool read_hello(int fd, Clock::time_point deadline, wire::Hello& hello,
-                std::string& error) {
-  char buf[wire::kHelloBytes];
+// Reads exactly `n` bytes into `buf` within the deadline; otherwise false
+// with a retryable reason in `error` (`what` names what was expected).
+bool read_exact(int fd, char* buf, size_t n, Clock::time_point deadline,
+                const char* what, std::string& error) {
   size_t got = 0;
-  while (got < sizeof(buf)) {
+  while (got < n) {
     if (!wait_fd(fd, POLLIN, deadline)) {
-      error = "no handshake from the server";
+      error = std::string("no ") + what + " from the server";
       return false;
     }
-    ssize_t n = ::recv(fd, buf + got, sizeof(buf) - got, 0);
-    if (n == 0) {
-      error = "server closed the connection during the handshake";
+    ssize_t r = ::recv(fd, buf + got, n - got, 0);
+    if (r == 0) {
+      error = std::string("server closed the connection during the ") + what;
       return false;
     }
-    if (n < 0) {
+    if (r < 0) {
       if (errno == EAGAIN || errno == EINTR) continue;
       error = errno_text(errno);
       return false;
     }
-    got += static_cast<size_t>(n);
+    got += static_cast<size_t>(r);
   }
-  wire::decode_hello(std::string_view(buf, sizeof(buf)), hello);
+  return true;
+}
+
+// The server's answer to kAuth: nothing when it accepted the token;
+// otherwise throws StoreAuthError with its reason (a lost or silent server
+// is a retryable reason in `error`, false).
+bool read_auth_answer(int fd, const std::string& address,
+                      Clock::time_point deadline, std::string& error) {
+  char header[wire::kFrameHeaderBytes];
+  if (!read_exact(fd, header, sizeof header, deadline, "answer to the token",
+                  error)) {
+    return false;
+  }
+  std::string bytes(header, sizeof header);
+  wire::Frame frame;
+  if (wire::next_frame(bytes, wire::kMaxTokenBytes, frame, error) ==
+      wire::DecodeStatus::kBad) {
+    throw StoreError("protocol error from store " + address + ": " + error);
+  }
+  // The header says how long the body is (bounded just above).
+  uint32_t body = static_cast<unsigned char>(header[0]) |
+                  static_cast<unsigned char>(header[1]) << 8 |
+                  static_cast<unsigned char>(header[2]) << 16 |
+                  static_cast<uint32_t>(static_cast<unsigned char>(header[3]))
+                      << 24;
+  bytes.resize(sizeof header + body);
+  if (!read_exact(fd, bytes.data() + sizeof header, body, deadline,
+                  "answer to the token", error)) {
+    return false;
+  }
+  wire::Response response;
+  if (wire::next_frame(bytes, wire::kMaxTokenBytes, frame, error) !=
+          wire::DecodeStatus::kOk ||
+      wire::decode_response(frame, response, error) !=
+          wire::DecodeStatus::kOk) {
+    throw StoreError("protocol error from store " + address + ": " + error);
+  }
+  if (response.type == MsgType::kError) {
+    throw StoreAuthError("store " + address + " refused this client: " +
+                         std::string(response.message) + "; " + kTokenFix);
+  }
+  if (response.type != MsgType::kOk) {
+    throw StoreError("protocol error from store " + address + ": " +
+                     wire::msg_type_name(response.type) +
+                     " answer to the token");
+  }
   return true;
 }
 
@@ -122,19 +170,29 @@ int try_connect(const TcpStoreOptions& o, const std::string& address,
     }
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    // The token follows the hello at once (one round trip for both).
     std::string hello_bytes;
     wire::encode_hello(wire::Hello{}, hello_bytes);
+    if (!o.token.empty()) {
+      wire::Request auth;
+      auth.type = MsgType::kAuth;
+      auth.values.assign(1, o.token);
+      wire::encode_request(auth, hello_bytes);
+    }
     if (::send(fd, hello_bytes.data(), hello_bytes.size(), MSG_NOSIGNAL) !=
         static_cast<ssize_t>(hello_bytes.size())) {
       give_up(errno_text(errno));
       continue;
     }
-    wire::Hello hello;
+    char hello_in[wire::kHelloBytes];
     std::string why;
-    if (!read_hello(fd, deadline, hello, why)) {
+    if (!read_exact(fd, hello_in, sizeof hello_in, deadline, "handshake",
+                    why)) {
       give_up(why);
       continue;
     }
+    wire::Hello hello;
+    wire::decode_hello(std::string_view(hello_in, sizeof hello_in), hello);
     if (hello.magic != wire::kMagic) {
       ::close(fd);
       throw StoreError("store " + address +
@@ -148,6 +206,25 @@ int try_connect(const TcpStoreOptions& o, const std::string& address,
                        "; this client speaks version " +
                        std::to_string(wire::kVersion) +
                        ": run the same dlaunch build on every node");
+    }
+    if (o.token.empty()) {
+      if (hello.flags & wire::kAuthRequired) {
+        ::close(fd);
+        throw StoreAuthError("store " + address +
+                             " requires the job's token and this client has "
+                             "none; " +
+                             kTokenFix);
+      }
+      return fd;
+    }
+    try {
+      if (!read_auth_answer(fd, address, deadline, why)) {
+        give_up(why);
+        continue;
+      }
+    } catch (...) {
+      ::close(fd);
+      throw;
     }
     return fd;
   }

@@ -24,6 +24,10 @@ struct TcpStoreOptions {
   // The store's initial timeout(): bound on get/multi_get/wait(keys) and on
   // the server's answer to any request. Default 5 min.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // The job's token (comm/store/token.h), presented right after the hello.
+  // A server started with a token refuses a connection without it or with
+  // another (StoreAuthError). Default empty: none.
+  std::string token{};
 };
 
 // A client connection to a StoreServer (torch's TCPStore client). Each call
@@ -39,8 +43,9 @@ class TcpStore : public Store {
   // Connects and handshakes, retrying with bounded back-off until
   // options.connect_timeout passes; then throws StoreError such as
   // "store 127.0.0.1:29400 unreachable after 30 s (connection refused)".
-  // A server speaking another protocol version fails at once; an empty host
-  // or port 0 throws std::invalid_argument.
+  // A server speaking another protocol version fails at once, and so does
+  // one that refuses the token (StoreAuthError); an empty host or port 0
+  // throws std::invalid_argument.
   static std::unique_ptr<TcpStore> connect(const TcpStoreOptions& options);
 
   ~TcpStore() override;

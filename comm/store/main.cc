@@ -1,6 +1,7 @@
 // dl-store: a standalone store server. Prints "dl-store listening on H:P"
 // once bound (P is the real port when --port 0), then serves until SIGINT or
-// SIGTERM.
+// SIGTERM. With --token-file (or DLAUNCH_RDZV_TOKEN) every client must
+// present that token; the token never travels on the command line.
 
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -8,10 +9,13 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
+#include "comm/store/resolve.h"
 #include "comm/store/server.h"
 #include "comm/store/store.h"
+#include "comm/store/token.h"
 
 int main(int argc, char** argv) {
   using dlaunch::comm::store::StoreServer;
@@ -29,6 +33,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--port", options.port, "port to bind; 0 picks a free one")
       ->capture_default_str();
+  std::string token_file;
+  app.add_option("--token-file", token_file,
+                 "file (mode 0600) holding the job's token, which every "
+                 "client must then present; default: $DLAUNCH_RDZV_TOKEN, "
+                 "else none");
   app.add_option("--max-frame-bytes", options.max_frame_bytes,
                  "largest request a client may send")
       ->capture_default_str()
@@ -39,6 +48,18 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
+    return 2;
+  }
+
+  namespace store = dlaunch::comm::store;
+  try {
+    if (!token_file.empty()) {
+      options.token = store::read_token_file(token_file);
+    } else if (auto t = store::token_from_env(std::getenv(store::kTokenEnv))) {
+      options.token = *t;
+    }
+  } catch (const store::TokenError& e) {
+    std::cerr << "dl-store: " << e.what() << "\n";
     return 2;
   }
 
@@ -60,6 +81,13 @@ int main(int argc, char** argv) {
   } catch (const dlaunch::comm::store::StoreError& e) {
     std::cerr << "dl-store: " << e.what() << "\n";
     return 1;
+  }
+  if (options.token.empty() && !store::is_loopback(options.host)) {
+    std::cerr << "dl-store: warning: serving " << options.host << ":"
+              << server->port()
+              << " without a token: anyone who reaches it can read and "
+                 "write every key; pass --token-file FILE (mode 0600) with "
+                 "the job's token\n";
   }
   std::cout << "dl-store listening on " << options.host << ":" << server->port()
             << std::endl;

@@ -129,4 +129,8 @@ int free_port(const std::string& host, Clock::time_point deadline,
   return -1;
 }
 
+bool is_loopback(std::string_view host) {
+  return host == "localhost" || host.starts_with("127.") || host == "::1";
+}
+
 }  // namespace dlaunch::comm::store

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 
 namespace dlaunch::comm::store {
 
@@ -22,6 +23,10 @@ AddrInfoList resolve(const std::string& host, const std::string& service,
                      const addrinfo& hints,
                      std::chrono::steady_clock::time_point deadline,
                      std::string& error);
+
+// Whether `host` is a loopback name or address ("localhost", 127.x.y.z,
+// "::1"): reachable from this machine only.
+bool is_loopback(std::string_view host);
 
 // A TCP port that is free on `host` right now: resolves it (giving up at
 // `deadline`), binds port 0 on its first address that accepts, reads the

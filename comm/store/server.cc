@@ -23,6 +23,7 @@
 #include "comm/check.h"
 #include "comm/store/store.h"
 #include "comm/store/text.h"
+#include "comm/store/token.h"
 
 namespace dlaunch::comm::store {
 
@@ -436,7 +437,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return handshake(hello);
     }
     wire::Frame frame;
-    switch (wire::next_frame(avail, server_.max_frame_bytes(), frame, error_)) {
+    // Before the token, a frame can only be a small kAuth: a stranger
+    // cannot make the server buffer more.
+    const size_t limit = authenticated_
+                             ? server_.max_frame_bytes()
+                             : wire::kMaxTokenBytes + wire::kFrameHeaderBytes;
+    switch (wire::next_frame(avail, limit, frame, error_)) {
       case wire::DecodeStatus::kNeedMore:
         // The buffer grows as the rest arrives (read()), not from the
         // length in the header: a header alone costs the server nothing.
@@ -453,8 +459,50 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return false;
     }
     in_begin_ += frame.size;
+    if (request_.type == MsgType::kAuth) return authenticate(request_);
+    if (!authenticated_) {
+      refuse(
+          "the job's token is required before any request (the client "
+          "sent " +
+          wire::msg_type_name(request_.type) + " first)");
+      return false;
+    }
     server_.handle(*this, request_);
     return true;
+  }
+
+  // kAuth: the token, compared in constant time; never logged. A server
+  // without a token accepts any (the client cannot know it has none).
+  bool authenticate(const wire::Request& r) {
+    const std::string& token = server_.options().token;
+    if (!authenticated_ && !token_matches(token, r.values[0])) {
+      refuse(r.values[0].empty() ? "the job's token is required (the client "
+                                   "presented none)"
+                                 : "wrong token");
+      return false;
+    }
+    if (!authenticated_) {
+      authenticated_ = true;
+      // The token came in time; an idle deadline starts when a request is
+      // incomplete (process()).
+      deadline_.cancel();
+      deadline_armed_ = false;
+    }
+    wire::Response ok;
+    ok.type = MsgType::kOk;
+    wire::encode_response(ok, out_);
+    return true;
+  }
+
+  // Answers `why` as an error, then closes: an unauthenticated connection
+  // gets no other answer, and sees no key.
+  void refuse(const std::string& why) {
+    spdlog::warn("store: closing connection from {}: {}", peer_, why);
+    wire::Response error;
+    error.type = MsgType::kError;
+    error.message = why;
+    wire::encode_response(error, out_);
+    close_after_write_ = true;
   }
 
   // Closes a connection that has not said hello within the handshake
@@ -480,6 +528,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
                     std::to_string(held) + " of its " +
                     std::to_string(wire::kHelloBytes) + " bytes received)");
     }
+    if (!authenticated_) {
+      return reject("no token within " + format_duration(o.handshake_timeout) +
+                    " (the store requires the job's token)");
+    }
     // Only while the server waits on the client for the rest of a request.
     if (parked_ || held == 0) return;
     auto idle = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -499,8 +551,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
              hex(hello.magic) + ", expected 0x" + hex(wire::kMagic) + ")");
       return false;
     }
-    // Either way the client learns our version from the reply.
-    wire::encode_hello(wire::Hello{}, out_);
+    // Either way the client learns our version from the reply, and whether
+    // it must present a token.
+    wire::Hello mine;
+    if (!authenticated_) mine.flags = wire::kAuthRequired;
+    wire::encode_hello(mine, out_);
     if (hello.version != wire::kVersion) {
       spdlog::warn(
           "store: closing connection from {}: protocol version {}, this "
@@ -511,10 +566,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return false;
     }
     handshaken_ = true;
-    // The handshake deadline is met; an idle one starts when a request is
-    // incomplete (process()).
-    deadline_.cancel();
-    deadline_armed_ = false;
+    // The handshake deadline is met (unless the token must follow within
+    // it); an idle one starts when a request is incomplete (process()).
+    if (authenticated_) {
+      deadline_.cancel();
+      deadline_armed_ = false;
+    }
     return true;
   }
 
@@ -543,6 +600,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::chrono::steady_clock::time_point last_received_;
   bool deadline_armed_ = false;
   bool handshaken_ = false;
+  bool authenticated_ = server_.options().token.empty();
   bool reading_ = false;
   bool writing_ = false;
   bool closed_ = false;

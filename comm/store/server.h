@@ -39,6 +39,11 @@ struct StoreServerOptions {
   // that receives nothing for this long is closed with a log line. Default
   // 30 s.
   std::chrono::milliseconds request_idle_timeout{std::chrono::seconds(30)};
+  // The job's token (comm/store/token.h). When set, a connection must
+  // present it (kAuth) before any other request and within
+  // handshake_timeout; one without it or with another is answered with an
+  // error and closed, having seen no key. Default empty: no token needed.
+  std::string token{};
 };
 
 // The TCP store server (torch's TCPStore master). start() binds and runs one

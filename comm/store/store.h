@@ -15,6 +15,13 @@ class StoreError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The store refused this client: it requires the job's token and the
+// client presented none, or another one. Retrying cannot help.
+class StoreAuthError : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
 // A blocking store call ran past its timeout. The message names the keys
 // waited for, how many were present and the timeout.
 class StoreTimeoutError : public StoreError {

@@ -137,7 +137,7 @@ class Reader {
 bool is_request(MsgType type) {
   auto v = static_cast<uint8_t>(type);
   return v >= static_cast<uint8_t>(MsgType::kSet) &&
-         v <= static_cast<uint8_t>(MsgType::kAppendOnClose);
+         v <= static_cast<uint8_t>(MsgType::kAuth);
 }
 
 bool is_response(MsgType type) {
@@ -172,6 +172,8 @@ std::string msg_type_name(MsgType type) {
       return "append";
     case MsgType::kAppendOnClose:
       return "append_on_close";
+    case MsgType::kAuth:
+      return "auth";
     case MsgType::kOk:
       return "ok";
     case MsgType::kValue:
@@ -195,13 +197,14 @@ std::string msg_type_name(MsgType type) {
 void encode_hello(const Hello& hello, std::string& out) {
   put_le<uint32_t>(out, hello.magic);
   put_le<uint16_t>(out, hello.version);
-  put_le<uint16_t>(out, 0);
+  put_le<uint16_t>(out, hello.flags);
 }
 
 DecodeStatus decode_hello(std::string_view in, Hello& out) {
   if (in.size() < kHelloBytes) return DecodeStatus::kNeedMore;
   out.magic = get_le<uint32_t>(in.data());
   out.version = get_le<uint16_t>(in.data() + 4);
+  out.flags = get_le<uint16_t>(in.data() + 6);
   return DecodeStatus::kOk;
 }
 
@@ -272,6 +275,10 @@ void encode_request(const Request& r, std::string& out) {
       break;
     case MsgType::kNumKeys:
       need(0, 0);
+      break;
+    case MsgType::kAuth:
+      need(0, 1);
+      put_bytes(out, r.values[0]);
       break;
     case MsgType::kMultiSet:
       need(r.keys.size(), r.keys.size());
@@ -358,6 +365,9 @@ DecodeStatus decode_request(const Frame& frame, Request& r,
       r.keys.push_back(in.bytes());
       break;
     case MsgType::kNumKeys:
+      break;
+    case MsgType::kAuth:
+      r.values.push_back(in.bytes());
       break;
     case MsgType::kMultiSet:
       in.list(r.keys);

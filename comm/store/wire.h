@@ -3,8 +3,10 @@
 // The store's wire protocol: every byte the client and server exchange is
 // encoded and decoded here (docs/store.md describes the format).
 //
-//   handshake (both directions, once): u32 magic "DLST", u16 version, u16 0
+//   handshake (both directions, once): u32 magic "DLST", u16 version,
+//     u16 flags (the server's kAuthRequired; zero from a client)
 //   frame: u32 body length, u8 MsgType, body
+//   a server with a token needs kAuth as the first frame (docs/store.md)
 //
 // Integers are little-endian; a byte string is a u32 length then the bytes; a
 // list is a u32 count then its items. Decoders never read past the buffer they
@@ -20,9 +22,15 @@ namespace dlaunch::comm::store::wire {
 
 // "DLST" read as a little-endian u32.
 inline constexpr uint32_t kMagic = 0x54534C44;
-inline constexpr uint16_t kVersion = 2;
+// 3: the hello's flags and kAuth (the job's token).
+inline constexpr uint16_t kVersion = 3;
 inline constexpr size_t kHelloBytes = 8;
 inline constexpr size_t kFrameHeaderBytes = 5;
+// Hello flag from the server: send kAuth with the job's token first.
+inline constexpr uint16_t kAuthRequired = 1;
+// The longest token a client may present; also the frame limit before a
+// connection is authenticated (what a stranger can make the server buffer).
+inline constexpr size_t kMaxTokenBytes = 1024;
 // Default cap on a frame body; the server's is StoreServerOptions.
 inline constexpr size_t kDefaultMaxFrameBytes = size_t{64} << 20;
 
@@ -40,6 +48,8 @@ enum class MsgType : uint8_t {
   kMultiSet = 10,       // keys, values (same count)   -> kOk
   kAppend = 11,         // key, value                  -> kInteger
   kAppendOnClose = 12,  // key, value, u64 keep-alive ms -> kOk (since v2)
+  kAuth = 13,           // token (value)               -> kOk | kError, close
+                        // (since v3)
   // Responses (server -> client).
   kOk = 64,        // (empty)
   kValue = 65,     // value
@@ -60,6 +70,7 @@ enum class DecodeStatus { kOk, kNeedMore, kBad };
 struct Hello {
   uint32_t magic = kMagic;
   uint16_t version = kVersion;
+  uint16_t flags = 0;  // kAuthRequired from a server; 0 from a client
 };
 
 void encode_hello(const Hello& hello, std::string& out);
@@ -86,8 +97,8 @@ DecodeStatus next_frame(std::string_view in, size_t max_body_bytes, Frame& out,
 struct Request {
   MsgType type = MsgType::kSet;
   std::vector<std::string_view> keys;    // one entry for single-key ops
-  std::vector<std::string_view> values;  // set/append: 1; compare_set: 2
-                                         // (expected, desired); multi_set: n
+  std::vector<std::string_view> values;  // set/append/auth: 1; compare_set:
+                                         // 2 (expected, desired); multi_set: n
   int64_t delta = 0;                     // add
   uint64_t timeout_ms = 0;               // get, wait, multi_get;
                                          // append_on_close: keep-alive

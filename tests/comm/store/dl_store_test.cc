@@ -7,7 +7,10 @@
 #include <memory>
 #include <vector>
 
+#include "comm/store/token.h"
+#include "comm/store/wire.h"
 #include "tests/comm/store/store_test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace dlaunch::comm::store {
 namespace {
@@ -55,6 +58,74 @@ TEST(DlStoreTest, PortInUseExitsOneNamingTheAddress) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_EQ(r.err, "dl-store: cannot bind store to 127.0.0.1:" + port +
                        ": address already in use\n");
+}
+
+// With --token-file (or DLAUNCH_RDZV_TOKEN) only clients that present the
+// token read or write: one without it and one with another are refused
+// before any request and see no key.
+TEST(DlStoreTest, ATokenLocksOutClientsWithoutIt) {
+  const std::string token = "dl-store-test-token-0123456789";
+  ::dlaunch::testing::TempDir dir;
+  ::dlaunch::testing::write_file(dir / "token", token + "\n", 0600);
+  ::dlaunch::testing::CommandOptions from_env;
+  from_env.argv = {bin("dl-store"), "--host", "127.0.0.1", "--port", "0"};
+  from_env.env[kTokenEnv] = token;
+  std::vector<std::unique_ptr<::dlaunch::testing::Subprocess>> stores;
+  stores.push_back(spawn({bin("dl-store"), "--host", "127.0.0.1", "--port", "0",
+                          "--token-file", (dir / "token").string()}));
+  stores.push_back(std::make_unique<::dlaunch::testing::Subprocess>(from_env));
+  for (auto& child : stores) {
+    uint16_t port = announced_port(*child);
+    ASSERT_NE(port, 0) << child->out() << child->err();
+    TcpStoreOptions o;
+    o.host = "127.0.0.1";
+    o.port = port;
+    o.token = token;
+    auto owner = TcpStore::connect(o);
+    owner->set("k", "v");
+    for (const std::string& other : {std::string(), token + "-not"}) {
+      o.token = other;
+      EXPECT_THROW(TcpStore::connect(o), StoreAuthError);
+      wire::Request get;
+      get.type = wire::MsgType::kGet;
+      get.keys = {"k"};
+      wire::Request set;
+      set.type = wire::MsgType::kSet;
+      set.keys = {"k"};
+      set.values = {"overwritten"};
+      for (const wire::Request& r : {get, set}) {
+        testing::RawAnswer a = testing::raw_request(port, other, r);
+        EXPECT_EQ(a.type, wire::MsgType::kError) << a.message;
+        EXPECT_TRUE(a.closed);
+      }
+    }
+    EXPECT_EQ(owner->get("k"), "v");
+    EXPECT_EQ(owner->num_keys(), 1);
+    child->signal(SIGTERM);
+    auto end = child->wait(5s);
+    EXPECT_EQ(end.exit_code, 0);
+    EXPECT_THAT(end.err, HasSubstr("wrong token"));
+    EXPECT_THAT(end.out + end.err, ::testing::Not(HasSubstr(token)));
+  }
+}
+
+TEST(DlStoreTest, UnsafeOrBadTokenExitsTwo) {
+  ::dlaunch::testing::TempDir dir;
+  ::dlaunch::testing::write_file(dir / "token", "dl-store-test-token-0123\n",
+                                 0644);
+  auto open = run({bin("dl-store"), "--port", "0", "--token-file",
+                   (dir / "token").string()});
+  EXPECT_EQ(open.exit_code, 2);
+  EXPECT_THAT(open.err, HasSubstr("has mode 0644"));
+  EXPECT_THAT(open.err, HasSubstr("chmod 600 " + (dir / "token").string()));
+  ::dlaunch::testing::CommandOptions o;
+  o.argv = {bin("dl-store"), "--port", "0"};
+  o.env[kTokenEnv] = "short";
+  auto short_token = ::dlaunch::testing::run_command(o);
+  EXPECT_EQ(short_token.exit_code, 2);
+  EXPECT_THAT(short_token.err,
+              HasSubstr("the store token in DLAUNCH_RDZV_TOKEN has 5 "
+                        "characters"));
 }
 
 // Out of file descriptors, the server logs once, keeps serving the clients

@@ -23,6 +23,7 @@
 #include "comm/store/client.h"
 #include "comm/store/resolve.h"
 #include "comm/store/server.h"
+#include "comm/store/wire.h"
 #include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
 
@@ -156,6 +157,66 @@ class RawSocket {
  private:
   int fd_ = -1;
 };
+
+// What a store answered a raw connection: its hello's flags, the first
+// response (type 0 when none came) with every byte of it, and whether the
+// server closed the connection afterwards.
+struct RawAnswer {
+  uint16_t hello_flags = 0;
+  wire::MsgType type{};
+  std::string message;  // kError's
+  std::string bytes;    // the whole response frame
+  bool closed = false;
+};
+
+// Sends the hello, `token` as kAuth (nothing when empty), then `request`,
+// on a fresh connection to 127.0.0.1:port, and reads what comes back: the
+// answer to the token is skipped when it is ok.
+inline RawAnswer raw_request(uint16_t port, const std::string& token,
+                             const wire::Request& request) {
+  RawAnswer a;
+  RawSocket s(port);
+  std::string out;
+  wire::encode_hello(wire::Hello{}, out);
+  if (!token.empty()) {
+    wire::Request auth;
+    auth.type = wire::MsgType::kAuth;
+    auth.values.assign(1, token);
+    wire::encode_request(auth, out);
+  }
+  wire::encode_request(request, out);
+  s.send(out);
+  wire::Hello h;
+  if (wire::decode_hello(s.recv_n(wire::kHelloBytes), h) !=
+      wire::DecodeStatus::kOk) {
+    a.closed = true;
+    return a;
+  }
+  a.hello_flags = h.flags;
+  for (int answers = token.empty() ? 1 : 2; answers > 0; --answers) {
+    a.bytes = s.recv_n(wire::kFrameHeaderBytes);
+    if (a.bytes.size() < wire::kFrameHeaderBytes) break;
+    uint32_t body = 0;
+    for (int i = 3; i >= 0; --i)
+      body = body << 8 | static_cast<unsigned char>(a.bytes[i]);
+    a.bytes += s.recv_n(body);
+    wire::Frame f;
+    wire::Response r;
+    std::string err;
+    if (wire::next_frame(a.bytes, size_t{1} << 30, f, err) !=
+            wire::DecodeStatus::kOk ||
+        wire::decode_response(f, r, err) != wire::DecodeStatus::kOk) {
+      ADD_FAILURE() << "bad response from the store: " << err;
+      break;
+    }
+    a.type = r.type;
+    a.message = std::string(r.message);
+    // The token's ok is not the answer asked for.
+    if (!(answers == 2 && r.type == wire::MsgType::kOk)) break;
+  }
+  a.closed = s.closed_by_peer();
+  return a;
+}
 
 // A listening socket on 127.0.0.1 port 0 that plays a misbehaving server.
 class RawListener {

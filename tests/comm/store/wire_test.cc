@@ -34,10 +34,16 @@ void round_trip(const Request& in) {
   EXPECT_EQ(out.timeout_ms, in.timeout_ms);
 }
 
-TEST(WireTest, HelloIsMagicVersionAndZeroLittleEndian) {
+TEST(WireTest, HelloIsMagicVersionAndFlagsLittleEndian) {
   std::string bytes;
   encode_hello({}, bytes);
-  EXPECT_EQ(bytes, std::string("DLST\x02\x00\x00\x00", 8));
+  EXPECT_EQ(bytes, std::string("DLST\x03\x00\x00\x00", 8));
+  std::string server;
+  encode_hello({.flags = kAuthRequired}, server);
+  EXPECT_EQ(server, std::string("DLST\x03\x00\x01\x00", 8));
+  Hello flagged;
+  EXPECT_EQ(decode_hello(server, flagged), DecodeStatus::kOk);
+  EXPECT_EQ(flagged.flags, kAuthRequired);
   Hello h{0, 0};
   EXPECT_EQ(decode_hello(bytes.substr(0, 7), h), DecodeStatus::kNeedMore);
   EXPECT_EQ(decode_hello(bytes, h), DecodeStatus::kOk);
@@ -76,6 +82,8 @@ TEST(WireTest, EveryRequestRoundTrips) {
       {.type = MsgType::kMultiGet, .keys = {"x", "y"}, .timeout_ms = 7},
       {.type = MsgType::kMultiSet, .keys = {"x", "y"}, .values = {"1", "2"}},
       {.type = MsgType::kAppend, .keys = {"log"}, .values = {"line\n"}},
+      {.type = MsgType::kAuth, .values = {"the-token"}},
+      {.type = MsgType::kAuth, .values = {""}},
       {.type = MsgType::kAppendOnClose,
        .keys = {"gone"},
        .values = {"node 3;"},
