@@ -10,6 +10,7 @@
 #include <csignal>
 #include <memory>
 #include <regex>
+#include <set>
 
 #include "comm/store/client.h"
 #include "comm/store/resolve.h"
@@ -169,7 +170,7 @@ TEST_F(StoreAuth, OnlyTheJobsTokenReadsOrWritesTheAgentsStore) {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   }
   CommandResult h = host->wait(1s);
-  EXPECT_THAT(h.err, HasSubstr("wrong token"));  // the store's log line
+  EXPECT_THAT(h.out + h.err, HasSubstr("wrong token"));  // the store's log
   EXPECT_THAT(h.out + h.err, Not(HasSubstr(kToken)));
 }
 
@@ -204,10 +205,9 @@ TEST_F(StoreAuth, OneNodeWorkersGetAFreshTokenEachRun) {
   for (int run = 0; run < 2; ++run) {
     CommandResult r = testing::run_command(o, 60s);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    std::smatch m;
+    const std::regex token_line("TOKEN=([0-9a-f]*)");
     std::set<std::string> tokens;
-    for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(),
-                                        std::regex("TOKEN=([0-9a-f]*)"));
+    for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), token_line);
          it != std::sregex_iterator(); ++it) {
       tokens.insert((*it)[1]);
     }

@@ -447,15 +447,16 @@ TEST(TcpStoreHandshakeTest, OtherProtocolVersionFailsAtOnce) {
     auto peer = listener.accept();
     peer->recv_n(wire::kHelloBytes);
     std::string hello;
-    wire::encode_hello(wire::Hello{wire::kMagic, 3}, hello);
+    wire::encode_hello(wire::Hello{wire::kMagic, wire::kVersion + 1}, hello);
     peer->send(hello);
   });
   std::string addr = "127.0.0.1:" + std::to_string(listener.port());
-  EXPECT_THAT([&] { testing::connect_to(listener.port()); },
-              ::testing::ThrowsMessage<StoreError>(HasSubstr(
-                  "store " + addr +
-                  " speaks protocol version 3; this client speaks version "
-                  "2")));
+  EXPECT_THAT(
+      [&] { testing::connect_to(listener.port()); },
+      ::testing::ThrowsMessage<StoreError>(HasSubstr(
+          "store " + addr + " speaks protocol version " +
+          std::to_string(wire::kVersion + 1) + "; this client speaks version " +
+          std::to_string(wire::kVersion))));
   serve.get();
 }
 
