@@ -5,8 +5,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
 #include <set>
@@ -38,9 +36,6 @@ std::string hello() {
 class StoreAuthTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    previous_ = spdlog::default_logger();
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("t", sink));
     StoreServerOptions o;
     o.host = "127.0.0.1";
     o.token = kToken;
@@ -52,10 +47,9 @@ class StoreAuthTest : public ::testing::Test {
   void TearDown() override {
     owner_.reset();
     server_.reset();
-    spdlog::set_default_logger(previous_);
     // The token never reaches a log line.
-    EXPECT_THAT(log_.str(), Not(HasSubstr(kToken)));
-    EXPECT_THAT(log_.str(), Not(HasSubstr(kWrong)));
+    EXPECT_THAT(log_.text(), Not(HasSubstr(kToken)));
+    EXPECT_THAT(log_.text(), Not(HasSubstr(kWrong)));
   }
 
   std::unique_ptr<TcpStore> connect(const std::string& token) {
@@ -92,8 +86,7 @@ class StoreAuthTest : public ::testing::Test {
   }
 
   std::chrono::milliseconds handshake_timeout_ = 10s;
-  std::ostringstream log_;
-  std::shared_ptr<spdlog::logger> previous_;
+  testing::LogCapture log_;  // the server's log lines
   std::unique_ptr<StoreServer> server_;
   std::unique_ptr<TcpStore> owner_;
 };
@@ -117,8 +110,8 @@ TEST_F(StoreAuthTest, NoTokenCanNeitherReadNorWrite) {
     EXPECT_THAT(e.what(), HasSubstr("DLAUNCH_RDZV_TOKEN"));
   }
   expect_refused_raw("");
-  EXPECT_THAT(log_.str(), HasSubstr("the job's token is required before any "
-                                    "request (the client sent get first)"));
+  EXPECT_THAT(log_.text(), HasSubstr("the job's token is required before any "
+                                     "request (the client sent get first)"));
 }
 
 TEST_F(StoreAuthTest, WrongTokenCanNeitherReadNorWrite) {
@@ -135,7 +128,7 @@ TEST_F(StoreAuthTest, WrongTokenCanNeitherReadNorWrite) {
   expect_refused_raw(kWrong);
   expect_refused_raw(kToken.substr(0, kToken.size() - 1));
   expect_refused_raw(kToken + "x");
-  EXPECT_THAT(log_.str(), HasSubstr("wrong token"));
+  EXPECT_THAT(log_.text(), HasSubstr("wrong token"));
 }
 
 TEST_F(StoreAuthTest, BeforeTheTokenOnlyASmallFrameIsRead) {
@@ -145,7 +138,7 @@ TEST_F(StoreAuthTest, BeforeTheTokenOnlyASmallFrameIsRead) {
   std::string header = {0, 0, 0x10, 0, static_cast<char>(MsgType::kSet)};
   s.send(hello() + header);
   EXPECT_TRUE(s.closed_by_peer());
-  EXPECT_THAT(log_.str(), HasSubstr("exceeds the limit of 1029 bytes"));
+  EXPECT_THAT(log_.text(), HasSubstr("exceeds the limit of 1029 bytes"));
 }
 
 class StoreAuthDeadlineTest : public StoreAuthTest {
@@ -158,7 +151,7 @@ TEST_F(StoreAuthDeadlineTest, NoTokenWithinTheHandshakeTimeoutIsClosed) {
   s.send(hello());
   EXPECT_EQ(s.recv_n(wire::kHelloBytes).size(), wire::kHelloBytes);
   EXPECT_TRUE(s.closed_by_peer());
-  EXPECT_THAT(log_.str(), HasSubstr("no token within 300 ms"));
+  EXPECT_THAT(log_.text(), HasSubstr("no token within 300 ms"));
 }
 
 TEST(StoreAuthNoTokenTest, AServerWithoutATokenTakesClientsWithOrWithout) {

@@ -3,8 +3,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <future>
@@ -46,10 +44,6 @@ std::string request(wire::Request r) {
 class BadInputTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    // Capture the server's log lines.
-    previous_ = spdlog::default_logger();
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("t", sink));
     StoreServerOptions o;
     o.host = "127.0.0.1";
     o.max_frame_bytes = 4096;
@@ -70,7 +64,6 @@ class BadInputTest : public ::testing::Test {
     EXPECT_EQ(bystander_.wait_for(5s), std::future_status::ready);
     bystander_.get();
     server_.reset();
-    spdlog::set_default_logger(previous_);
   }
 
   // Sends `bytes` on a fresh connection and expects the server to close it
@@ -83,15 +76,14 @@ class BadInputTest : public ::testing::Test {
   }
 
   void expect_one_log_line(const std::string& why) {
-    std::string log = log_.str();
-    log_.str("");
+    std::string log = log_.text();
+    log_.clear();
     EXPECT_EQ(std::count(log.begin(), log.end(), '\n'), 1) << log;
     EXPECT_THAT(log, HasSubstr("store: closing connection from 127.0.0.1:"));
     EXPECT_THAT(log, HasSubstr(why));
   }
 
-  std::ostringstream log_;
-  std::shared_ptr<spdlog::logger> previous_;
+  testing::LogCapture log_;  // the server's log lines
   std::unique_ptr<StoreServer> server_;
   std::unique_ptr<TcpStore> good_;
   std::future<void> bystander_;
@@ -176,7 +168,7 @@ TEST_F(BadInputTest, StalledPartialFrameDoesNotStallOthers) {
   ASSERT_TRUE(s.read_by_server());
   good_->set("during", "stall");
   EXPECT_EQ(good_->get("during"), "stall");
-  EXPECT_EQ(log_.str(), "");
+  EXPECT_EQ(log_.text(), "");
 }
 
 TEST_F(BadInputTest, ClientHangingUpWhileWaitingIsForgotten) {
@@ -197,7 +189,7 @@ TEST_F(BadInputTest, ClientHangingUpWhileWaitingIsForgotten) {
   // not bad input and logs nothing.
   good_->set("gone-key", "x");
   EXPECT_EQ(good_->get("gone-key"), "x");
-  EXPECT_EQ(log_.str(), "");
+  EXPECT_EQ(log_.text(), "");
 }
 
 TEST_F(BadInputTest, PipelinedRequestsAnswerInOrderEvenBehindABlockedGet) {
@@ -255,7 +247,7 @@ TEST_F(BadInputTest, FramesArrivingWhileParkedAreServedInOrder) {
   expected.clear();
   wire::encode_response(count, expected);
   EXPECT_EQ(s.recv_n(expected.size()), expected);
-  EXPECT_EQ(log_.str(), "");
+  EXPECT_EQ(log_.text(), "");
 }
 
 }  // namespace

@@ -5,8 +5,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <fstream>
@@ -83,15 +81,7 @@ TEST(DlStoreLimitsTest, ServesOnlyLoopbackUnlessToldOtherwise) {
 // A server whose log lines the test reads, with small budgets and deadlines.
 class LimitsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    previous_ = spdlog::default_logger();
-    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log_);
-    spdlog::set_default_logger(std::make_shared<spdlog::logger>("t", sink));
-  }
-  void TearDown() override {
-    server_.reset();
-    spdlog::set_default_logger(previous_);
-  }
+  void TearDown() override { server_.reset(); }
 
   void start(StoreServerOptions o) {
     o.host = "127.0.0.1";
@@ -102,16 +92,15 @@ class LimitsTest : public ::testing::Test {
   std::string log_lines(size_t lines) {
     testing::eventually(
         [&] {
-          std::string log = log_.str();
+          std::string log = log_.text();
           return static_cast<size_t>(
                      std::count(log.begin(), log.end(), '\n')) >= lines;
         },
         5s);
-    return log_.str();
+    return log_.text();
   }
 
-  std::ostringstream log_;
-  std::shared_ptr<spdlog::logger> previous_;
+  testing::LogCapture log_;  // the server's log lines
   std::unique_ptr<StoreServer> server_;
 };
 

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -46,6 +48,26 @@ inline std::unique_ptr<TcpStore> connect_to(
   o.timeout = timeout;
   return TcpStore::connect(o);
 }
+
+// Sends the default logger's lines (the server's log) to a string while
+// it lives, then puts the previous logger back. Declare it before the
+// server it listens to, so that the server stops first.
+class LogCapture {
+ public:
+  LogCapture() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(out_);
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("t", sink));
+  }
+  ~LogCapture() { spdlog::set_default_logger(previous_); }
+  LogCapture(const LogCapture&) = delete;
+  LogCapture& operator=(const LogCapture&) = delete;
+  std::string text() const { return out_.str(); }
+  void clear() { out_.str(""); }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
 
 // Milliseconds since `start`.
 inline int64_t ms_since(std::chrono::steady_clock::time_point start) {
