@@ -345,7 +345,8 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
       {{"--rdzv-conf", "colour=red", "true"},
        "unknown key 'colour'; valid keys are join_timeout, "
        "last_call_timeout, close_timeout, keep_alive_interval, "
-       "keep_alive_max_attempt, is_host, read_timeout, timeout, and for "
+       "keep_alive_max_attempt, is_host, read_timeout, timeout, token_file, "
+       "and for "
        "etcd cacert, cert, key, user, password_file"},
       {{"--rdzv-conf", "join_timeout=nan", "true"},
        "--rdzv-conf join_timeout: 'nan' is not valid"},
