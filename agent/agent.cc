@@ -514,7 +514,9 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
     auto it = base_env_.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
     if (it != base_env_.end()) tmpl = it->second;
   }
-  spec.prefix = line_prefix(tmpl, options_.role, local_rank, w.rank);
+  spec.prefix =
+      line_prefix(tmpl, options_.role, local_rank, w.rank,
+                  options_.hostname.empty() ? host_name() : options_.hostname);
   // torchrun's layout: LOG_DIR/RUN_ID/attempt_K/LOCAL_RANK/error.json.
   // In a temporary run folder without log files the error file lies flat:
   // eight mkdirs on ext4 would cost more than spawning eight workers.

@@ -93,9 +93,13 @@ struct AgentOptions {
   // of the agent's CUDA_VISIBLE_DEVICES (or to L when unset) and
   // DLAUNCH_CUDA_DEVICE=0, the device comm's nccl backend then uses.
   GpuBinding gpu_binding = GpuBinding::kNone;
-  // Console line prefix; ${role_name}, ${local_rank} and ${rank} are
-  // replaced. Empty (default): $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else
-  // torchrun's "[${role_name}${local_rank}]:".
+  // This host's name in a multi-host job as the head knows it (${hostname}
+  // in the line prefix). Empty (default): the machine's host name.
+  std::string hostname;
+  // Console line prefix; ${role_name}, ${local_rank}, ${rank} and
+  // ${hostname} are replaced. Empty (default):
+  // $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else torchrun's
+  // "[${role_name}${local_rank}]:".
   std::string log_line_prefix_template;
   // Failures to inject (--fault, faults:, DLAUNCH_FAULTS), each fired at
   // most once. Default none.

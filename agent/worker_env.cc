@@ -104,11 +104,12 @@ std::string substitute(std::string_view text,
 }
 
 std::string line_prefix(const std::string& tmpl, const std::string& role,
-                        int local_rank, int rank) {
+                        int local_rank, int rank, const std::string& hostname) {
   return substitute(tmpl.empty() ? "[${role_name}${local_rank}]:" : tmpl,
                     {{"role_name", role},
                      {"local_rank", std::to_string(local_rank)},
-                     {"rank", std::to_string(rank)}});
+                     {"rank", std::to_string(rank)},
+                     {"hostname", hostname}});
 }
 
 }  // namespace dlaunch::agent

@@ -64,10 +64,11 @@ std::string gpu_of_worker(const EnvMap& base, int local_rank);
 std::string substitute(std::string_view text,
                        const std::map<std::string, std::string>& vars);
 
-// The console prefix of a worker: `tmpl` with ${role_name}, ${local_rank}
-// and ${rank} replaced; an empty `tmpl` means torchrun's
+// The console prefix of a worker: `tmpl` with ${role_name}, ${local_rank},
+// ${rank} and ${hostname} replaced; an empty `tmpl` means torchrun's
 // "[${role_name}${local_rank}]:".
 std::string line_prefix(const std::string& tmpl, const std::string& role,
-                        int local_rank, int rank);
+                        int local_rank, int rank,
+                        const std::string& hostname = "");
 
 }  // namespace dlaunch::agent

@@ -346,7 +346,10 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   if (file) {
     o.config_file = file->path;
     o.env = file->env;
-    o.hosts = file->hosts;
+    // --hosts, --hostfile or PET_HOSTS replace the file's hosts.
+    if (o.remote.hosts_text.empty() && o.remote.hostfile.empty()) {
+      o.hosts = file->hosts;
+    }
   }
   try {
     o.agent.faults = agent::parse_faults(o.faults);
@@ -358,6 +361,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   if (has("print-config")) o.mode = LaunchOptions::Mode::kPrintConfig;
   try {
     check_rendezvous(o);
+    check_hosts(o);
   } catch (const BadValue& b) {
     return UsageError{"dlaunch: " + b.message};
   }

@@ -6,11 +6,13 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "agent/fault.h"
 #include "comm/fault_spec.h"
 #include "launcher/cli.h"
+#include "launcher/hosts.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -264,6 +266,7 @@ std::vector<FlagSpec> make_table() {
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap& env) {
              o.agent.nproc_per_node = resolve_nproc(v, env);
+             o.nproc_per_node_given = true;
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          return std::to_string(o.agent.nproc_per_node);
@@ -733,6 +736,272 @@ std::vector<FlagSpec> make_table() {
          return o.start_method;
        }},
 
+      // HOSTS
+      {.name = "hosts",
+       .placeholder = "HOSTLIST",
+       .type = T::kList,
+       .key = "hosts",
+       .default_text = "this node only",
+       .help = "The job's hosts, one agent each, in pdsh/Slurm hostlist "
+               "syntax with zero padding kept: node[01-04],gpu7. NAME:SLOTS "
+               "gives a host SLOTS workers (else --nproc-per-node's). In a "
+               "job file: a list, or a hostlist.",
+       .section = "HOSTS",
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             try {
+               o.hosts = parse_host_list(v);
+             } catch (const HostsError& e) {
+               throw BadValue{e.what()};
+             }
+             o.remote.hosts_text = v;
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (o.hosts.empty()) return std::nullopt;
+         std::vector<std::string> names;
+         for (const Host& h : o.hosts) {
+           names.push_back(h.slots > 0 ? h.name + ":" + std::to_string(h.slots)
+                                       : h.name);
+         }
+         return join(names, ',');
+       }},
+      {.name = "hostfile",
+       .placeholder = "FILE",
+       .type = T::kPath,
+       .key = "hostfile",
+       .help = "Read the hosts from FILE: lines NAME, NAME:SLOTS or NAME "
+               "slots=SLOTS (NAME may be a hostlist), '#' comments, blank "
+               "lines; a host listed twice is an error.",
+       .section = "HOSTS",
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             not_empty(v);
+             try {
+               o.hosts = read_hostfile(v);
+             } catch (const HostsError& e) {
+               throw BadValue{e.what()};
+             }
+             o.remote.hostfile = v;
+           },
+       // The hosts it held are written as `hosts`.
+       .print = [](const Options&) -> std::optional<std::string> {
+         return std::nullopt;
+       }},
+      {.name = "include",
+       .placeholder = "NAME[:GPU,...]@...",
+       .key = "include",
+       .help = "Run on these hosts only, and on a host given GPU indices on "
+               "those GPUs only (its CUDA_VISIBLE_DEVICES and worker count): "
+               "node01:0,2@node02 (deepspeed's syntax).",
+       .section = "HOSTS",
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             if (!v.empty()) {
+               try {
+                 parse_host_filter(v);
+               } catch (const HostsError& e) {
+                 throw BadValue{e.what()};
+               }
+             }
+             o.remote.include = v;
+           },
+       .print = [](const Options&) -> std::optional<std::string> {
+         return std::nullopt;  // applied to `hosts`
+       }},
+      {.name = "exclude",
+       .placeholder = "NAME[:GPU,...]@...",
+       .key = "exclude",
+       .help = "Leave out these hosts, or these GPUs of a host: "
+               "node01:1@node03 (deepspeed's syntax).",
+       .section = "HOSTS",
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             if (!v.empty()) {
+               try {
+                 parse_host_filter(v);
+               } catch (const HostsError& e) {
+                 throw BadValue{e.what()};
+               }
+             }
+             o.remote.exclude = v;
+           },
+       .print = [](const Options&) -> std::optional<std::string> {
+         return std::nullopt;  // applied to `hosts`
+       }},
+      {.name = "launcher",
+       .placeholder = "ssh|pdsh|local",
+       .key = "launcher",
+       .default_text = "ssh",
+       .help = "How the head starts an agent on each host other than "
+               "itself: ssh (one connection per host, carrying the job, its "
+               "environment and token on stdin), pdsh (pdsh -S -b over all "
+               "hosts; PDSH_RCMD_TYPE respected), local (a process on this "
+               "machine per host, for loopback addresses 127.0.0.x).",
+       .section = "HOSTS",
+       .choices = {"ssh", "pdsh", "local"},
+       .apply = [](const FlagSpec& f, const std::string& v, Options& o,
+                   const agent::EnvMap&) { o.remote.launcher = one_of(f, v); },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         return o.remote.launcher;
+       }},
+      {.name = "ssh-port",
+       .placeholder = "PORT",
+       .type = T::kInt,
+       .key = "ssh_port",
+       .default_text = "ssh's own",
+       .help = "The port of every host's sshd.",
+       .section = "HOSTS",
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             o.remote.ssh_port = parse_int(v, 1, 65535, "a port 1..65535");
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (o.remote.ssh_port == 0) return std::nullopt;
+         return std::to_string(o.remote.ssh_port);
+       }},
+      {.name = "ssh-args",
+       .placeholder = "ARGS",
+       .key = "ssh_args",
+       .help = "More ssh options, split like a shell would: \"-i key -o "
+               "'ProxyJump gw'\". dlaunch always adds -o BatchMode=yes and "
+               "-o ConnectTimeout.",
+       .section = "HOSTS",
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) { o.remote.ssh_args = split_words(v); },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (o.remote.ssh_args.empty()) return std::nullopt;
+         std::string out;
+         for (const std::string& a : o.remote.ssh_args) {
+           out += (out.empty() ? "'" : " '");
+           for (char c : a)
+             out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+           out += "'";
+         }
+         return out;
+       }},
+      {.name = "connect-timeout",
+       .placeholder = "SECONDS",
+       .type = T::kSeconds,
+       .key = "connect_timeout",
+       .default_text = "10",
+       .help = "ssh's ConnectTimeout, and how long each host's pre-flight "
+               "check may take.",
+       .section = "HOSTS",
+       .apply =
+           [](const FlagSpec& f, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             o.remote.connect_timeout = parse_duration(f, v);
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         return format_seconds(o.remote.connect_timeout);
+       }},
+      {.name = "pdsh-fanout",
+       .placeholder = "N",
+       .type = T::kInt,
+       .key = "pdsh_fanout",
+       .default_text = "32",
+       .help = "With --launcher pdsh, how many hosts pdsh reaches at once "
+               "(pdsh -f).",
+       .section = "HOSTS",
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             o.remote.pdsh_fanout = parse_int(v, 1, 1 << 16, "a number >= 1");
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         return std::to_string(o.remote.pdsh_fanout);
+       }},
+      {.name = "remote-dlaunch",
+       .placeholder = "PATH",
+       .key = "remote_dlaunch",
+       .default_text = "this dlaunch's path",
+       .help = "Where dlaunch is on every host. A host that lacks it there, "
+               "or has another version, gets this one copied into "
+               "~/.cache/dlaunch over the same ssh connection.",
+       .section = "HOSTS",
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             not_empty(v);
+             o.remote.remote_dlaunch = v;
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (o.remote.remote_dlaunch.empty()) return std::nullopt;
+         return o.remote.remote_dlaunch;
+       }},
+      {.name = "export",
+       .aliases = {"-x"},
+       .placeholder = "NAME[=VALUE]",
+       .type = T::kRepeated,
+       .key = "export",
+       .help = "Set NAME on every host: to VALUE, or to this machine's "
+               "value. Repeatable. PATH, LD_LIBRARY_PATH and the variables "
+               "starting with NCCL_, CUDA_, GLOO_, OMP_, PYTHON, DLAUNCH_ "
+               "or TORCH go by default. Values travel on the agents' stdin "
+               "(or a 0600 file with pdsh), never on a command line.",
+       .section = "HOSTS",
+       .repeatable = true,
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             if (v.empty()) return;
+             for (const std::string& item : split(v, '\n')) {
+               std::string name = item.substr(0, item.find('='));
+               bool ok = !name.empty() &&
+                         !std::isdigit(static_cast<unsigned char>(name[0]));
+               for (char c : name) {
+                 ok = ok &&
+                      (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+               }
+               if (!ok) {
+                 throw BadValue{"'" + item +
+                                "' is not NAME or NAME=VALUE (a name is "
+                                "letters, digits and _)"};
+               }
+               o.remote.exports.push_back(item);
+             }
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (o.remote.exports.empty()) return std::nullopt;
+         return join(o.remote.exports, '\n');
+       }},
+      {.name = "env-file",
+       .placeholder = "FILE",
+       .type = T::kPath,
+       .key = "env_file",
+       .help = "NAME=VALUE lines ('#' comments, blank lines) set on every "
+               "host; values are taken literally.",
+       .section = "HOSTS",
+       .apply = [](const FlagSpec&, const std::string& v, Options& o,
+                   const agent::EnvMap&) { o.remote.env_file = v; },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (o.remote.env_file.empty()) return std::nullopt;
+         return o.remote.env_file;
+       }},
+      {.name = "chdir",
+       .placeholder = "DIR",
+       .type = T::kPath,
+       .key = "chdir",
+       .default_text = "the current folder",
+       .help = "The working folder of every host's agent and workers.",
+       .section = "HOSTS",
+       .apply =
+           [](const FlagSpec&, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             not_empty(v);
+             o.remote.chdir = v;
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (o.remote.chdir.empty()) return std::nullopt;
+         return o.remote.chdir;
+       }},
+
       // RELIABILITY
       {.name = "fault",
        .placeholder = "SPEC",
@@ -1026,6 +1295,69 @@ void check_rendezvous(LaunchOptions& o) {
                    "--master-port"};
   }
   if (r.endpoint_host.empty()) o.standalone = true;
+}
+
+void check_hosts(LaunchOptions& o) {
+  RemoteOptions& r = o.remote;
+  if (!r.hosts_text.empty() && !r.hostfile.empty()) {
+    throw BadValue{"--hosts and --hostfile both name the hosts; keep one"};
+  }
+  if ((!r.include.empty() || !r.exclude.empty()) && o.hosts.empty()) {
+    throw BadValue{std::string(r.include.empty() ? "--exclude" : "--include") +
+                   " selects among the job's hosts; give them with --hosts "
+                   "or --hostfile"};
+  }
+  try {
+    o.hosts = select_hosts(std::move(o.hosts),
+                           r.include.empty() ? std::vector<HostFilter>{}
+                                             : parse_host_filter(r.include),
+                           r.exclude.empty() ? std::vector<HostFilter>{}
+                                             : parse_host_filter(r.exclude),
+                           o.agent.nproc_per_node);
+  } catch (const HostsError& e) {
+    throw BadValue{e.what()};
+  }
+  r.include.clear();
+  r.exclude.clear();
+}
+
+std::vector<std::string> split_words(const std::string& text) {
+  std::vector<std::string> words;
+  std::string word;
+  bool in_word = false;
+  char quote = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (quote) {
+      if (c == quote) {
+        quote = 0;
+      } else if (quote == '"' && c == '\\' && i + 1 < text.size() &&
+                 std::strchr("\\\"$`", text[i + 1])) {
+        word += text[++i];
+      } else {
+        word += c;
+      }
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+      in_word = true;
+    } else if (c == '\\' && i + 1 < text.size()) {
+      word += text[++i];
+      in_word = true;
+    } else if (c == ' ' || c == '\t' || c == '\n') {
+      if (in_word) words.push_back(std::move(word));
+      word.clear();
+      in_word = false;
+    } else {
+      word += c;
+      in_word = true;
+    }
+  }
+  if (quote) {
+    throw BadValue{"'" + text + "' has an unclosed " + std::string(1, quote) +
+                   "; close it"};
+  }
+  if (in_word) words.push_back(std::move(word));
+  return words;
 }
 
 std::string format_seconds(std::chrono::milliseconds d) {

@@ -16,16 +16,19 @@ namespace dlaunch::launcher {
 // against it (a list may be a YAML sequence, a map a YAML mapping) and
 // --print-config writes the value back in the same form.
 enum class ValueType {
-  kSwitch,   // no value on the command line; true/false in a file
-  kInt,      // an integer, or one of `choices`
-  kSeconds,  // a duration in seconds: finite, > 0, <= max_seconds
-  kString,   // text, or one of `choices` when there are any
-  kPath,     // a file or folder; relative paths in a file resolve against
-             // the file's folder
-  kCommand,  // a program: a bare name is looked up in PATH, a path with a
-             // '/' resolves like kPath
-  kList,     // comma-separated on the command line, a sequence in a file
-  kMap,      // K=V,... on the command line, a mapping in a file
+  kSwitch,    // no value on the command line; true/false in a file
+  kInt,       // an integer, or one of `choices`
+  kSeconds,   // a duration in seconds: finite, > 0, <= max_seconds
+  kString,    // text, or one of `choices` when there are any
+  kPath,      // a file or folder; relative paths in a file resolve against
+              // the file's folder
+  kCommand,   // a program: a bare name is looked up in PATH, a path with a
+              // '/' resolves like kPath
+  kList,      // comma-separated on the command line, a sequence in a file
+  kMap,       // K=V,... on the command line, a mapping in a file
+  kRepeated,  // items that may hold commas (-x A -x 'B=1,2'): one per
+              // occurrence on the command line, joined by '\n' from a file's
+              // sequence and in print(); used with `repeatable`
 };
 
 // A value a flag rejects. `message` names the value and the valid forms
@@ -76,14 +79,14 @@ struct FlagSpec {
   // The --help paragraph, one sentence or a few, unwrapped.
   std::string_view help = {};
   // The --help section: "WORKERS", "PROGRAMS", "OUTPUT", "SIGNALS",
-  // "RENDEZVOUS", "JOB FILES".
+  // "RENDEZVOUS", "HOSTS", "JOB FILES".
   std::string_view section = {};
   // The literal values it accepts besides numbers (completion, YAML type
   // checks): {"cpu", "gpu", "auto"}; empty when free-form.
   std::vector<std::string_view> choices = {};
   // kSeconds: the largest value accepted.
   double max_seconds = kMaxSeconds;
-  // kList only: the flag may be given more than once, and its sources add
+  // kList or kRepeated: the flag may be given more than once, and its sources add
   // up instead of the first one found winning: the job file's items, then
   // PET_<KEY>'s, then DLAUNCH_<KEY>'s, then each occurrence on the command
   // line; apply() runs once per source, appending.
@@ -127,6 +130,15 @@ std::chrono::milliseconds parse_duration(const FlagSpec& flag,
 // node, the agent's rendezvous timeout). Throws BadValue with the whole
 // message.
 void check_rendezvous(LaunchOptions& options);
+
+// Checks the HOSTS flags together once every flag is applied: one host
+// source, --include/--exclude over it, launcher settings that need hosts.
+// Throws BadValue with the whole message.
+void check_hosts(LaunchOptions& options);
+
+// Splits `text` into words as a POSIX shell would ("-o 'A B'" is two
+// words), without expansions. Throws BadValue for an unclosed quote.
+std::vector<std::string> split_words(const std::string& text);
 
 // "0.5", "30": seconds as the shortest text that reads back the same.
 std::string format_seconds(std::chrono::milliseconds d);

@@ -87,7 +87,8 @@ EXAMPLES
 constexpr std::pair<std::string_view, std::string_view> kSections[] = {
     {"WORKERS", "WORKERS"},       {"PROGRAMS", "PROGRAMS"},
     {"OUTPUT", "OUTPUT"},         {"SIGNALS", "SIGNALS"},
-    {"RENDEZVOUS", "RENDEZVOUS"}, {"RELIABILITY", "RELIABILITY"},
+    {"RENDEZVOUS", "RENDEZVOUS"}, {"HOSTS", "HOSTS"},
+    {"RELIABILITY", "RELIABILITY"},
     {"JOB FILES", "JOB FILES"},   {"OTHER", "OTHER"},
 };
 

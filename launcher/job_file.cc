@@ -9,6 +9,8 @@
 #include <sstream>
 
 #include "launcher/flags.h"
+#include "launcher/hostfile.h"
+#include "launcher/hosts.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -57,6 +59,12 @@ class Loader {
         fail(k, key + ": appears twice; keep one");
       }
       read_key(key, k, v);
+    }
+    if (auto it = job_.settings.find("hostfile");
+        it != job_.settings.end() && !job_.hosts.empty()) {
+      throw JobFileError(it->second.pos.text() +
+                         ": hostfile: hosts and hostfile both name the "
+                         "hosts; keep one");
     }
     return job_;
   }
@@ -189,10 +197,11 @@ class Loader {
   std::string flag_value(const FlagSpec& f, const std::string& key,
                          const YAML::Node& v) {
     using T = ValueType;
-    if (f.type == T::kList && v.IsSequence()) {
+    if ((f.type == T::kList || f.type == T::kRepeated) && v.IsSequence()) {
+      const char* sep = f.type == T::kList ? "," : "\n";
       std::string out;
       for (const auto& item : v) {
-        out += (out.empty() ? "" : ",") + scalar(item, key, "a list item");
+        out += (out.empty() ? "" : sep) + scalar(item, key, "a list item");
       }
       return out;
     }
@@ -216,6 +225,7 @@ class Loader {
         want = "a number of seconds";
         break;
       case T::kList:
+      case T::kRepeated:
         want = "a list";
         break;
       case T::kMap:
@@ -258,15 +268,20 @@ class Loader {
   void read_hosts(const YAML::Node& v) {
     if (v.IsNull()) return;
     if (v.IsScalar()) {
-      std::string file = resolve(scalar(v, "hosts", "a hostfile path"));
-      std::ifstream in(file);
-      if (!in) {
-        fail(v, "hosts: cannot read hostfile '" + file +
-                    "'; give a list of hosts or a readable hostfile");
+      // A hostlist (node[01-04]:8,gpu7), or a hostfile's path.
+      std::string text = scalar(v, "hosts", "a hostlist or hostfile path");
+      std::string file = resolve(text);
+      try {
+        if (text.find_first_of("[,") == std::string::npos && fs::exists(file)) {
+          job_.hosts = read_hostfile(file);
+        } else {
+          job_.hosts = parse_host_list(text);
+        }
+      } catch (const HostsError& e) {
+        if (std::string(e.what()).starts_with(file + ":"))
+          throw JobFileError(e.what());
+        fail(v, std::string("hosts: ") + e.what());
       }
-      std::stringstream text;
-      text << in.rdbuf();
-      job_.hosts = parse_hostfile(text.str(), file);
       return;
     }
     if (!v.IsSequence()) {
@@ -278,22 +293,21 @@ class Loader {
     std::set<std::string> names;
     for (const auto& h : v) {
       std::string s = scalar(h, "hosts", "NAME or NAME:SLOTS");
-      std::vector<Host> one;
+      std::vector<Host> some;
       try {
-        one = parse_hostfile(s, name_);
-      } catch (const JobFileError& e) {
-        // Re-position at the list item: the text after "FILE:1:C: ".
-        std::string what = e.what();
-        fail(h, what.substr(what.find(": ") + 2));
+        some = parse_host_list(s);
+      } catch (const HostsError& e) {
+        fail(h, std::string("hosts: ") + e.what());
       }
-      if (one.size() != 1) fail(h, "hosts: '" + s + "' is not one host");
-      if (!names.insert(one[0].name).second) {
-        fail(h, "hosts: '" + one[0].name +
-                    "' is listed twice; give "
-                    "SLOTS instead (" +
-                    one[0].name + ":4)");
+      for (Host& one : some) {
+        if (!names.insert(one.name).second) {
+          fail(h, "hosts: '" + one.name +
+                      "' is listed twice; give "
+                      "SLOTS instead (" +
+                      one.name + ":4)");
+        }
+        job_.hosts.push_back(std::move(one));
       }
-      job_.hosts.push_back(one[0]);
     }
   }
 
@@ -361,66 +375,6 @@ std::string FilePos::text() const {
 
 JobFile load_job_file(const std::string& path, const agent::EnvMap& env) {
   return Loader(path, env).load();
-}
-
-std::vector<Host> parse_hostfile(const std::string& text,
-                                 const std::string& file) {
-  std::vector<Host> hosts;
-  std::set<std::string> names;
-  std::istringstream in(text);
-  int line_no = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++line_no;
-    line = line.substr(0, line.find('#'));
-    size_t start = line.find_first_not_of(" \t");
-    if (start == std::string::npos) continue;
-    auto fail = [&](const std::string& what) {
-      throw JobFileError(file + ":" + std::to_string(line_no) + ":" +
-                         std::to_string(start + 1) + ": hosts: " + what);
-    };
-    std::istringstream words(line.substr(start));
-    std::string word, more;
-    words >> word;
-    Host h;
-    h.name = word;
-    std::string slots;
-    if (size_t colon = word.find(':'); colon != std::string::npos) {
-      h.name = word.substr(0, colon);
-      slots = word.substr(colon + 1);
-    }
-    if (words >> more) {
-      if (more.rfind("slots=", 0) != 0 || !slots.empty()) {
-        fail("'" + more +
-             "' is not valid; write NAME, NAME:SLOTS or NAME "
-             "slots=SLOTS");
-      }
-      slots = more.substr(6);
-    }
-    if (words >> more) {
-      fail("'" + more + "' is extra; write one host per line");
-    }
-    bool name_ok = !h.name.empty() &&
-                   std::all_of(h.name.begin(), h.name.end(), [](char c) {
-                     return std::isalnum(static_cast<unsigned char>(c)) ||
-                            c == '.' || c == '-' || c == '_';
-                   });
-    if (!name_ok) {
-      fail("'" + h.name +
-           "' is not a host name; use letters, digits, '.', "
-           "'-' and '_' (node1, 10.0.0.2)");
-    }
-    if (!slots.empty()) {
-      if (!parse_number(slots, h.slots) || h.slots < 1 || h.slots > 65536) {
-        fail("'" + slots + "' slots for " + h.name +
-             " is not valid; use a number 1..65536");
-      }
-    }
-    if (!names.insert(h.name).second) {
-      fail("'" + h.name + "' is listed twice; give slots instead");
-    }
-    hosts.push_back(h);
-  }
-  return hosts;
 }
 
 bool is_secret_name(const std::string& name) {

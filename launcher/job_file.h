@@ -55,12 +55,6 @@ struct JobFile {
 // JobFileError.
 JobFile load_job_file(const std::string& path, const agent::EnvMap& env);
 
-// Parses hostfile text: one host per line as NAME, NAME:SLOTS or
-// NAME slots=SLOTS; '#' starts a comment. Throws JobFileError positioned
-// in `file`.
-std::vector<Host> parse_hostfile(const std::string& text,
-                                 const std::string& file);
-
 // Whether an environment variable's name says it holds a secret (TOKEN,
 // SECRET, PASSWORD, API_KEY, ...): its value is never printed or written;
 // --print-config and job.yaml write `${NAME}` instead.

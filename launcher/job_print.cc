@@ -83,8 +83,12 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
         out << (*text == "true");
         break;
       case ValueType::kList:
+      case ValueType::kRepeated:
         out << YAML::Flow << YAML::BeginSeq;
-        for (const std::string& item : split(*text, ',')) out << literal(item);
+        for (const std::string& item :
+             split(*text, f.type == ValueType::kList ? ',' : '\n')) {
+          out << literal(item);
+        }
         out << YAML::EndSeq;
         break;
       case ValueType::kMap:
@@ -110,11 +114,6 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
       out << YAML::Key << name << YAML::Value << env_value(name, value);
     }
     out << YAML::EndMap;
-  }
-  if (!o.hosts.empty()) {
-    out << YAML::Key << "hosts" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-    for (const Host& h : o.hosts) out << host_text(h);
-    out << YAML::EndSeq;
   }
   out << YAML::EndMap;
   return "# The effective dlaunch job; rerun it with: dlaunch --config FILE\n" +

@@ -12,11 +12,52 @@
 namespace dlaunch::launcher {
 
 // One host of a job: a name and how many workers it runs (0: the job's
-// nproc_per_node).
+// nproc_per_node), and when --include/--exclude named GPU indices on it,
+// those (its CUDA_VISIBLE_DEVICES; slots is then their count).
 struct Host {
   std::string name;
   int slots = 0;
+  std::vector<int> gpus = {};
   bool operator==(const Host&) const = default;
+};
+
+// How the head of a multi-host job starts one agent per host (the HOSTS
+// flags). The hosts themselves are LaunchOptions::hosts. Plain data.
+struct RemoteOptions {
+  // --hosts as given (a hostlist whose items may end in :SLOTS); empty
+  // (default): none on the command line.
+  std::string hosts_text;
+  // --hostfile as given; empty (default): none.
+  std::string hostfile;
+  // --include / --exclude in deepspeed's syntax (NAME[:GPU,...]@...); empty
+  // (default): every host, every slot.
+  std::string include;
+  std::string exclude;
+  // --launcher: "ssh" (default), "pdsh", or "local" (each host's agent a
+  // process on this machine advertising the host's address: loopback
+  // "hosts" 127.0.0.x, tests). Backends: launcher/backends/.
+  std::string launcher = "ssh";
+  // --ssh-port; 0 (default): ssh's own (22, or ~/.ssh/config's).
+  int ssh_port = 0;
+  // --ssh-args, split like a shell would (quotes kept together); passed to
+  // every ssh before the host. Default none.
+  std::vector<std::string> ssh_args;
+  // --connect-timeout: ssh's ConnectTimeout and the bound on each host's
+  // pre-flight. Default 10 s.
+  std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
+  // --pdsh-fanout: hosts pdsh reaches at once (pdsh -f). Default 32.
+  int pdsh_fanout = 32;
+  // --remote-dlaunch: where dlaunch is on every host; empty (default): the
+  // head's own path.
+  std::string remote_dlaunch;
+  // -x/--export, in order: NAME (the head's value, if set) or NAME=VALUE.
+  // Default none (the default forwarded set still goes).
+  std::vector<std::string> exports;
+  // --env-file: NAME=VALUE lines set on every host. Empty (default): none.
+  std::string env_file;
+  // --chdir: the working folder of every host's agent and workers; empty
+  // (default): the head's current folder.
+  std::string chdir;
 };
 
 // Everything `dlaunch` was asked to do, with documented defaults: the
@@ -56,11 +97,16 @@ struct LaunchOptions {
   // file's `env` map); the worker contract (RANK, ...) still wins. Default
   // empty.
   std::map<std::string, std::string> env;
-  // The job's hosts (a job file's `hosts`: a list or a hostfile), parsed
-  // and validated. Multi-node launch is not implemented yet: a run refuses
-  // hosts other than this one, --dry-run shows them. Default empty: this
-  // node only.
+  // The job's hosts (--hosts, --hostfile, or a job file's `hosts`: a list
+  // or a hostfile), parsed and validated, after --include/--exclude.
+  // Default empty: this node only, no remote agents.
   std::vector<Host> hosts;
+  // How the agents on `hosts` are started.
+  RemoteOptions remote;
+  // Whether --nproc-per-node (or its key or PET_ variable) was given: a
+  // host's slots decide its worker count only when it was not. Default
+  // false.
+  bool nproc_per_node_given = false;
   // The fault specs as given (--fault, PET_FAULTS, DLAUNCH_FAULTS, the job
   // file's faults:), for --print-config and job.yaml; agent.faults holds
   // them parsed. Default empty.

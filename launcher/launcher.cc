@@ -28,35 +28,13 @@
 #include "launcher/drill.h"
 #include "launcher/job_print.h"
 #include "launcher/job_token.h"
+#include "launcher/multi_host.h"
+#include "launcher/remote_agent.h"
 
 namespace dlaunch::launcher {
 namespace {
 
 void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
-
-// Why this version cannot run the job's hosts; nullopt when it can (none
-// given, or only this node with slots agreeing with nproc_per_node).
-std::optional<std::string> unsupported_hosts(const LaunchOptions& o) {
-  if (o.hosts.empty()) return std::nullopt;
-  char name[256] = {};
-  ::gethostname(name, sizeof name - 1);
-  const Host& h = o.hosts[0];
-  bool local =
-      h.name == "localhost" || h.name.rfind("127.", 0) == 0 || h.name == name;
-  if (o.hosts.size() > 1 || !local) {
-    return "hosts: " + std::to_string(o.hosts.size()) +
-           " host(s) starting with '" + h.name +
-           "': multi-node launch is not implemented yet; this version runs "
-           "on this node only (hosts: [localhost] or no hosts key); "
-           "--dry-run shows the plan";
-  }
-  if (h.slots > 0 && h.slots != o.agent.nproc_per_node) {
-    return "hosts: " + h.name + ":" + std::to_string(h.slots) + " asks for " +
-           std::to_string(h.slots) + " workers but nproc_per_node is " +
-           std::to_string(o.agent.nproc_per_node) + "; make them agree";
-  }
-  return std::nullopt;
-}
 
 // LOG_DIR/RUN_ID/job.yaml: the effective job, so `dlaunch --config` on it
 // reruns the job into a fresh log folder. A failure is reported, not fatal.
@@ -298,6 +276,16 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  // The head's commands on its hosts (agent_launcher.h).
+  if (!args.empty() && args[0] == "--remote-agent") {
+    return remote_agent_main(args);
+  }
+  if (!args.empty() && args[0] == "--remote-check") {
+    return remote_check_main(args);
+  }
+  if (!args.empty() && args[0] == "--remote-stop") {
+    return remote_stop_main(args);
+  }
   ParseResult parsed =
       parse_command_line(args, agent::current_environment(), write_stderr);
   if (std::holds_alternative<HelpRequested>(parsed)) {
@@ -324,22 +312,38 @@ int main(int argc, char** argv) {
     case LaunchOptions::Mode::kDrill:
       break;
   }
-  if (auto why = unsupported_hosts(options)) {
-    write_stderr("dlaunch: " + *why + "\n");
-    return 2;
+  // Other hosts: this machine is the head (multi_host.h). This one alone:
+  // its slots or GPUs decide its workers, as they would there.
+  LaunchOptions here = options;
+  if (!options.hosts.empty()) {
+    const Host& h = options.hosts[0];
+    if (options.hosts.size() > 1 ||
+        !is_head_host(h.name, options.rdzv.local_addr)) {
+      return launch_hosts(options);
+    }
+    if (!h.gpus.empty()) {
+      here.agent.nproc_per_node = static_cast<int>(h.gpus.size());
+      std::string list;
+      for (int g : h.gpus)
+        list += (list.empty() ? "" : ",") + std::to_string(g);
+      ::setenv("CUDA_VISIBLE_DEVICES", list.c_str(), 1);
+    } else if (h.slots > 0 && !options.nproc_per_node_given) {
+      here.agent.nproc_per_node = h.slots;
+    }
+    here.agent.hostname = h.name;
   }
   try {
     if (options.mode == LaunchOptions::Mode::kDrill) {
       agent::RunResult result;
-      launch(options, &result);
+      launch(here, &result);
       std::vector<std::string> specs;
-      for (const agent::Fault& f : options.agent.faults)
+      for (const agent::Fault& f : here.agent.faults)
         specs.push_back(f.spec);
       bool passed = false;
       agent::write_all(STDOUT_FILENO, drill_verdict(result, specs, passed));
       return passed ? 0 : 1;
     }
-    return launch(options);
+    return launch(here);
   } catch (const comm::store::TokenError& e) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
     return 2;

@@ -133,14 +133,18 @@ TEST(JobConfig, PrintConfigOutputRunsTheSameJob) {
   EXPECT_EQ(twice.out, printed.out);
 }
 
-TEST(JobConfig, HostsBeyondThisNodeAreRefusedBeforeAnythingStarts) {
+TEST(JobConfig, HostsThatCannotBeReachedFailPreflightBeforeAnythingStarts) {
   TempDir dir;
   write_file(dir / "job.yaml",
              "program: sh\nargs: [-c, 'touch " + (dir / "started").string() +
-                 "']\nhosts: [node1:2, node2:2]\nnproc_per_node: 2\n");
+                 "']\nhosts: [node1.invalid:2, node2.invalid:2]\n"
+                 "nproc_per_node: 2\nconnect_timeout: 5\n");
   CommandResult r = dlaunch({"--config", (dir / "job.yaml").string()});
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_THAT(r.err, HasSubstr("multi-node launch is not implemented yet"));
+  EXPECT_EQ(r.exit_code, 1);
+  // Every host's failure in one table.
+  EXPECT_THAT(r.err, HasSubstr("pre-flight failed on 2 of 2 host(s)"));
+  EXPECT_THAT(r.err, HasSubstr("\n  node1.invalid  cannot run "));
+  EXPECT_THAT(r.err, HasSubstr("\n  node2.invalid  cannot run "));
   EXPECT_FALSE(fs::exists(dir / "started"));
   // This node alone runs.
   write_file(dir / "job.yaml",

@@ -1,0 +1,90 @@
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "launcher/launch_options.h"
+#include "launcher/remote_job.h"
+
+namespace dlaunch::launcher {
+
+// What a backend needs to start, check and stop the agents of one job on
+// its remote hosts. The head fills it once; plain data.
+struct LaunchPlan {
+  // One job per remote host, in host order (RemoteJob::host names it).
+  std::vector<RemoteJob> jobs;
+  // dlaunch's path on every host.
+  std::string remote_dlaunch;
+  // The job's program as the remote agents will look it up (pre-flight).
+  std::string program;
+  // --ssh-port, --ssh-args, --connect-timeout, --pdsh-fanout, ...
+  RemoteOptions options;
+  // Job-unique, non-secret id: teardown stops the processes carrying it.
+  std::string job_tag;
+  // A 0600 folder of the head's for files a backend hands to its hosts
+  // (pdsh's job file); removed at the end.
+  std::filesystem::path staging_dir;
+  // The head's environment (PDSH_RCMD_TYPE, SSH_AUTH_SOCK, PATH).
+  std::map<std::string, std::string> head_env;
+};
+
+// One process the head runs on its own machine to reach some hosts:
+// `ssh HOST dlaunch --remote-agent`, one `pdsh -w HOSTS ...`, `srun ...`.
+struct AgentCommand {
+  std::vector<std::string> argv;  // argv[0] looked up in PATH
+  // Set on top of the head's environment (PDSH_RCMD_TYPE, ...).
+  std::map<std::string, std::string> env;
+  // The hosts it reaches; its output is theirs.
+  std::vector<std::string> hosts;
+  // Written to its stdin first (the job); stdin then stays open while the
+  // head runs, so that its end tells the agent the head is gone. Empty:
+  // stdin is /dev/null.
+  std::string stdin_data;
+  // Its output lines start with "HOST: " (pdsh): the head takes the host
+  // from there. Otherwise every line is hosts[0]'s.
+  bool host_prefixed_lines = false;
+  // Files the head writes first (pdsh's exec module runs on this machine:
+  // its job file is placed directly), path -> contents, mode 0600.
+  std::map<std::filesystem::path, std::string> local_files;
+};
+
+// How the head reaches the hosts of a job (--launcher). A backend only
+// builds commands: the head (launcher/multi_host.cc) runs them, reads
+// their output, watches their exits and tears them down, so backends
+// share one tested runner and can be unit-tested as text. Implementations
+// live in launcher/backends/, one file each, listed in backends.cc.
+class AgentLauncher {
+ public:
+  virtual ~AgentLauncher() = default;
+  // Pre-flight, every host at once: each host's `dlaunch --remote-check`
+  // prints one line (remote_check.h) saying whether dlaunch runs there
+  // and the program is found. Run to the end before anything starts.
+  virtual std::vector<AgentCommand> check_commands(
+      const LaunchPlan& plan) const = 0;
+  // Starts one agent per host (`dlaunch --remote-agent`), each reading its
+  // RemoteJob from stdin or a 0600 file.
+  virtual std::vector<AgentCommand> start_commands(
+      const LaunchPlan& plan) const = 0;
+  // Teardown: `dlaunch --remote-stop TAG` on every host, which stops the
+  // processes carrying the job's tag (and removes its job files). Run when
+  // the job ends early or the head is interrupted.
+  virtual std::vector<AgentCommand> stop_commands(
+      const LaunchPlan& plan) const = 0;
+};
+
+// The backend called `name` ("ssh", "pdsh", "local"); nullptr for none.
+std::unique_ptr<AgentLauncher> make_agent_launcher(std::string_view name);
+
+// The names make_agent_launcher() knows, for messages.
+std::vector<std::string_view> agent_launcher_names();
+
+// The remote command line `dlaunch ARGS...` as one shell word list (ssh
+// and pdsh hand the remote shell one string): each word single-quoted
+// when it needs it.
+std::string shell_command(const std::vector<std::string>& argv);
+
+}  // namespace dlaunch::launcher

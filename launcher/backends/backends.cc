@@ -1,0 +1,57 @@
+#include "launcher/backends/backends.h"
+
+#include <utility>
+
+namespace dlaunch::launcher {
+namespace {
+
+using Factory = std::unique_ptr<AgentLauncher> (*)();
+
+// Every backend --launcher knows, by name.
+constexpr std::pair<std::string_view, Factory> kBackends[] = {
+    {"ssh", backends::make_ssh},
+    {"pdsh", backends::make_pdsh},
+    {"local", backends::make_local},
+};
+
+}  // namespace
+
+std::unique_ptr<AgentLauncher> make_agent_launcher(std::string_view name) {
+  for (const auto& [n, make] : kBackends) {
+    if (n == name) return make();
+  }
+  return nullptr;
+}
+
+std::vector<std::string_view> agent_launcher_names() {
+  std::vector<std::string_view> out;
+  for (const auto& [n, make] : kBackends) out.push_back(n);
+  return out;
+}
+
+std::string shell_command(const std::vector<std::string>& argv) {
+  std::string out;
+  for (const std::string& a : argv) {
+    if (!out.empty()) out += ' ';
+    bool plain = !a.empty() && a.find_first_not_of(
+                                   "abcdefghijklmnopqrstuvwxyz"
+                                   "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                   "0123456789_-./=:,+@%") == std::string::npos;
+    if (plain) {
+      out += a;
+      continue;
+    }
+    out += '\'';
+    for (char c : a) {
+      if (c == '\'') {
+        out += "'\\''";
+      } else {
+        out += c;
+      }
+    }
+    out += '\'';
+  }
+  return out;
+}
+
+}  // namespace dlaunch::launcher

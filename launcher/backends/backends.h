@@ -1,0 +1,16 @@
+#pragma once
+
+#include <memory>
+
+#include "launcher/agent_launcher.h"
+
+// The backends' factories, one per file in launcher/backends/. A new
+// backend is a new file defining its factory, declared here and listed in
+// backends.cc.
+namespace dlaunch::launcher::backends {
+
+std::unique_ptr<AgentLauncher> make_local();
+std::unique_ptr<AgentLauncher> make_ssh();
+std::unique_ptr<AgentLauncher> make_pdsh();
+
+}  // namespace dlaunch::launcher::backends

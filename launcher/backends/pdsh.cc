@@ -1,0 +1,123 @@
+// --launcher pdsh: one `pdsh -S -b -f FANOUT -w HOSTS` for all hosts; the
+// rcmd module is pdsh's own choice (PDSH_RCMD_TYPE, -R through
+// --ssh-args is not used). pdsh gives remote commands no stdin, so every
+// host's job goes in one 0600 file placed on the hosts first (written
+// directly with the exec module, which runs on this machine; pdcp
+// otherwise); each agent takes its own entry by host name and removes the
+// file once read. -S: pdsh exits with the largest remote status.
+#include "launcher/backends/backends.h"
+
+namespace dlaunch::launcher::backends {
+namespace {
+
+class PdshLauncher : public AgentLauncher {
+ public:
+  std::vector<AgentCommand> check_commands(
+      const LaunchPlan& plan) const override {
+    std::vector<AgentCommand> out;
+    if (!exec_module(plan)) {
+      // Place the job file first (pdcp reaches the same hosts).
+      AgentCommand copy;
+      copy.argv = {"pdcp",
+                   "-f",
+                   std::to_string(plan.options.pdsh_fanout),
+                   "-w",
+                   host_list(plan),
+                   local_job_file(plan).string(),
+                   job_file(plan).string()};
+      copy.hosts = hosts(plan);
+      copy.host_prefixed_lines = true;
+      copy.local_files[local_job_file(plan)] = all_jobs(plan);
+      out.push_back(std::move(copy));
+    }
+    AgentCommand c =
+        pdsh(plan, {plan.remote_dlaunch, "--remote-check", plan.program});
+    // The exec module's "hosts" share this machine's /tmp: one file each.
+    if (exec_module(plan)) {
+      for (const RemoteJob& j : plan.jobs) {
+        c.local_files[job_file(plan, j.host)] = encode_remote_job(j);
+      }
+    }
+    out.push_back(std::move(c));
+    return out;
+  }
+
+  std::vector<AgentCommand> start_commands(
+      const LaunchPlan& plan) const override {
+    // The exec module substitutes %h; over ssh the agent finds its entry
+    // by its own names.
+    if (exec_module(plan)) {
+      return {pdsh(plan, {plan.remote_dlaunch, "--remote-agent", "--job-file",
+                          job_file(plan, "%h").string(), "--host", "%h"})};
+    }
+    return {pdsh(plan, {plan.remote_dlaunch, "--remote-agent", "--job-file",
+                        job_file(plan).string()})};
+  }
+
+  std::vector<AgentCommand> stop_commands(
+      const LaunchPlan& plan) const override {
+    return {pdsh(
+        plan, {plan.remote_dlaunch, "--remote-stop", plan.job_tag, "--job-file",
+               job_file(plan, exec_module(plan) ? "%h" : "").string()})};
+  }
+
+ private:
+  static bool exec_module(const LaunchPlan& plan) {
+    auto it = plan.head_env.find("PDSH_RCMD_TYPE");
+    return it != plan.head_env.end() && it->second == "exec";
+  }
+
+  static std::vector<std::string> hosts(const LaunchPlan& plan) {
+    std::vector<std::string> out;
+    for (const RemoteJob& j : plan.jobs) out.push_back(j.host);
+    return out;
+  }
+
+  static std::string host_list(const LaunchPlan& plan) {
+    std::string out;
+    for (const RemoteJob& j : plan.jobs) {
+      out += (out.empty() ? "" : ",") + j.host;
+    }
+    return out;
+  }
+
+  static std::string all_jobs(const LaunchPlan& plan) {
+    std::string out;
+    for (const RemoteJob& j : plan.jobs) out += encode_remote_job(j);
+    return out;
+  }
+
+  // Where each host finds the job: /tmp, named by the job's tag (and the
+  // host, when the hosts share this machine).
+  static std::filesystem::path job_file(const LaunchPlan& plan,
+                                        const std::string& host = "") {
+    return "/tmp/" + plan.job_tag + (host.empty() ? "" : "-" + host) + ".job";
+  }
+  static std::filesystem::path local_job_file(const LaunchPlan& plan) {
+    return plan.staging_dir / "job";
+  }
+
+  static AgentCommand pdsh(const LaunchPlan& plan,
+                           const std::vector<std::string>& remote) {
+    AgentCommand c;
+    c.argv = {"pdsh",
+              "-S",
+              "-b",
+              "-f",
+              std::to_string(plan.options.pdsh_fanout),
+              "-w",
+              host_list(plan)};
+    c.argv.insert(c.argv.end(), remote.begin(), remote.end());
+    c.hosts = hosts(plan);
+    c.host_prefixed_lines = true;
+    return c;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<AgentLauncher> make_pdsh() {
+  return std::make_unique<PdshLauncher>();
+}
+
+}  // namespace dlaunch::launcher::backends

@@ -1,0 +1,73 @@
+// --launcher ssh: one ssh connection per host, non-interactive
+// (BatchMode=yes: a missing key fails at once instead of asking), with a
+// connect timeout. The job, its environment and token go on the
+// connection's stdin, which stays open: its end stops the remote agent.
+#include "launcher/backends/backends.h"
+
+namespace dlaunch::launcher::backends {
+namespace {
+
+class SshLauncher : public AgentLauncher {
+ public:
+  std::vector<AgentCommand> check_commands(
+      const LaunchPlan& plan) const override {
+    std::vector<AgentCommand> out;
+    for (const RemoteJob& j : plan.jobs) {
+      out.push_back(command(
+          plan, j.host, {plan.remote_dlaunch, "--remote-check", plan.program}));
+    }
+    return out;
+  }
+
+  std::vector<AgentCommand> start_commands(
+      const LaunchPlan& plan) const override {
+    std::vector<AgentCommand> out;
+    for (const RemoteJob& j : plan.jobs) {
+      AgentCommand c =
+          command(plan, j.host, {plan.remote_dlaunch, "--remote-agent"});
+      c.stdin_data = encode_remote_job(j);
+      out.push_back(std::move(c));
+    }
+    return out;
+  }
+
+  std::vector<AgentCommand> stop_commands(
+      const LaunchPlan& plan) const override {
+    std::vector<AgentCommand> out;
+    for (const RemoteJob& j : plan.jobs) {
+      out.push_back(command(
+          plan, j.host, {plan.remote_dlaunch, "--remote-stop", plan.job_tag}));
+    }
+    return out;
+  }
+
+ private:
+  static AgentCommand command(const LaunchPlan& plan, const std::string& host,
+                              const std::vector<std::string>& remote) {
+    const RemoteOptions& o = plan.options;
+    AgentCommand c;
+    c.hosts = {host};
+    auto seconds = std::chrono::ceil<std::chrono::seconds>(o.connect_timeout);
+    c.argv = {"ssh",
+              "-o",
+              "BatchMode=yes",
+              "-o",
+              "ConnectTimeout=" + std::to_string(seconds.count()),
+              "-T"};
+    if (o.ssh_port > 0) {
+      c.argv.insert(c.argv.end(), {"-p", std::to_string(o.ssh_port)});
+    }
+    c.argv.insert(c.argv.end(), o.ssh_args.begin(), o.ssh_args.end());
+    c.argv.push_back(host);
+    c.argv.push_back("exec " + shell_command(remote));
+    return c;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<AgentLauncher> make_ssh() {
+  return std::make_unique<SshLauncher>();
+}
+
+}  // namespace dlaunch::launcher::backends

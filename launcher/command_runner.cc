@@ -1,0 +1,284 @@
+#include "launcher/command_runner.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/readable_pipe.hpp>
+#include <boost/asio/writable_pipe.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/process/v2/environment.hpp>
+#include <boost/process/v2/process.hpp>
+#include <boost/process/v2/stdio.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <functional>
+
+#include "agent/line_buffer.h"
+#include "agent/posix_env.h"
+#include "agent/worker_env.h"
+
+namespace dlaunch::launcher {
+namespace {
+
+namespace asio = boost::asio;
+namespace bp = boost::process::v2;
+
+// Boost.Process initializer: the command dies with the runner's thread
+// (a killed head leaves no ssh behind, and the remote agents then see
+// their stdin end).
+struct DieWithParent {
+  pid_t parent = ::getpid();
+  template <typename Launcher, typename Path>
+  boost::system::error_code on_exec_setup(Launcher&, const Path&,
+                                          const char* const*) {
+    agent::die_with_parent(parent);
+    return {};
+  }
+};
+
+}  // namespace
+
+struct CommandRunner::Impl {
+  // One running command and its pipes.
+  struct Child {
+    const AgentCommand* cmd = nullptr;
+    std::unique_ptr<bp::process> proc;
+    std::unique_ptr<asio::writable_pipe> in;
+    std::unique_ptr<asio::readable_pipe> out, err;
+    agent::LineBuffer out_lines{""}, err_lines{""};
+    std::array<char, 65536> out_buf{}, err_buf{};
+    int open_streams = 0;
+    bool reaped = false;
+    CommandResult result;
+  };
+
+  asio::io_context io;
+  CommandOutput output;
+  std::vector<std::unique_ptr<Child>> children;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  size_t done = 0;  // commands that ended (or never started)
+  int failed = -1;  // the first command to exit non-zero
+  std::thread thread;
+
+  // `text` (whole lines) of `c` to the head's fd, each line with its host.
+  void show(Child& c, int fd, const std::string& text) {
+    if (text.empty()) return;
+    std::string out;
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t nl = text.find('\n', pos);
+      std::string_view line(text.data() + pos, nl - pos);
+      pos = nl + 1;
+      if (c.cmd->host_prefixed_lines) {
+        // pdsh's "HOST: line" becomes "HOST line".
+        bool mine = false;
+        for (const std::string& h : c.cmd->hosts) {
+          if (line.starts_with(h) && line.substr(h.size()).starts_with(": ")) {
+            out += h + " ";
+            out += line.substr(h.size() + 2);
+            mine = true;
+            break;
+          }
+        }
+        if (!mine) {
+          out += line;
+          // pdsh reports each host's end on stderr: a failed one fails the
+          // job before pdsh itself ends.
+          if (fd == STDERR_FILENO && line.starts_with("pdsh@") &&
+              line.find(" exited with exit code ") != std::string_view::npos &&
+              !line.ends_with(" exit code 0")) {
+            std::lock_guard lock(mu);
+            if (failed < 0) failed = index(c);
+            cv.notify_all();
+          }
+        }
+      } else {
+        out += c.cmd->hosts.empty() ? "" : c.cmd->hosts[0] + " ";
+        out += line;
+      }
+      out += '\n';
+    }
+    agent::write_all(fd, out);
+  }
+
+  void read(Child& c, asio::readable_pipe& pipe, std::array<char, 65536>& buf,
+            agent::LineBuffer& lines, std::string& captured, int fd) {
+    pipe.async_read_some(asio::buffer(buf),
+                         [this, &c, &pipe, &buf, &lines, &captured, fd](
+                             const boost::system::error_code& ec, size_t n) {
+                           std::string whole;
+                           if (output == CommandOutput::kCapture) {
+                             captured.append(buf.data(), n);
+                           } else {
+                             lines.feed(std::string_view(buf.data(), n), whole);
+                           }
+                           if (ec) {
+                             if (output == CommandOutput::kShow)
+                               lines.flush(whole);
+                             show(c, fd, whole);
+                             if (--c.open_streams == 0) reap(c);
+                             return;
+                           }
+                           show(c, fd, whole);
+                           read(c, pipe, buf, lines, captured, fd);
+                         });
+  }
+
+  // After both streams end: the exit.
+  void reap(Child& c) {
+    c.proc->async_wait(
+        [this, &c](const boost::system::error_code& ec, int code) {
+          std::lock_guard lock(mu);
+          c.reaped = true;
+          c.result.exited = !ec;
+          c.result.exit_code = ec ? -1 : code;
+          if (!ec && code != 0 && failed < 0) {
+            failed = index(c);
+          }
+          ++done;
+          cv.notify_all();
+        });
+  }
+
+  int index(const Child& c) const {
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (children[i].get() == &c) return static_cast<int>(i);
+    }
+    return -1;
+  }
+
+  void start(Child& c) {
+    const AgentCommand& cmd = *c.cmd;
+    for (const auto& [path, text] : cmd.local_files) {
+      int fd =
+          ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0 || !agent::write_all(fd, text)) {
+        c.result.out =
+            "cannot write " + path.string() + ": " + std::strerror(errno);
+        if (fd >= 0) ::close(fd);
+        ++done;
+        return;
+      }
+      ::close(fd);
+    }
+    agent::EnvMap env = agent::current_environment();
+    for (const auto& [k, v] : cmd.env) env[k] = v;
+    std::vector<std::string> env_list;
+    for (const auto& [k, v] : env) env_list.push_back(k + "=" + v);
+    std::string exe = cmd.argv[0];
+    if (exe.find('/') == std::string::npos) {
+      auto found = bp::environment::find_executable(exe);
+      if (found.empty()) {
+        c.result.out = "'" + exe + "' is not in PATH";
+        ++done;
+        return;
+      }
+      exe = found.string();
+    }
+    c.out = std::make_unique<asio::readable_pipe>(io);
+    c.err = std::make_unique<asio::readable_pipe>(io);
+    if (!cmd.stdin_data.empty())
+      c.in = std::make_unique<asio::writable_pipe>(io);
+    try {
+      std::vector<std::string> args(cmd.argv.begin() + 1, cmd.argv.end());
+      if (c.in) {
+        c.proc = std::make_unique<bp::process>(
+            io, exe, args, bp::process_stdio{*c.in, *c.out, *c.err},
+            bp::process_environment(env_list), DieWithParent{});
+      } else {
+        c.proc = std::make_unique<bp::process>(
+            io, exe, args, bp::process_stdio{nullptr, *c.out, *c.err},
+            bp::process_environment(env_list), DieWithParent{});
+      }
+    } catch (const std::exception& e) {
+      c.result.out = "cannot start " + exe + ": " + e.what();
+      ++done;
+      return;
+    }
+    c.result.started = true;
+    c.open_streams = 2;
+    read(c, *c.out, c.out_buf, c.out_lines, c.result.out, STDOUT_FILENO);
+    read(c, *c.err, c.err_buf, c.err_lines, c.result.err, STDERR_FILENO);
+    if (c.in) {
+      asio::async_write(*c.in, asio::buffer(cmd.stdin_data),
+                        [](const boost::system::error_code&, size_t) {});
+    }
+  }
+};
+
+CommandRunner::CommandRunner(std::vector<AgentCommand> commands,
+                             CommandOutput output)
+    : commands_(std::move(commands)), impl_(std::make_unique<Impl>()) {
+  impl_->output = output;
+  for (const AgentCommand& c : commands_) {
+    auto child = std::make_unique<Impl::Child>();
+    child->cmd = &c;
+    impl_->children.push_back(std::move(child));
+  }
+  // The children are forked by the runner's thread: they die with it.
+  impl_->thread = std::thread([this] {
+    {
+      std::lock_guard lock(impl_->mu);
+      for (auto& c : impl_->children) impl_->start(*c);
+      impl_->cv.notify_all();
+    }
+    auto guard = asio::make_work_guard(impl_->io);
+    impl_->io.run();
+  });
+}
+
+CommandRunner::~CommandRunner() {
+  signal_all(SIGKILL);
+  wait(std::chrono::seconds(10));
+  impl_->io.stop();
+  impl_->thread.join();
+}
+
+bool CommandRunner::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(impl_->mu);
+  return impl_->cv.wait_for(
+      lock, timeout, [&] { return impl_->done == impl_->children.size(); });
+}
+
+int CommandRunner::wait_failure_or_end(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(impl_->mu);
+  impl_->cv.wait_for(lock, timeout, [&] {
+    return impl_->failed >= 0 || impl_->done == impl_->children.size();
+  });
+  return impl_->failed;
+}
+
+void CommandRunner::close_stdins() {
+  asio::post(impl_->io, [this] {
+    for (auto& c : impl_->children) {
+      if (c->in) {
+        boost::system::error_code ignored;
+        c->in->close(ignored);
+      }
+    }
+  });
+}
+
+void CommandRunner::signal_all(int sig) {
+  std::lock_guard lock(impl_->mu);
+  for (auto& c : impl_->children) {
+    if (c->proc && !c->reaped) ::kill(c->proc->id(), sig);
+  }
+}
+
+std::vector<CommandResult> CommandRunner::results() const {
+  std::lock_guard lock(impl_->mu);
+  std::vector<CommandResult> out;
+  for (const auto& c : impl_->children) out.push_back(c->result);
+  return out;
+}
+
+}  // namespace dlaunch::launcher

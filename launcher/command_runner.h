@@ -1,0 +1,63 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "launcher/agent_launcher.h"
+
+namespace dlaunch::launcher {
+
+// How a CommandRunner treats its commands' output.
+enum class CommandOutput {
+  kCapture,  // kept per command (pre-flight, teardown), not shown
+  kShow,     // shown on the head's stdout/stderr, each line whole, the
+             // host name before it ("node02 [default1]:hi")
+};
+
+// How one command ended.
+struct CommandResult {
+  bool started = false;  // false: it could not be spawned (see `out`)
+  bool exited = false;   // false: still running when a wait timed out
+  int exit_code = -1;    // its status; 128+N when killed by signal N
+  std::string out, err;  // with kCapture
+};
+
+// Runs the head's local processes that reach the hosts (AgentCommand:
+// ssh, pdsh, local agents) on a thread of its own: writes each one's
+// stdin, pumps its output whole-line, reaps it. The children die with
+// that thread (PR_SET_PDEATHSIG). Methods may be called from any thread;
+// the destructor SIGKILLs and reaps what is still running.
+class CommandRunner {
+ public:
+  CommandRunner(std::vector<AgentCommand> commands, CommandOutput output);
+  ~CommandRunner();
+  CommandRunner(const CommandRunner&) = delete;
+  CommandRunner& operator=(const CommandRunner&) = delete;
+
+  // Waits until every command exited or `timeout` passed; true when all
+  // exited. `on_exit`, when set, is called (on the runner's thread) with
+  // each command's index as it exits.
+  bool wait(std::chrono::milliseconds timeout);
+  // Waits until any command exits with a status other than 0, or all
+  // exited, or `timeout`. Returns the index of the failed one, or -1.
+  int wait_failure_or_end(std::chrono::milliseconds timeout);
+  // Closes every command's stdin: for agents reading it, the head is gone.
+  void close_stdins();
+  // Sends `sig` to every command still running.
+  void signal_all(int sig);
+  // The commands' results so far, in order.
+  std::vector<CommandResult> results() const;
+  const std::vector<AgentCommand>& commands() const { return commands_; }
+
+ private:
+  struct Impl;
+  std::vector<AgentCommand> commands_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dlaunch::launcher

@@ -1,0 +1,516 @@
+#include "launcher/multi_host.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "agent/agent.h"
+#include "agent/posix_env.h"
+#include "comm/store/server.h"
+#include "launcher/agent_launcher.h"
+#include "launcher/command_runner.h"
+#include "launcher/flags.h"
+#include "launcher/launcher.h"
+
+namespace dlaunch::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
+
+std::string machine_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+// `bytes` random bytes as hex, from the OS's generator.
+std::string random_hex(size_t bytes) {
+  std::random_device rd;
+  std::string out;
+  const char* digits = "0123456789abcdef";
+  for (size_t i = 0; i < bytes; ++i) {
+    unsigned v = rd() & 0xff;
+    out += digits[v >> 4];
+    out += digits[v & 15];
+  }
+  return out;
+}
+
+bool forwarded_by_default(const std::string& name) {
+  if (name == "PATH" || name == "LD_LIBRARY_PATH") return true;
+  // The head's own agent bookkeeping is not the job's.
+  if (name == "DLAUNCH_AGENT_TAG" || name == "DLAUNCH_JOB_TAG" ||
+      name == "DLAUNCH_RDZV_TOKEN") {
+    return false;
+  }
+  for (const char* p :
+       {"NCCL_", "CUDA_", "GLOO_", "OMP_", "PYTHON", "DLAUNCH_", "TORCH"}) {
+    if (name.starts_with(p)) return true;
+  }
+  return false;
+}
+
+// The flags the head decides for every agent, left out of the job's.
+bool head_decides(std::string_view name) {
+  for (const char* n : {"nnodes", "rdzv-backend", "rdzv-endpoint", "rdzv-id",
+                        "node-rank", "local-addr", "standalone",
+                        "nproc-per-node", "master-addr", "rdzv-conf"}) {
+    if (name == n) return true;
+  }
+  return false;
+}
+
+// A host's worker count: its GPUs or slots unless --nproc-per-node was
+// given.
+int workers_on(const LaunchOptions& o, const Host& h) {
+  if (!h.gpus.empty()) return static_cast<int>(h.gpus.size());
+  if (h.slots > 0 && !o.nproc_per_node_given) return h.slots;
+  return o.agent.nproc_per_node;
+}
+
+std::string gpu_list(const std::vector<int>& gpus) {
+  std::string out;
+  for (int g : gpus) out += (out.empty() ? "" : ",") + std::to_string(g);
+  return out;
+}
+
+// The pre-flight table: one line per host that failed, all at once.
+std::string preflight_table(
+    const std::vector<std::pair<std::string, std::string>>& failures,
+    size_t hosts) {
+  size_t width = 4;
+  for (const auto& [h, why] : failures) width = std::max(width, h.size());
+  std::string out = "dlaunch: pre-flight failed on " +
+                    std::to_string(failures.size()) + " of " +
+                    std::to_string(hosts) + " host(s); nothing was started:\n";
+  out += "  " + std::string("HOST") + std::string(width - 4 + 2, ' ') +
+         "PROBLEM\n";
+  for (const auto& [h, why] : failures) {
+    out += "  " + h + std::string(width - h.size() + 2, ' ') + why + "\n";
+  }
+  return out;
+}
+
+// The last non-empty line of `text`.
+std::string last_line(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (line.find_first_not_of(" \t\r") != std::string::npos) last = line;
+  }
+  return last;
+}
+
+// Runs the backend's pre-flight and says what failed on which host.
+std::vector<std::pair<std::string, std::string>> preflight(
+    const AgentLauncher& backend, const LaunchPlan& plan) {
+  std::vector<std::pair<std::string, std::string>> failures;
+  std::vector<AgentCommand> cmds = backend.check_commands(plan);
+  CommandRunner run(cmds, CommandOutput::kCapture);
+  const milliseconds bound =
+      plan.options.connect_timeout + std::chrono::seconds(20);
+  bool all = run.wait(bound);
+  std::vector<CommandResult> results = run.results();
+  std::map<std::string, std::string> answer;  // host -> its check line
+  for (size_t i = 0; i < cmds.size(); ++i) {
+    const AgentCommand& c = cmds[i];
+    const CommandResult& r = results[i];
+    // Lines "dlaunch-check ..." (pdsh: "HOST: dlaunch-check ...").
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      size_t at = line.find("dlaunch-check ");
+      if (at == std::string::npos) continue;
+      std::string host = c.hosts.empty() ? "" : c.hosts[0];
+      if (c.host_prefixed_lines && at >= 2) host = line.substr(0, at - 2);
+      if (!c.host_prefixed_lines && c.hosts.size() > 1) {
+        for (const std::string& h : c.hosts) answer[h] = line.substr(at);
+      } else {
+        answer[host] = line.substr(at);
+      }
+    }
+    if (c.argv[0] == "pdcp" && r.exited && r.exit_code != 0) {
+      for (const std::string& h : c.hosts) {
+        failures.emplace_back(
+            h, "cannot place the job file with pdcp: " + last_line(r.err));
+      }
+      return failures;
+    }
+    for (const std::string& h : c.hosts) {
+      if (answer.contains(h)) continue;
+      std::string why;
+      if (!r.started) {
+        why = r.out;
+      } else if (!r.exited) {
+        why = "no answer within " +
+              std::to_string(
+                  std::chrono::duration_cast<std::chrono::seconds>(bound)
+                      .count()) +
+              " s";
+      } else {
+        std::string err = last_line(r.err);
+        if (c.host_prefixed_lines) {
+          // pdsh: "pdsh@head: HOST: ssh exited with exit code 255".
+          std::istringstream el(r.err);
+          for (std::string line; std::getline(el, line);) {
+            if (line.find(h + ": ") != std::string::npos) err = line;
+          }
+        }
+        why = "cannot run " + plan.remote_dlaunch + " (exit " +
+              std::to_string(r.exit_code) + ")" +
+              (err.empty() ? "" : ": " + err);
+      }
+      answer[h] = "";
+      failures.emplace_back(h, why);
+    }
+  }
+  (void)all;
+  const std::string mine = "dlaunch-check " DLAUNCH_VERSION;
+  for (const RemoteJob& j : plan.jobs) {
+    auto it = answer.find(j.host);
+    if (it == answer.end() || it->second.empty()) continue;
+    const std::string& a = it->second;
+    if (!a.starts_with(mine + " ")) {
+      failures.emplace_back(j.host, "has another dlaunch (" + a.substr(14) +
+                                        "; this is " DLAUNCH_VERSION
+                                        "): install the same version at " +
+                                        plan.remote_dlaunch);
+    } else if (a != mine + " ok") {
+      failures.emplace_back(j.host, a.substr(mine.size() + 1));
+    }
+  }
+  return failures;
+}
+
+}  // namespace
+
+bool is_head_host(const std::string& host, const std::string& local_addr) {
+  const std::string me = machine_name();
+  return host == local_addr || host == me ||
+         host == me.substr(0, me.find('.')) || host == "localhost" ||
+         host == "127.0.0.1" || host == "::1";
+}
+
+std::map<std::string, std::string> remote_environment(
+    const LaunchOptions& o, const agent::EnvMap& head_env) {
+  std::map<std::string, std::string> env;
+  for (const auto& [k, v] : head_env) {
+    if (forwarded_by_default(k)) env[k] = v;
+  }
+  if (!o.remote.env_file.empty()) {
+    std::ifstream in(o.remote.env_file);
+    if (!in) {
+      throw std::runtime_error("--env-file " + o.remote.env_file + ": " +
+                               std::strerror(errno));
+    }
+    int n = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++n;
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      size_t start = line.find_first_not_of(" \t");
+      if (start == std::string::npos || line[start] == '#') continue;
+      size_t eq = line.find('=');
+      std::string name =
+          eq == std::string::npos ? "" : line.substr(start, eq - start);
+      if (name.starts_with("export ")) name = name.substr(7);
+      bool ok =
+          !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
+      for (char c : name) {
+        ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+      }
+      if (!ok) {
+        throw std::runtime_error(
+            "--env-file " + o.remote.env_file + ":" + std::to_string(n) +
+            ": '" + line +
+            "' is not NAME=VALUE; write one NAME=VALUE per "
+            "line ('#' comments)");
+      }
+      env[name] = line.substr(eq + 1);
+    }
+  }
+  for (const std::string& item : o.remote.exports) {
+    size_t eq = item.find('=');
+    if (eq != std::string::npos) {
+      env[item.substr(0, eq)] = item.substr(eq + 1);
+    } else if (auto it = head_env.find(item); it != head_env.end()) {
+      env[item] = it->second;
+    }
+  }
+  for (const auto& [k, v] : o.env) env[k] = v;
+  return env;
+}
+
+std::vector<std::string> agent_args(const LaunchOptions& o, const Host& h,
+                                    const std::string& endpoint,
+                                    const std::string& run_id) {
+  std::vector<std::string> args;
+  for (const FlagSpec& f : flags()) {
+    if (f.action || f.section == "HOSTS" || head_decides(f.name)) continue;
+    std::optional<std::string> text = f.print(o);
+    if (!text) continue;
+    const std::string flag = "--" + std::string(f.name);
+    if (f.type == ValueType::kSwitch) {
+      if (*text == "true") args.push_back(flag);
+    } else if (f.type == ValueType::kRepeated) {
+      std::istringstream items(*text);
+      for (std::string item; std::getline(items, item);) {
+        args.push_back(flag + "=" + item);
+      }
+    } else {
+      args.push_back(flag + "=" + *text);
+    }
+  }
+  const auto& r = o.rdzv;
+  const int n = static_cast<int>(o.hosts.size());
+  const bool elastic = r.min_nodes != r.max_nodes;
+  args.push_back("--nnodes=" + (elastic ? std::to_string(r.min_nodes) + ":" +
+                                              std::to_string(r.max_nodes)
+                                        : std::to_string(n)));
+  args.push_back("--rdzv-backend=c10d");
+  args.push_back("--rdzv-endpoint=" + endpoint);
+  args.push_back("--rdzv-id=" + run_id);
+  std::string conf;
+  for (const auto& [k, v] : o.rdzv_conf) {
+    if (k != "is_host") conf += k + "=" + v + ",";
+  }
+  args.push_back("--rdzv-conf=" + conf + "is_host=false");
+  args.push_back("--local-addr=" + h.name);
+  args.push_back("--nproc-per-node=" + std::to_string(workers_on(o, h)));
+  args.push_back("--");
+  args.push_back(o.program);
+  args.insert(args.end(), o.program_args.begin(), o.program_args.end());
+  return args;
+}
+
+int launch_hosts(const LaunchOptions& job) {
+  LaunchOptions o = job;
+  const agent::EnvMap head_env = agent::current_environment();
+  std::unique_ptr<AgentLauncher> backend =
+      make_agent_launcher(o.remote.launcher);
+  if (!backend) {
+    write_stderr("dlaunch: --launcher " + o.remote.launcher +
+                 " is not available\n");
+    return 2;
+  }
+  if (o.rdzv.max_nodes > static_cast<int>(o.hosts.size()) &&
+      o.rdzv.max_nodes > 1) {
+    write_stderr("dlaunch: --nnodes " + std::to_string(o.rdzv.max_nodes) +
+                 " is more than the " + std::to_string(o.hosts.size()) +
+                 " host(s) given; give as many hosts or fewer nodes\n");
+    return 2;
+  }
+  const std::string run_id =
+      o.agent.run_id.empty() ? agent::random_run_id() : o.agent.run_id;
+  o.agent.run_id = run_id;
+  const std::string token = random_hex(32);
+  const std::string tag = "dlaunch-job-" + random_hex(8);
+
+  // The agents' store, hosted here for the whole job.
+  const std::string advertised =
+      !o.rdzv.local_addr.empty()
+          ? o.rdzv.local_addr
+          : (o.rdzv.endpoint_host.empty() ? machine_name()
+                                          : o.rdzv.endpoint_host);
+  std::unique_ptr<comm::store::StoreServer> store;
+  try {
+    store = comm::store::StoreServer::start(
+        {.host = "0.0.0.0",
+         .port = static_cast<uint16_t>(
+             o.rdzv.endpoint_host.empty() ? 0 : o.rdzv.endpoint_port)});
+  } catch (const std::exception& e) {
+    write_stderr(std::string("dlaunch: cannot host the agents' store: ") +
+                 e.what() + "\n");
+    return 1;
+  }
+  const std::string endpoint =
+      (advertised.find(':') != std::string::npos ? "[" + advertised + "]"
+                                                 : advertised) +
+      ":" + std::to_string(store->port());
+
+  std::map<std::string, std::string> env;
+  try {
+    env = remote_environment(o, head_env);
+  } catch (const std::exception& e) {
+    write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+    return 2;
+  }
+  env["DLAUNCH_RDZV_TOKEN"] = token;
+  env["DLAUNCH_JOB_TAG"] = tag;
+
+  std::error_code ec;
+  const fs::path cwd = fs::current_path(ec);
+  std::string chdir = o.remote.chdir.empty() ? cwd.string() : o.remote.chdir;
+  LaunchPlan plan;
+  plan.options = o.remote;
+  plan.job_tag = tag;
+  plan.program = o.agent.entrypoint.empty() ? o.program : o.program;
+  plan.head_env = head_env;
+  plan.remote_dlaunch = o.remote.remote_dlaunch;
+  if (plan.remote_dlaunch.empty()) {
+    plan.remote_dlaunch = fs::read_symlink("/proc/self/exe", ec).string();
+  }
+  std::optional<Host> head_host;
+  for (const Host& h : o.hosts) {
+    if (!head_host && is_head_host(h.name, o.rdzv.local_addr)) {
+      head_host = h;
+      continue;
+    }
+    RemoteJob j;
+    j.args = agent_args(o, h, endpoint, run_id);
+    j.env = env;
+    if (!h.gpus.empty()) j.env["CUDA_VISIBLE_DEVICES"] = gpu_list(h.gpus);
+    j.chdir = chdir;
+    j.host = h.name;
+    j.job_tag = tag;
+    plan.jobs.push_back(std::move(j));
+  }
+  // A 0600 folder for what a backend places on its hosts.
+  plan.staging_dir = fs::temp_directory_path(ec) / (tag + ".d");
+  fs::create_directory(plan.staging_dir, ec);
+  ::chmod(plan.staging_dir.c_str(), 0700);
+  struct RemoveStaging {
+    fs::path dir;
+    ~RemoveStaging() {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  } remove_staging{plan.staging_dir};
+
+  if (!plan.jobs.empty()) {
+    auto failures = preflight(*backend, plan);
+    if (!failures.empty()) {
+      write_stderr(preflight_table(failures, plan.jobs.size()));
+      // The pdsh job file may be in place on the hosts that passed.
+      CommandRunner stop(backend->stop_commands(plan), CommandOutput::kCapture);
+      stop.wait(o.remote.connect_timeout + std::chrono::seconds(15));
+      return 1;
+    }
+  }
+
+  // From here the head's signals stop the whole job: the remote agents
+  // first hear of it from their stdin or by tag.
+  std::unique_ptr<CommandRunner> remote;
+  if (!plan.jobs.empty()) {
+    remote = std::make_unique<CommandRunner>(backend->start_commands(plan),
+                                             CommandOutput::kShow);
+  }
+  std::atomic<int> stop_signal{0};
+  boost::asio::io_context sig_io;
+  boost::asio::signal_set sigs(sig_io);
+  for (int s : o.agent.signals_to_handle) sigs.add(s);
+  std::jthread sig_thread;
+  std::mutex end_mu;
+  std::condition_variable end_cv;
+  bool ended = false;
+  if (!head_host) {
+    sigs.async_wait([&](const boost::system::error_code& e, int sig) {
+      if (e) return;
+      stop_signal = sig;
+      std::lock_guard lock(end_mu);
+      ended = true;
+      end_cv.notify_all();
+    });
+    sig_thread = std::jthread([&] { sig_io.run(); });
+  }
+
+  int head_code = 0;
+  bool head_failed = false;
+  if (head_host) {
+    // This machine's agent, in-process, meeting the others in the store.
+    LaunchOptions mine = o;
+    mine.rdzv.backend = "c10d";
+    mine.rdzv.endpoint_host = advertised;
+    mine.rdzv.endpoint_port = store->port();
+    mine.rdzv.is_host = false;
+    mine.rdzv.local_addr = head_host->name;
+    if (mine.rdzv.min_nodes == mine.rdzv.max_nodes) {
+      mine.rdzv.min_nodes = mine.rdzv.max_nodes =
+          static_cast<int>(o.hosts.size());
+    }
+    mine.standalone = false;
+    mine.agent.nproc_per_node = workers_on(o, *head_host);
+    mine.agent.hostname = head_host->name;
+    // Its lines carry its name like the other hosts' ("node01 [default0]:").
+    std::string tmpl = o.agent.log_line_prefix_template;
+    if (auto it = head_env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE");
+        tmpl.empty() && it != head_env.end()) {
+      tmpl = it->second;
+    }
+    if (tmpl.find("${hostname}") == std::string::npos) {
+      mine.agent.log_line_prefix_template =
+          "${hostname} " +
+          (tmpl.empty() ? "[${role_name}${local_rank}]:" : tmpl);
+    }
+    mine.hosts.clear();
+    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+    if (!head_host->gpus.empty()) {
+      ::setenv("CUDA_VISIBLE_DEVICES", gpu_list(head_host->gpus).c_str(), 1);
+    }
+    try {
+      head_code = launch(mine);
+    } catch (const std::exception& e) {
+      write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+      head_code = 1;
+    }
+    head_failed = head_code != 0;
+  } else if (remote) {
+    // Wait for the end, a failed host, or a signal.
+    std::thread watcher([&] {
+      remote->wait_failure_or_end(std::chrono::hours(24 * 365));
+      std::lock_guard lock(end_mu);
+      ended = true;
+      end_cv.notify_all();
+    });
+    {
+      std::unique_lock lock(end_mu);
+      end_cv.wait(lock, [&] { return ended; });
+    }
+    if (stop_signal == 0) {
+      watcher.join();
+    } else {
+      watcher.detach();
+    }
+  }
+  int code = head_code;
+  if (remote) {
+    // A failure here or there, or a signal: every host stops now; a
+    // success: the others are finishing (the exit barrier), let them.
+    bool all_done = remote->wait(milliseconds(0));
+    int failed = remote->wait_failure_or_end(milliseconds(0));
+    if (!all_done && (head_failed || stop_signal != 0 || failed >= 0)) {
+      remote->close_stdins();
+      CommandRunner stop(backend->stop_commands(plan), CommandOutput::kCapture);
+      stop.wait(o.remote.connect_timeout + std::chrono::seconds(15));
+    }
+    if (!remote->wait(o.agent.exit_barrier_timeout + o.agent.term_timeout +
+                      std::chrono::seconds(30))) {
+      write_stderr("dlaunch: some hosts' agents did not end; stopping them\n");
+      remote->close_stdins();
+      remote->signal_all(SIGTERM);
+      remote->wait(std::chrono::seconds(10));
+    }
+    int largest = 0;
+    for (const CommandResult& r : remote->results()) {
+      if (r.exited) largest = std::max(largest, r.exit_code);
+      if (!r.started) largest = std::max(largest, 1);
+    }
+    if (code == 0) code = largest;
+  }
+  sig_io.stop();
+  if (stop_signal != 0 && !head_host) code = 128 + stop_signal;
+  return code;
+}
+
+}  // namespace dlaunch::launcher

@@ -1,0 +1,47 @@
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "agent/worker_env.h"
+#include "launcher/launch_options.h"
+
+namespace dlaunch::launcher {
+
+// Runs `options` over options.hosts from this machine, the head: hosts
+// the agents' store (c10d rendezvous) and generates the job's token and
+// tag; checks every other host at once (pre-flight: reachable, dlaunch
+// runs, the program is found; all failures in one table, nothing
+// started); starts one agent per host through the --launcher backend
+// (agent_launcher.h) and runs this machine's own agent in-process when it
+// is one of the hosts; shows every host's lines with its name; on Ctrl-C
+// or a failed host stops every host's agent by the job's tag. Returns the
+// exit code: this host's agent's when it failed, else the largest of the
+// other hosts'.
+int launch_hosts(const LaunchOptions& options);
+
+// The variables every host's agent gets on top of its own environment:
+// PATH, LD_LIBRARY_PATH and the NCCL_ CUDA_ GLOO_ OMP_ PYTHON DLAUNCH_
+// TORCH variables of `head_env`, then --env-file's, then --export's, then
+// the job file's env map. Throws std::runtime_error for an unreadable or
+// bad --env-file (naming its line).
+std::map<std::string, std::string> remote_environment(
+    const LaunchOptions& options, const agent::EnvMap& head_env);
+
+// The dlaunch arguments of one host's agent: the job's flags as the table
+// prints them (HOSTS flags and the rendezvous settings the head decides
+// left out), then the head's rendezvous (`endpoint`, `run_id`, `nnodes`,
+// is_host=false, --local-addr HOST), this host's worker count, `--` and
+// the program.
+std::vector<std::string> agent_args(const LaunchOptions& options,
+                                    const Host& host,
+                                    const std::string& endpoint,
+                                    const std::string& run_id);
+
+// Whether `host` names the head's machine: its host name (full or short),
+// --local-addr, localhost, 127.0.0.1 or ::1. Other loopback addresses
+// (127.0.0.2, ...) are "other hosts", so that one machine can play many.
+bool is_head_host(const std::string& host, const std::string& local_addr);
+
+}  // namespace dlaunch::launcher

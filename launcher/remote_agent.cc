@@ -1,0 +1,274 @@
+#include "launcher/remote_agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <variant>
+
+#include "agent/posix_env.h"
+#include "launcher/cli.h"
+#include "launcher/launcher.h"
+#include "launcher/remote_job.h"
+
+namespace dlaunch::launcher {
+namespace {
+
+namespace fs = std::filesystem;
+
+void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
+
+// The value after `flag` in `args`, or "" when absent.
+std::string option(const std::vector<std::string>& args,
+                   const std::string& flag) {
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == flag) return args[i + 1];
+  }
+  return "";
+}
+
+std::string machine_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "";
+  return buf;
+}
+
+// This host's entry of a pdsh job file: by `host`, else by the machine's
+// name (full or short).
+RemoteJob pick_job(const std::vector<RemoteJob>& jobs, const std::string& host,
+                   const std::string& file) {
+  std::string me = host.empty() ? machine_name() : host;
+  std::string shortname = me.substr(0, me.find('.'));
+  for (const RemoteJob& j : jobs) {
+    if (j.host == me || (host.empty() && j.host == shortname)) return j;
+  }
+  throw RemoteJobError(file + " has no job for host '" + me +
+                       "' (this machine's name); list the host as it names "
+                       "itself, or give --host");
+}
+
+// The first of `args` from which the agent's own arguments start.
+RemoteJob load_job(const std::vector<std::string>& args, bool& from_stdin) {
+  std::string file = option(args, "--job-file");
+  from_stdin = file.empty();
+  if (from_stdin) {
+    // The head writes the whole job at once; a minute covers a slow link.
+    return read_remote_job(STDIN_FILENO, std::chrono::seconds(60));
+  }
+  std::ifstream in(file);
+  if (!in) {
+    throw RemoteJobError("cannot read the job file " + file + ": " +
+                         std::strerror(errno));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  in.close();
+  // Read once: the token in it should not outlive the need.
+  std::error_code ec;
+  fs::remove(file, ec);
+  return pick_job(decode_remote_jobs(text.str()), option(args, "--host"), file);
+}
+
+// Watches stdin after the job: its end means the head (or the ssh
+// connection to it) is gone, and the agent stops as if sent SIGTERM.
+void watch_head_connection() {
+  std::thread([] {
+    char buf[256];
+    while (true) {
+      ssize_t n = ::read(STDIN_FILENO, buf, sizeof buf);
+      if (n > 0) continue;
+      if (n < 0 && errno == EINTR) continue;
+      break;
+    }
+    write_stderr(
+        "dlaunch: the connection to the head closed; stopping this host's "
+        "workers\n");
+    ::kill(::getpid(), SIGTERM);
+  }).detach();
+}
+
+// Whether `program` can be run from the current folder: a path that is
+// executable (or, for .py, readable with python3 in PATH), or a name
+// found in PATH.
+std::string program_problem(const std::string& program) {
+  auto in_path = [](const std::string& name) {
+    if (name.find('/') != std::string::npos) {
+      return ::access(name.c_str(), X_OK) == 0;
+    }
+    const char* path = std::getenv("PATH");
+    std::stringstream dirs(path ? path : "");
+    for (std::string d; std::getline(dirs, d, ':');) {
+      if (::access((fs::path(d.empty() ? "." : d) / name).c_str(), X_OK) == 0) {
+        return true;
+      }
+    }
+    return false;
+  };
+  if (program.ends_with(".py")) {
+    if (::access(program.c_str(), R_OK) != 0) {
+      return program + ": " + std::strerror(errno) + " (in " +
+             fs::current_path().string() + ")";
+    }
+    const char* python = std::getenv("PYTHON");
+    std::string py = python && *python ? python : "python3";
+    if (!in_path(py)) return py + " is not in PATH (to run " + program + ")";
+    return "";
+  }
+  if (!in_path(program)) {
+    return program + (program.find('/') != std::string::npos
+                          ? ": " + std::string(std::strerror(errno)) + " (in " +
+                                fs::current_path().string() + ")"
+                          : " is not in PATH");
+  }
+  return "";
+}
+
+}  // namespace
+
+int remote_agent_main(const std::vector<std::string>& args) {
+  RemoteJob job;
+  bool from_stdin = false;
+  try {
+    job = load_job(args, from_stdin);
+  } catch (const std::exception& e) {
+    write_stderr(std::string("dlaunch: --remote-agent: ") + e.what() + "\n");
+    return 1;
+  }
+  for (const auto& [name, value] : job.env) {
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  if (!job.chdir.empty() && ::chdir(job.chdir.c_str()) != 0) {
+    write_stderr("dlaunch: cannot enter " + job.chdir + " on " + job.host +
+                 ": " + std::strerror(errno) + " (--chdir)\n");
+    return 1;
+  }
+  ParseResult parsed =
+      parse_command_line(job.args, agent::current_environment(), write_stderr);
+  if (auto* e = std::get_if<UsageError>(&parsed)) {
+    write_stderr(e->message + "\n");
+    return e->exit_code;
+  }
+  if (!std::holds_alternative<LaunchOptions>(parsed)) {
+    write_stderr("dlaunch: --remote-agent: the job is not a run\n");
+    return 2;
+  }
+  LaunchOptions options = std::get<LaunchOptions>(std::move(parsed));
+  options.agent.hostname = job.host;
+  if (from_stdin) watch_head_connection();
+  try {
+    return launch(options);
+  } catch (const std::exception& e) {
+    write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+    return 1;
+  }
+}
+
+int remote_check_main(const std::vector<std::string>& args) {
+  std::string program = args.size() > 1 ? args[1] : "";
+  std::string dir = option(args, "--chdir");
+  std::string problem;
+  if (!dir.empty() && ::chdir(dir.c_str()) != 0) {
+    problem = "cannot enter " + dir + ": " + std::strerror(errno);
+  } else if (!program.empty()) {
+    problem = program_problem(program);
+  }
+  std::string line = "dlaunch-check " DLAUNCH_VERSION;
+  line += problem.empty() ? " ok\n" : " program-missing: " + problem + "\n";
+  agent::write_all(STDOUT_FILENO, line);
+  return 0;
+}
+
+std::vector<int> processes_with_tag(const std::string& tag) {
+  std::vector<int> out;
+  const std::string want = "DLAUNCH_JOB_TAG=" + tag;
+  const uid_t me = ::getuid();
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    int pid = std::stoi(name);
+    if (pid == ::getpid()) continue;
+    struct ::stat st;
+    if (::stat(entry.path().c_str(), &st) != 0 || st.st_uid != me) continue;
+    std::ifstream env(entry.path() / "environ", std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(env)),
+                     std::istreambuf_iterator<char>());
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t end = text.find('\0', pos);
+      if (end == std::string::npos) end = text.size();
+      if (text.compare(pos, end - pos, want) == 0) {
+        out.push_back(pid);
+        break;
+      }
+      pos = end + 1;
+    }
+  }
+  return out;
+}
+
+int remote_stop_main(const std::vector<std::string>& args) {
+  std::string tag = args.size() > 1 ? args[1] : "";
+  if (tag.size() < 8) {
+    write_stderr("dlaunch: --remote-stop needs the job's tag\n");
+    return 2;
+  }
+  if (std::string file = option(args, "--job-file"); !file.empty()) {
+    std::error_code ec;
+    fs::remove(file, ec);
+  }
+  std::vector<int> pids = processes_with_tag(tag);
+  // Wait on pidfds, not a sleep loop: each becomes readable at its exit.
+  std::vector<pollfd> fds;
+  for (int pid : pids) {
+    int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    ::kill(pid, SIGTERM);
+    if (fd >= 0) fds.push_back({fd, POLLIN, 0});
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  size_t left = fds.size();
+  while (left > 0) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  deadline - std::chrono::steady_clock::now())
+                  .count();
+    if (ms <= 0) break;
+    int n = ::poll(fds.data(), fds.size(), static_cast<int>(ms));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (pollfd& p : fds) {
+      if (p.fd >= 0 && p.revents != 0) {
+        ::close(p.fd);
+        p.fd = -1;  // poll ignores negative fds
+        --left;
+      }
+    }
+  }
+  for (pollfd& p : fds) {
+    if (p.fd >= 0) ::close(p.fd);
+  }
+  size_t killed = 0;
+  for (int pid : processes_with_tag(tag)) {
+    ::kill(pid, SIGKILL);
+    ++killed;
+  }
+  agent::write_all(
+      STDOUT_FILENO,
+      "dlaunch-stop " + std::to_string(pids.size()) + " process(es) stopped" +
+          (killed ? ", " + std::to_string(killed) + " killed" : std::string()) +
+          "\n");
+  return 0;
+}
+
+}  // namespace dlaunch::launcher

@@ -1,0 +1,196 @@
+// Unit tests of what the head hands its hosts: the RemoteJob text (round
+// trips with any bytes, read from a pipe exactly to its end), and each
+// backend's commands as text.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+
+#include "launcher/agent_launcher.h"
+#include "launcher/remote_job.h"
+
+namespace dlaunch::launcher {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+RemoteJob sample() {
+  RemoteJob j;
+  j.args = {"--nproc-per-node", "2", "prog", "a b", "'q\"", "$HOME", "",
+            "line\nbreak"};
+  j.env = {{"A", "x y"},
+           {"B", "it's \"quoted\" $X `y` \\z"},
+           {"EMPTY", ""},
+           {"DLAUNCH_RDZV_TOKEN", "secret"}};
+  j.chdir = "/w d";
+  j.host = "node02";
+  j.job_tag = "dlaunch-job-0123456789abcdef";
+  return j;
+}
+
+TEST(RemoteJobTest, RoundTripsAnyBytes) {
+  RemoteJob j = sample();
+  std::string text = encode_remote_job(j);
+  EXPECT_EQ(decode_remote_jobs(text), std::vector<RemoteJob>{j});
+  RemoteJob k = j;
+  k.host = "node03";
+  EXPECT_EQ(decode_remote_jobs(text + encode_remote_job(k)),
+            (std::vector<RemoteJob>{j, k}));
+}
+
+TEST(RemoteJobTest, BadTextIsAClearError) {
+  std::string good = encode_remote_job(sample());
+  struct Case {
+    std::string text, words;
+  };
+  const std::vector<Case> cases = {
+      {"hello", "not a dlaunch job"},
+      {"dlaunch-job 2\nend 0\n\n", "not a dlaunch job of this version"},
+      {good.substr(0, good.size() - 3), "ends in the middle"},
+      {"dlaunch-job 1\nfoo 1\nx\nend 0\n\n", "kind 'foo' is unknown"},
+      {"dlaunch-job 1\narg x\n", "bad length 'x'"},
+      {"dlaunch-job 1\narg\n", "is not 'KIND LENGTH'"},
+      {"dlaunch-job 1\narg 1\nxy", "not followed by a newline"},
+      {"dlaunch-job 1\nenv 3\nabc\nend 0\n\n", "not NAME=VALUE"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.text);
+    try {
+      decode_remote_jobs(c.text);
+      ADD_FAILURE() << "no error";
+    } catch (const RemoteJobError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(c.words));
+    }
+  }
+}
+
+TEST(RemoteJobTest, ReadsALargeJobFromAPipeAndNotPastItsEnd) {
+  RemoteJob j = sample();
+  j.env["BIG"] = std::string(200 * 1024, 'v');
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  std::string text = encode_remote_job(j) + "AFTER";
+  std::thread writer([&] {
+    size_t off = 0;
+    while (off < text.size()) {
+      ssize_t n = ::write(fds[1], text.data() + off, text.size() - off);
+      if (n <= 0) break;
+      off += static_cast<size_t>(n);
+    }
+  });
+  EXPECT_EQ(read_remote_job(fds[0], std::chrono::seconds(30)), j);
+  writer.join();
+  char rest[16] = {};
+  EXPECT_EQ(::read(fds[0], rest, sizeof rest), 5);
+  EXPECT_EQ(std::string(rest), "AFTER");
+  ::close(fds[1]);
+  ::close(fds[0]);
+}
+
+TEST(RemoteJobTest, AStreamEndingEarlyOrTooSlowIsAnError) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  ASSERT_EQ(::write(fds[1], "dlaunch-job 1\n", 14), 14);
+  try {
+    read_remote_job(fds[0], std::chrono::milliseconds(50));
+    ADD_FAILURE() << "no error";
+  } catch (const RemoteJobError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("did not arrive on stdin within 50 ms"));
+  }
+  ::close(fds[1]);
+  try {
+    read_remote_job(fds[0], std::chrono::seconds(5));
+    ADD_FAILURE() << "no error";
+  } catch (const RemoteJobError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("stdin ended after"));
+  }
+  ::close(fds[0]);
+}
+
+LaunchPlan plan() {
+  LaunchPlan p;
+  for (const char* h : {"n1", "n2"}) {
+    RemoteJob j = sample();
+    j.host = h;
+    p.jobs.push_back(j);
+  }
+  p.remote_dlaunch = "/opt/dl/dlaunch";
+  p.program = "train.py";
+  p.job_tag = "dlaunch-job-0123456789abcdef";
+  p.staging_dir = "/tmp/stage";
+  p.options.ssh_port = 2222;
+  p.options.ssh_args = {"-i", "my key"};
+  p.options.connect_timeout = std::chrono::milliseconds(2500);
+  p.options.pdsh_fanout = 8;
+  return p;
+}
+
+TEST(BackendsTest, EveryNameHasABackend) {
+  for (std::string_view n : agent_launcher_names()) {
+    EXPECT_NE(make_agent_launcher(n), nullptr) << n;
+  }
+  EXPECT_EQ(make_agent_launcher("rsh"), nullptr);
+}
+
+TEST(BackendsTest, SshIsNonInteractiveWithTheJobOnStdin) {
+  auto ssh = make_agent_launcher("ssh");
+  LaunchPlan p = plan();
+  auto start = ssh->start_commands(p);
+  ASSERT_EQ(start.size(), 2u);
+  EXPECT_THAT(
+      start[1].argv,
+      ElementsAre("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "-T",
+                  "-p", "2222", "-i", "my key", "n2",
+                  "exec /opt/dl/dlaunch --remote-agent"));
+  EXPECT_EQ(start[1].hosts, std::vector<std::string>{"n2"});
+  EXPECT_EQ(decode_remote_jobs(start[1].stdin_data),
+            std::vector<RemoteJob>{p.jobs[1]});
+  // Nothing of the job on the command line.
+  for (const std::string& a : start[1].argv) {
+    EXPECT_EQ(a.find("secret"), std::string::npos);
+  }
+  EXPECT_EQ(ssh->check_commands(p)[0].argv.back(),
+            "exec /opt/dl/dlaunch --remote-check train.py");
+  EXPECT_EQ(ssh->stop_commands(p)[0].argv.back(),
+            "exec /opt/dl/dlaunch --remote-stop dlaunch-job-0123456789abcdef");
+}
+
+TEST(BackendsTest, PdshRunsOnceOverAllHostsWithAJobFile) {
+  auto pdsh = make_agent_launcher("pdsh");
+  LaunchPlan p = plan();
+  p.head_env["PDSH_RCMD_TYPE"] = "exec";
+  auto start = pdsh->start_commands(p);
+  ASSERT_EQ(start.size(), 1u);
+  const std::string file = "/tmp/dlaunch-job-0123456789abcdef.job";
+  EXPECT_THAT(
+      start[0].argv,
+      ElementsAre("pdsh", "-S", "-b", "-f", "8", "-w", "n1,n2",
+                  "/opt/dl/dlaunch", "--remote-agent", "--job-file",
+                  "/tmp/dlaunch-job-0123456789abcdef-%h.job", "--host", "%h"));
+  EXPECT_TRUE(start[0].host_prefixed_lines);
+  EXPECT_TRUE(start[0].stdin_data.empty());
+  // The exec module runs here: the check places the file directly.
+  auto check = pdsh->check_commands(p);
+  ASSERT_EQ(check.size(), 1u);
+  EXPECT_EQ(decode_remote_jobs(check[0].local_files.at(
+                "/tmp/dlaunch-job-0123456789abcdef-n2.job")),
+            std::vector<RemoteJob>{p.jobs[1]});
+  // Over ssh, pdcp places it first.
+  p.head_env.erase("PDSH_RCMD_TYPE");
+  check = pdsh->check_commands(p);
+  ASSERT_EQ(check.size(), 2u);
+  EXPECT_EQ(check[0].argv[0], "pdcp");
+  EXPECT_EQ(check[0].argv.back(), file);
+  EXPECT_EQ(pdsh->start_commands(p)[0].argv.back(), file);
+}
+
+TEST(BackendsTest, ShellCommandQuotesOnlyWhatNeedsIt) {
+  EXPECT_EQ(shell_command({"a", "b c", "it's", "", "$X"}),
+            "a 'b c' 'it'\\''s' '' '$X'");
+}
+
+}  // namespace
+}  // namespace dlaunch::launcher
