@@ -182,6 +182,10 @@ struct CommandRunner::Impl {
         return;
       }
       exe = found.string();
+    } else if (::access(exe.c_str(), X_OK) != 0) {
+      c.result.out = "cannot start " + exe + ": " + std::strerror(errno);
+      ++done;
+      return;
     }
     c.out = std::make_unique<asio::readable_pipe>(io);
     c.err = std::make_unique<asio::readable_pipe>(io);

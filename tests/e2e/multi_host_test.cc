@@ -1,0 +1,308 @@
+// Multi-host launch from one command over real processes: the head
+// (`dlaunch --hosts ...`) starts one agent per "host" (loopback addresses
+// 127.0.0.2-4) through --launcher local, or pdsh's exec module, and every
+// agent joins the head's store. Each job's processes carry a marker
+// variable (-x) that the test finds them by in /proc; waits are bounded
+// and on observed state.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dlaunch {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using ::testing::HasSubstr;
+using testing::Subprocess;
+using testing::TempDir;
+using namespace std::chrono_literals;
+
+const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+
+testing::CommandOptions cmd(std::vector<std::string> argv,
+                            std::map<std::string, std::string> env = {},
+                            std::string cwd = "") {
+  testing::CommandOptions o;
+  o.argv = std::move(argv);
+  o.env = std::move(env);
+  o.cwd = std::move(cwd);
+  return o;
+}
+
+bool have(const std::string& program) {
+  return testing::run_command(cmd({"sh", "-c", "command -v " + program}))
+             .exit_code == 0;
+}
+
+// A value no other test's processes carry.
+std::string unique_mark() {
+  std::random_device rd;
+  return "m" + std::to_string(rd()) + std::to_string(::getpid());
+}
+
+// The processes of this user whose environment holds DLT_MARK=`mark`.
+std::vector<pid_t> marked(const std::string& mark) {
+  std::vector<pid_t> out;
+  const std::string want = "DLT_MARK=" + mark;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+    // Zombies keep no environment; a match is a live process.
+    if (env.find(want + '\0') != std::string::npos || env.ends_with(want)) {
+      out.push_back(std::stoi(name));
+    }
+  }
+  return out;
+}
+
+// Waits (bounded) until no process carries `mark`; true when none does.
+bool none_left(const std::string& mark, std::chrono::milliseconds bound) {
+  auto deadline = std::chrono::steady_clock::now() + bound;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (marked(mark).empty()) return true;
+    std::this_thread::sleep_for(50ms);  // polling observed state
+  }
+  return marked(mark).empty();
+}
+
+std::vector<std::string> head(const std::string& launcher,
+                              const std::string& hosts, const std::string& mark,
+                              std::vector<std::string> rest) {
+  std::vector<std::string> argv = {
+      kDlaunch,       "--launcher", launcher, "--hosts",         hosts,
+      "--local-addr", "127.0.0.1",  "-x",     "DLT_MARK=" + mark};
+  argv.insert(argv.end(), rest.begin(), rest.end());
+  return argv;
+}
+
+std::map<std::string, std::string> env_for(const std::string& launcher) {
+  if (launcher == "pdsh") return {{"PDSH_RCMD_TYPE", "exec"}};
+  return {};
+}
+
+class MultiHost : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "pdsh" && !have("pdsh")) {
+      GTEST_SKIP() << "pdsh is not installed (scripts/setup installs it)";
+    }
+  }
+};
+
+TEST_P(MultiHost, EveryHostRunsAnAgentInOneWorld) {
+  const std::string mark = unique_mark();
+  CommandResult r = testing::run_command(
+      cmd(head(GetParam(), "127.0.0.[2-4]:2", mark,
+               {"sh", "-c",
+                "echo ENV rank=$RANK ws=$WORLD_SIZE gr=$GROUP_RANK "
+                "lws=$LOCAL_WORLD_SIZE master=$MASTER_ADDR "
+                "tok=${#DLAUNCH_RDZV_TOKEN} tag=$DLAUNCH_JOB_TAG"}),
+          env_for(GetParam())),
+      90s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::regex re(
+      "(127\\.0\\.0\\.[2-4]) \\[default([01])\\]:ENV rank=(\\d) ws=6 gr=(\\d) "
+      "lws=2 master=127\\.0\\.0\\.[2-4] tok=64 tag=(dlaunch-job-\\w+)");
+  std::set<int> ranks;
+  std::set<std::string> hosts, tags;
+  for (auto it = std::sregex_iterator(r.out.begin(), r.out.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    ranks.insert(std::stoi((*it)[3]));
+    hosts.insert((*it)[1]);
+    tags.insert((*it)[5]);
+    // RANK = GROUP_RANK * 2 + LOCAL_RANK.
+    EXPECT_EQ(std::stoi((*it)[3]),
+              std::stoi((*it)[4]) * 2 + std::stoi((*it)[2]));
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3, 4, 5})) << r.out;
+  EXPECT_EQ(hosts.size(), 3u);
+  ASSERT_EQ(tags.size(), 1u);
+  // pdsh's job files are gone.
+  for (const char* h : {"127.0.0.2", "127.0.0.3", "127.0.0.4"}) {
+    EXPECT_FALSE(fs::exists("/tmp/" + *tags.begin() + "-" + h + ".job"));
+  }
+  EXPECT_TRUE(none_left(mark, 10s));
+}
+
+TEST_P(MultiHost, EnvironmentValuesArriveIntactAndLarge) {
+  TempDir dir;
+  const std::string mark = unique_mark();
+  const std::string tricky = "it's \"quoted\" $HOME `x` \\n end";
+  testing::write_file(dir / "env", "# comment\n\nE1=a b  c\nE2=" + tricky +
+                                       "\nexport E3=x=y\n");
+  // 200 KB in four variables (Linux caps one string at 128 KiB).
+  const std::string big(50 * 1024, 'b');
+  CommandResult r = testing::run_command(
+      cmd(head(GetParam(), "127.0.0.2,127.0.0.3", mark,
+               {"-x",
+                "A=sp ace",
+                "-x",
+                "Q=" + tricky,
+                "-x",
+                "BIG1",
+                "-x",
+                "BIG2",
+                "-x",
+                "BIG3",
+                "-x",
+                "BIG4",
+                "-x",
+                "NCCL_FROM_HEAD_NOT",
+                "--env-file",
+                (dir / "env").string(),
+                "--chdir",
+                dir.path().string(),
+                "sh",
+                "-c",
+                "printf '%s|%s|%s|%s|%s|%s|%s|%s\\n' \"$RANK\" \"$A\" "
+                "\"$Q\" \"$E1\" \"$E2\" \"$E3\" "
+                "\"$((${#BIG1}+${#BIG2}+${#BIG3}+${#BIG4}))\" "
+                "\"$NCCL_DLT_FORWARDED:$(pwd)\""}),
+          [&] {
+            auto e = env_for(GetParam());
+            for (const char* n : {"BIG1", "BIG2", "BIG3", "BIG4"}) e[n] = big;
+            e["NCCL_DLT_FORWARDED"] = "yes";
+            return e;
+          }()),
+      90s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* rank : {"0", "1"}) {
+    EXPECT_THAT(r.out, HasSubstr(std::string("]:") + rank + "|sp ace|" +
+                                 tricky + "|a b  c|" + tricky + "|x=y|" +
+                                 std::to_string(4 * big.size()) +
+                                 "|yes:" + dir.path().string() + "\n"))
+        << r.out;
+  }
+}
+
+TEST_P(MultiHost, SigintToTheHeadLeavesNothingOnAnyHost) {
+  const std::string mark = unique_mark();
+  Subprocess job(cmd(head(GetParam(), "127.0.0.[2-3]", mark,
+                          {"--nproc-per-node", "2", "sh", "-c",
+                           "echo up-$RANK; exec sleep 300"}),
+                     env_for(GetParam())));
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(job.wait_for_output("up-" + std::to_string(rank), 60s))
+        << job.out() << job.err();
+  }
+  EXPECT_GE(marked(mark).size(), 4u);
+  job.signal(SIGINT);
+  CommandResult r = job.wait(60s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_TRUE(none_left(mark, 30s)) << marked(mark).size() << " left";
+}
+
+TEST_P(MultiHost, StoppingOneOfTwoJobsLeavesTheOther) {
+  const std::string a = unique_mark(), b = unique_mark() + "b";
+  auto start = [&](const std::string& mark) {
+    return std::make_unique<Subprocess>(
+        cmd(head(GetParam(), "127.0.0.[2-3]", mark,
+                 {"sh", "-c", "echo up-$RANK; exec sleep 300"}),
+            env_for(GetParam())));
+  };
+  auto ja = start(a);
+  auto jb = start(b);
+  for (auto* j : {ja.get(), jb.get()}) {
+    ASSERT_TRUE(j->wait_for_output("up-0", 60s)) << j->err();
+    ASSERT_TRUE(j->wait_for_output("up-1", 60s)) << j->err();
+  }
+  const size_t b_count = marked(b).size();
+  ja->signal(SIGINT);
+  EXPECT_FALSE(ja->wait(60s).timed_out);
+  EXPECT_TRUE(none_left(a, 30s));
+  // Every process of the other job still runs.
+  EXPECT_EQ(marked(b).size(), b_count);
+  EXPECT_TRUE(testing::process_alive(jb->pid()));
+  jb->signal(SIGINT);
+  EXPECT_FALSE(jb->wait(60s).timed_out);
+  EXPECT_TRUE(none_left(b, 30s));
+}
+
+TEST_P(MultiHost, AFailedHostStopsTheJobEverywhere) {
+  const std::string mark = unique_mark();
+  // Group rank 1's worker fails at once; the others would sleep.
+  CommandResult r =
+      testing::run_command(cmd(head(GetParam(), "127.0.0.[2-4]", mark,
+                                    {"sh", "-c",
+                                     "if [ $GROUP_RANK = 1 ]; then exit 7; fi; "
+                                     "exec sleep 300"}),
+                               env_for(GetParam())),
+                           90s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("exit code 7"));
+  EXPECT_TRUE(none_left(mark, 30s));
+}
+
+INSTANTIATE_TEST_SUITE_P(Launchers, MultiHost,
+                         ::testing::Values("local", "pdsh"));
+
+TEST(MultiHostHead, TheHeadInTheListRunsItsAgentInProcess) {
+  const std::string mark = unique_mark();
+  CommandResult r = testing::run_command(
+      cmd(head("local", "localhost,127.0.0.3", mark,
+               {"sh", "-c", "echo ENV rank=$RANK ppid=$PPID"})),
+      60s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("localhost [default0]:ENV rank=0"));
+  EXPECT_THAT(r.out, HasSubstr("127.0.0.3 [default0]:ENV rank=1"));
+}
+
+TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {
+  TempDir dir;
+  const std::string mark = unique_mark();
+  testing::write_file(dir / "hosts",
+                      "# two hosts\n127.0.0.2 slots=3\n\n127.0.0.3:1\n");
+  CommandResult r = testing::run_command(
+      cmd({kDlaunch, "--launcher", "local", "--hostfile",
+           (dir / "hosts").string(), "--exclude", "127.0.0.2:1", "--local-addr",
+           "127.0.0.1", "-x", "DLT_MARK=" + mark, "sh", "-c",
+           "echo ENV lws=$LOCAL_WORLD_SIZE cvd=$CUDA_VISIBLE_DEVICES"}),
+      60s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("127.0.0.2 [default0]:ENV lws=2 cvd=0,2"));
+  EXPECT_THAT(r.out, HasSubstr("127.0.0.2 [default1]:ENV lws=2 cvd=0,2"));
+  EXPECT_THAT(r.out, HasSubstr("127.0.0.3 [default0]:ENV lws=1 cvd=\n"));
+}
+
+TEST(MultiHostHead, PreflightTablesEveryFailedHost) {
+  const std::string mark = unique_mark();
+  TempDir dir;
+  CommandResult r = testing::run_command(
+      cmd(head("local", "127.0.0.2,127.0.0.3", mark, {"./no-such-program"}), {},
+          dir.path().string()),
+      60s);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("pre-flight failed on 2 of 2 host(s)"));
+  EXPECT_THAT(r.err,
+              HasSubstr("127.0.0.2  program-missing: ./no-such-program"));
+  EXPECT_THAT(r.err,
+              HasSubstr("127.0.0.3  program-missing: ./no-such-program"));
+  CommandResult v = testing::run_command(
+      cmd(head("local", "127.0.0.2", mark,
+               {"--remote-dlaunch", "/nonexistent/dlaunch", "true"})),
+      60s);
+  EXPECT_EQ(v.exit_code, 1);
+  EXPECT_THAT(v.err, HasSubstr("127.0.0.2  cannot start /nonexistent/dlaunch: "
+                               "No such file or directory"));
+}
+
+}  // namespace
+}  // namespace dlaunch
