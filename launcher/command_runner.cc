@@ -64,8 +64,9 @@ struct CommandRunner::Impl {
   std::vector<std::unique_ptr<Child>> children;
   mutable std::mutex mu;
   std::condition_variable cv;
-  size_t done = 0;  // commands that ended (or never started)
-  int failed = -1;  // the first command to exit non-zero
+  size_t done = 0;           // commands that ended (or never started)
+  int failed = -1;           // the first command to exit non-zero
+  bool interrupted = false;  // interrupt() was called
   std::thread thread;
 
   // `text` (whole lines) of `c` to the head's fd, each line with its host.
@@ -255,9 +256,16 @@ bool CommandRunner::wait(std::chrono::milliseconds timeout) {
 int CommandRunner::wait_failure_or_end(std::chrono::milliseconds timeout) {
   std::unique_lock lock(impl_->mu);
   impl_->cv.wait_for(lock, timeout, [&] {
-    return impl_->failed >= 0 || impl_->done == impl_->children.size();
+    return impl_->failed >= 0 || impl_->interrupted ||
+           impl_->done == impl_->children.size();
   });
   return impl_->failed;
+}
+
+void CommandRunner::interrupt() {
+  std::lock_guard lock(impl_->mu);
+  impl_->interrupted = true;
+  impl_->cv.notify_all();
 }
 
 void CommandRunner::close_stdins() {

@@ -44,8 +44,12 @@ class CommandRunner {
   // each command's index as it exits.
   bool wait(std::chrono::milliseconds timeout);
   // Waits until any command exits with a status other than 0, or all
-  // exited, or `timeout`. Returns the index of the failed one, or -1.
+  // exited, or interrupt() is called, or `timeout`. Returns the index of
+  // the failed one, or -1.
   int wait_failure_or_end(std::chrono::milliseconds timeout);
+  // Ends every wait_failure_or_end(), now and later (a signal stops the
+  // job). Safe from any thread.
+  void interrupt();
   // Closes every command's stdin: for agents reading it, the head is gone.
   void close_stdins();
   // Sends `sig` to every command still running.

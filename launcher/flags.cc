@@ -921,9 +921,8 @@ std::vector<FlagSpec> make_table() {
        .placeholder = "PATH",
        .key = "remote_dlaunch",
        .default_text = "this dlaunch's path",
-       .help = "Where dlaunch is on every host. A host that lacks it there, "
-               "or has another version, gets this one copied into "
-               "~/.cache/dlaunch over the same ssh connection.",
+       .help = "Where dlaunch is on every host; the pre-flight checks that "
+               "it runs there and is this version.",
        .section = "HOSTS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,

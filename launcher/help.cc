@@ -33,13 +33,13 @@ DESCRIPTION
 constexpr std::string_view kTail = R"(
 JOB FILE FORMAT
     A YAML mapping: program, args (a list), env (a mapping; values are
-    strings), hosts (a list of NAME or NAME:SLOTS, or a hostfile path;
-    multi-node launch is not implemented yet, so only --dry-run shows
-    other hosts), and every option above under its key, the long name with
-    '_' (max_restarts: 3; lists as lists; rdzv_conf: {join_timeout: 60};
-    faults: a list of --fault specs). Each setting comes from its flag,
-    else its PET_ variable, else the file (faults add up from all of
-    them); a program on the command line replaces program and args.
+    strings), hosts (a list of NAME or NAME:SLOTS, a hostlist, or a
+    hostfile path; see HOSTS), and every option above under its key, the
+    long name with '_' (max_restarts: 3; lists as lists; rdzv_conf:
+    {join_timeout: 60}; faults: a list of --fault specs). Each setting
+    comes from its flag, else its PET_ variable, else the file (faults add
+    up from all of them); a program on the command line replaces program
+    and args.
     ${VAR} and ${VAR:-default} expand from the environment ($${ is a
     literal ${); relative paths resolve against the file's folder. A bad
     file is reported as FILE:LINE:COLUMN and nothing starts (exit 2).

@@ -142,9 +142,9 @@ std::string dry_run_plan(const LaunchOptions& o) {
       names += (names.empty() ? "" : ", ") + host_text(h);
     }
     s << "  hosts:     " << names
-      << " (parsed and checked; multi-node launch is not implemented yet, "
-         "so a run refuses hosts other than this one; ranks and GPU counts "
-         "of other hosts are decided there)\n";
+      << " (one agent each, started with --launcher " << o.remote.launcher
+      << " after a pre-flight of every host; ranks and GPU counts of other "
+         "hosts are decided there)\n";
   }
   const bool gpus_elsewhere = !o.nproc_per_node_unresolved.empty();
   const std::string kGpus = "<the GPU count of the host that runs it>";

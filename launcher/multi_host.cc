@@ -409,18 +409,13 @@ int launch_hosts(const LaunchOptions& job) {
   std::atomic<int> stop_signal{0};
   boost::asio::io_context sig_io;
   boost::asio::signal_set sigs(sig_io);
-  for (int s : o.agent.signals_to_handle) sigs.add(s);
   std::jthread sig_thread;
-  std::mutex end_mu;
-  std::condition_variable end_cv;
-  bool ended = false;
-  if (!head_host) {
+  if (!head_host && remote) {
+    for (int s : o.agent.signals_to_handle) sigs.add(s);
     sigs.async_wait([&](const boost::system::error_code& e, int sig) {
       if (e) return;
       stop_signal = sig;
-      std::lock_guard lock(end_mu);
-      ended = true;
-      end_cv.notify_all();
+      remote->interrupt();
     });
     sig_thread = std::jthread([&] { sig_io.run(); });
   }
@@ -466,22 +461,8 @@ int launch_hosts(const LaunchOptions& job) {
     }
     head_failed = head_code != 0;
   } else if (remote) {
-    // Wait for the end, a failed host, or a signal.
-    std::thread watcher([&] {
-      remote->wait_failure_or_end(std::chrono::hours(24 * 365));
-      std::lock_guard lock(end_mu);
-      ended = true;
-      end_cv.notify_all();
-    });
-    {
-      std::unique_lock lock(end_mu);
-      end_cv.wait(lock, [&] { return ended; });
-    }
-    if (stop_signal == 0) {
-      watcher.join();
-    } else {
-      watcher.detach();
-    }
+    // The end, a failed host, or a signal (interrupt()).
+    remote->wait_failure_or_end(std::chrono::hours(24 * 365));
   }
   int code = head_code;
   if (remote) {
@@ -489,17 +470,30 @@ int launch_hosts(const LaunchOptions& job) {
     // success: the others are finishing (the exit barrier), let them.
     bool all_done = remote->wait(milliseconds(0));
     int failed = remote->wait_failure_or_end(milliseconds(0));
+    // After a success the others may still be in the exit barrier.
+    milliseconds bound = o.agent.exit_barrier_timeout + o.agent.term_timeout +
+                         std::chrono::seconds(30);
     if (!all_done && (head_failed || stop_signal != 0 || failed >= 0)) {
       remote->close_stdins();
       CommandRunner stop(backend->stop_commands(plan), CommandOutput::kCapture);
       stop.wait(o.remote.connect_timeout + std::chrono::seconds(15));
+      bound = o.agent.term_timeout + std::chrono::seconds(15);
     }
-    if (!remote->wait(o.agent.exit_barrier_timeout + o.agent.term_timeout +
-                      std::chrono::seconds(30))) {
-      write_stderr("dlaunch: some hosts' agents did not end; stopping them\n");
+    if (!remote->wait(bound)) {
+      std::string left;
+      std::vector<CommandResult> rs = remote->results();
+      for (size_t i = 0; i < rs.size(); ++i) {
+        if (rs[i].exited || !rs[i].started) continue;
+        for (const std::string& h : remote->commands()[i].hosts) {
+          left += (left.empty() ? "" : ", ") + h;
+        }
+      }
+      write_stderr("dlaunch: the agents of " + left + " did not end within " +
+                   std::to_string(bound.count() / 1000) +
+                   " s; ending their connections\n");
       remote->close_stdins();
       remote->signal_all(SIGTERM);
-      remote->wait(std::chrono::seconds(10));
+      if (!remote->wait(std::chrono::seconds(10))) remote->signal_all(SIGKILL);
     }
     int largest = 0;
     for (const CommandResult& r : remote->results()) {
@@ -509,7 +503,7 @@ int launch_hosts(const LaunchOptions& job) {
     if (code == 0) code = largest;
   }
   sig_io.stop();
-  if (stop_signal != 0 && !head_host) code = 128 + stop_signal;
+  if (stop_signal != 0) code = 128 + stop_signal;
   return code;
 }
 

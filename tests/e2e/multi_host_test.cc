@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "tests/testing/sshd.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -96,19 +97,39 @@ std::map<std::string, std::string> env_for(const std::string& launcher) {
   return {};
 }
 
+// Each test once per launcher; ssh through an sshd of the test's own on
+// the three loopback "hosts".
 class MultiHost : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     if (GetParam() == "pdsh" && !have("pdsh")) {
       GTEST_SKIP() << "pdsh is not installed (scripts/setup installs it)";
     }
+    if (GetParam() == "ssh") {
+      sshd_ = std::make_unique<testing::TestSshd>(
+          std::vector<std::string>{"127.0.0.2", "127.0.0.3", "127.0.0.4"});
+      if (!sshd_->available()) GTEST_SKIP() << sshd_->why_not();
+    }
   }
+
+  // head() for this test's launcher.
+  std::vector<std::string> head(const std::string& hosts,
+                                const std::string& mark,
+                                std::vector<std::string> rest) const {
+    if (sshd_) {
+      rest.insert(rest.begin(), {"--ssh-port", std::to_string(sshd_->port()),
+                                 "--ssh-args", sshd_->ssh_args()});
+    }
+    return dlaunch::head(GetParam(), hosts, mark, std::move(rest));
+  }
+
+  std::unique_ptr<testing::TestSshd> sshd_;
 };
 
 TEST_P(MultiHost, EveryHostRunsAnAgentInOneWorld) {
   const std::string mark = unique_mark();
   CommandResult r = testing::run_command(
-      cmd(head(GetParam(), "127.0.0.[2-4]:2", mark,
+      cmd(head("127.0.0.[2-4]:2", mark,
                {"sh", "-c",
                 "echo ENV rank=$RANK ws=$WORLD_SIZE gr=$GROUP_RANK "
                 "lws=$LOCAL_WORLD_SIZE master=$MASTER_ADDR "
@@ -149,7 +170,7 @@ TEST_P(MultiHost, EnvironmentValuesArriveIntactAndLarge) {
   // 200 KB in four variables (Linux caps one string at 128 KiB).
   const std::string big(50 * 1024, 'b');
   CommandResult r = testing::run_command(
-      cmd(head(GetParam(), "127.0.0.2,127.0.0.3", mark,
+      cmd(head("127.0.0.2,127.0.0.3", mark,
                {"-x",
                 "A=sp ace",
                 "-x",
@@ -193,7 +214,7 @@ TEST_P(MultiHost, EnvironmentValuesArriveIntactAndLarge) {
 
 TEST_P(MultiHost, SigintToTheHeadLeavesNothingOnAnyHost) {
   const std::string mark = unique_mark();
-  Subprocess job(cmd(head(GetParam(), "127.0.0.[2-3]", mark,
+  Subprocess job(cmd(head("127.0.0.[2-3]", mark,
                           {"--nproc-per-node", "2", "sh", "-c",
                            "echo up-$RANK; exec sleep 300"}),
                      env_for(GetParam())));
@@ -204,7 +225,7 @@ TEST_P(MultiHost, SigintToTheHeadLeavesNothingOnAnyHost) {
   EXPECT_GE(marked(mark).size(), 4u);
   job.signal(SIGINT);
   CommandResult r = job.wait(60s);
-  EXPECT_FALSE(r.timed_out);
+  EXPECT_FALSE(r.timed_out) << r.err;
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(none_left(mark, 30s)) << marked(mark).size() << " left";
 }
@@ -213,7 +234,7 @@ TEST_P(MultiHost, StoppingOneOfTwoJobsLeavesTheOther) {
   const std::string a = unique_mark(), b = unique_mark() + "b";
   auto start = [&](const std::string& mark) {
     return std::make_unique<Subprocess>(
-        cmd(head(GetParam(), "127.0.0.[2-3]", mark,
+        cmd(head("127.0.0.[2-3]", mark,
                  {"sh", "-c", "echo up-$RANK; exec sleep 300"}),
             env_for(GetParam())));
   };
@@ -239,7 +260,7 @@ TEST_P(MultiHost, AFailedHostStopsTheJobEverywhere) {
   const std::string mark = unique_mark();
   // Group rank 1's worker fails at once; the others would sleep.
   CommandResult r =
-      testing::run_command(cmd(head(GetParam(), "127.0.0.[2-4]", mark,
+      testing::run_command(cmd(head("127.0.0.[2-4]", mark,
                                     {"sh", "-c",
                                      "if [ $GROUP_RANK = 1 ]; then exit 7; fi; "
                                      "exec sleep 300"}),
@@ -252,7 +273,7 @@ TEST_P(MultiHost, AFailedHostStopsTheJobEverywhere) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Launchers, MultiHost,
-                         ::testing::Values("local", "pdsh"));
+                         ::testing::Values("local", "pdsh", "ssh"));
 
 TEST(MultiHostHead, TheHeadInTheListRunsItsAgentInProcess) {
   const std::string mark = unique_mark();
@@ -261,8 +282,11 @@ TEST(MultiHostHead, TheHeadInTheListRunsItsAgentInProcess) {
                {"sh", "-c", "echo ENV rank=$RANK ppid=$PPID"})),
       60s);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("localhost [default0]:ENV rank=0"));
-  EXPECT_THAT(r.out, HasSubstr("127.0.0.3 [default0]:ENV rank=1"));
+  // Group ranks follow the order the agents joined in.
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                         "localhost \\[default0\\]:ENV rank=[01]"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                         "127.0.0.3 \\[default0\\]:ENV rank=[01]"));
 }
 
 TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {

@@ -322,7 +322,7 @@ TEST_F(JobFileTest, DryRunShowsWhatOnlyARendezvousDecides) {
   std::string plan = dry_run_plan(ok({"--config", f, "--dry-run"}));
   EXPECT_THAT(plan, HasSubstr("nothing was started"));
   EXPECT_THAT(plan, HasSubstr("n1:2, n2:2"));
-  EXPECT_THAT(plan, HasSubstr("multi-node launch is not implemented yet"));
+  EXPECT_THAT(plan, HasSubstr("one agent each, started with --launcher ssh"));
   EXPECT_THAT(plan, HasSubstr("WORLD_SIZE=<decided at rendezvous>"));
   EXPECT_THAT(plan, HasSubstr("LOCAL_RANK=1\n"));
   EXPECT_THAT(plan, HasSubstr("command: sh -c 'echo 1'"));
