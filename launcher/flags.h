@@ -86,8 +86,8 @@ struct FlagSpec {
   std::vector<std::string_view> choices = {};
   // kSeconds: the largest value accepted.
   double max_seconds = kMaxSeconds;
-  // kList or kRepeated: the flag may be given more than once, and its sources add
-  // up instead of the first one found winning: the job file's items, then
+  // kList or kRepeated: the flag may be given more than once, and its sources
+  // add up instead of the first one found winning: the job file's items, then
   // PET_<KEY>'s, then DLAUNCH_<KEY>'s, then each occurrence on the command
   // line; apply() runs once per source, appending.
   bool repeatable = false;

@@ -85,11 +85,15 @@ EXAMPLES
 
 // The sections of the options, in order, with their titles.
 constexpr std::pair<std::string_view, std::string_view> kSections[] = {
-    {"WORKERS", "WORKERS"},       {"PROGRAMS", "PROGRAMS"},
-    {"OUTPUT", "OUTPUT"},         {"SIGNALS", "SIGNALS"},
-    {"RENDEZVOUS", "RENDEZVOUS"}, {"HOSTS", "HOSTS"},
+    {"WORKERS", "WORKERS"},
+    {"PROGRAMS", "PROGRAMS"},
+    {"OUTPUT", "OUTPUT"},
+    {"SIGNALS", "SIGNALS"},
+    {"RENDEZVOUS", "RENDEZVOUS"},
+    {"HOSTS", "HOSTS"},
     {"RELIABILITY", "RELIABILITY"},
-    {"JOB FILES", "JOB FILES"},   {"OTHER", "OTHER"},
+    {"JOB FILES", "JOB FILES"},
+    {"OTHER", "OTHER"},
 };
 
 // `text` wrapped at 78 columns, each line indented by 8 spaces.

@@ -337,8 +337,7 @@ int main(int argc, char** argv) {
       agent::RunResult result;
       launch(here, &result);
       std::vector<std::string> specs;
-      for (const agent::Fault& f : here.agent.faults)
-        specs.push_back(f.spec);
+      for (const agent::Fault& f : here.agent.faults) specs.push_back(f.spec);
       bool passed = false;
       agent::write_all(STDOUT_FILENO, drill_verdict(result, specs, passed));
       return passed ? 0 : 1;

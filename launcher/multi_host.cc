@@ -148,6 +148,7 @@ std::vector<std::pair<std::string, std::string>> preflight(
       }
       return failures;
     }
+    if (c.argv[0] == "pdcp") continue;  // places files, answers nothing
     for (const std::string& h : c.hosts) {
       if (answer.contains(h)) continue;
       std::string why;
@@ -494,6 +495,14 @@ int launch_hosts(const LaunchOptions& job) {
       remote->close_stdins();
       remote->signal_all(SIGTERM);
       if (!remote->wait(std::chrono::seconds(10))) remote->signal_all(SIGKILL);
+    }
+    // pdsh over a network leaves one job file per host: remove it.
+    auto rcmd = head_env.find("PDSH_RCMD_TYPE");
+    if (o.remote.launcher == "pdsh" &&
+        (rcmd == head_env.end() || rcmd->second != "exec")) {
+      CommandRunner cleanup(backend->stop_commands(plan),
+                            CommandOutput::kCapture);
+      cleanup.wait(o.remote.connect_timeout + std::chrono::seconds(15));
     }
     int largest = 0;
     for (const CommandResult& r : remote->results()) {

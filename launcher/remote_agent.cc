@@ -50,6 +50,16 @@ RemoteJob pick_job(const std::vector<RemoteJob>& jobs, const std::string& host,
                    const std::string& file) {
   std::string me = host.empty() ? machine_name() : host;
   std::string shortname = me.substr(0, me.find('.'));
+  // Over ssh, the address the head reached this host at (SSH_CONNECTION's
+  // third field) names it too: one machine may answer for several.
+  std::string reached;
+  if (const char* c = std::getenv("SSH_CONNECTION"); c && host.empty()) {
+    std::istringstream words(c);
+    words >> reached >> reached >> reached;
+  }
+  for (const RemoteJob& j : jobs) {
+    if (!reached.empty() && j.host == reached) return j;
+  }
   for (const RemoteJob& j : jobs) {
     if (j.host == me || (host.empty() && j.host == shortname)) return j;
   }
@@ -74,10 +84,15 @@ RemoteJob load_job(const std::vector<std::string>& args, bool& from_stdin) {
   std::stringstream text;
   text << in.rdbuf();
   in.close();
-  // Read once: the token in it should not outlive the need.
-  std::error_code ec;
-  fs::remove(file, ec);
-  return pick_job(decode_remote_jobs(text.str()), option(args, "--host"), file);
+  std::vector<RemoteJob> jobs = decode_remote_jobs(text.str());
+  // A file of this host's alone goes once read (the token in it should not
+  // outlive the need); one shared by several hosts of one machine goes at
+  // the head's teardown (--remote-stop).
+  if (jobs.size() == 1) {
+    std::error_code ec;
+    fs::remove(file, ec);
+  }
+  return pick_job(jobs, option(args, "--host"), file);
 }
 
 // Watches stdin after the job: its end means the head (or the ssh
@@ -201,6 +216,16 @@ std::vector<int> processes_with_tag(const std::string& tag) {
     if (pid == ::getpid()) continue;
     struct ::stat st;
     if (::stat(entry.path().c_str(), &st) != 0 || st.st_uid != me) continue;
+    // Workers carry the tag in their environment; an agent, which set it
+    // after it started, carries it in its command line (--job-tag).
+    std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
+    std::string args((std::istreambuf_iterator<char>(cmd)),
+                     std::istreambuf_iterator<char>());
+    if (args.find(std::string("--job-tag") + '\0' + tag + '\0') !=
+        std::string::npos) {
+      out.push_back(pid);
+      continue;
+    }
     std::ifstream env(entry.path() / "environ", std::ios::binary);
     std::string text((std::istreambuf_iterator<char>(env)),
                      std::istreambuf_iterator<char>());

@@ -9,7 +9,8 @@ namespace dlaunch::launcher {
 // (agent_launcher.h); `dlaunch` dispatches to them when its first
 // argument is one of these flags. Each returns the process exit code.
 
-// `dlaunch --remote-agent [--job-file PATH [--host NAME]]`: one host's
+// `dlaunch --remote-agent --job-tag TAG [--job-file PATH [--host NAME]]`:
+// one host's
 // agent. Reads its RemoteJob from stdin (ssh, local), or its entry of a
 // 0600 job file (pdsh: by --host, else by this machine's names; the file
 // is removed once read); sets the job's environment and working folder
@@ -30,8 +31,9 @@ int remote_check_main(const std::vector<std::string>& args);
 // SIGKILLs those left after 10 s, and prints how many it stopped.
 int remote_stop_main(const std::vector<std::string>& args);
 
-// The processes of this user whose environment holds DLAUNCH_JOB_TAG=`tag`,
-// this one excluded (read from /proc).
+// The processes of this user whose environment holds DLAUNCH_JOB_TAG=`tag`
+// or whose command line holds `--job-tag tag` (the agents), this one
+// excluded (read from /proc).
 std::vector<int> processes_with_tag(const std::string& tag);
 
 }  // namespace dlaunch::launcher

@@ -23,7 +23,8 @@ class LocalLauncher : public AgentLauncher {
     std::vector<AgentCommand> out;
     for (const RemoteJob& j : plan.jobs) {
       AgentCommand c;
-      c.argv = {plan.remote_dlaunch, "--remote-agent"};
+      c.argv = {plan.remote_dlaunch, "--remote-agent", "--job-tag",
+                plan.job_tag};
       c.hosts = {j.host};
       c.stdin_data = encode_remote_job(j);
       out.push_back(std::move(c));

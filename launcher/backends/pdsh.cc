@@ -47,11 +47,12 @@ class PdshLauncher : public AgentLauncher {
     // The exec module substitutes %h; over ssh the agent finds its entry
     // by its own names.
     if (exec_module(plan)) {
-      return {pdsh(plan, {plan.remote_dlaunch, "--remote-agent", "--job-file",
+      return {pdsh(plan, {plan.remote_dlaunch, "--remote-agent", "--job-tag",
+                          plan.job_tag, "--job-file",
                           job_file(plan, "%h").string(), "--host", "%h"})};
     }
-    return {pdsh(plan, {plan.remote_dlaunch, "--remote-agent", "--job-file",
-                        job_file(plan).string()})};
+    return {pdsh(plan, {plan.remote_dlaunch, "--remote-agent", "--job-tag",
+                        plan.job_tag, "--job-file", job_file(plan).string()})};
   }
 
   std::vector<AgentCommand> stop_commands(

@@ -23,8 +23,9 @@ class SshLauncher : public AgentLauncher {
       const LaunchPlan& plan) const override {
     std::vector<AgentCommand> out;
     for (const RemoteJob& j : plan.jobs) {
-      AgentCommand c =
-          command(plan, j.host, {plan.remote_dlaunch, "--remote-agent"});
+      AgentCommand c = command(
+          plan, j.host,
+          {plan.remote_dlaunch, "--remote-agent", "--job-tag", plan.job_tag});
       c.stdin_data = encode_remote_job(j);
       out.push_back(std::move(c));
     }

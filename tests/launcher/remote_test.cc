@@ -144,7 +144,8 @@ TEST(BackendsTest, SshIsNonInteractiveWithTheJobOnStdin) {
       start[1].argv,
       ElementsAre("ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "-T",
                   "-p", "2222", "-i", "my key", "n2",
-                  "exec /opt/dl/dlaunch --remote-agent"));
+                  "exec /opt/dl/dlaunch --remote-agent --job-tag "
+                  "dlaunch-job-0123456789abcdef"));
   EXPECT_EQ(start[1].hosts, std::vector<std::string>{"n2"});
   EXPECT_EQ(decode_remote_jobs(start[1].stdin_data),
             std::vector<RemoteJob>{p.jobs[1]});
@@ -168,7 +169,8 @@ TEST(BackendsTest, PdshRunsOnceOverAllHostsWithAJobFile) {
   EXPECT_THAT(
       start[0].argv,
       ElementsAre("pdsh", "-S", "-b", "-f", "8", "-w", "n1,n2",
-                  "/opt/dl/dlaunch", "--remote-agent", "--job-file",
+                  "/opt/dl/dlaunch", "--remote-agent", "--job-tag",
+                  "dlaunch-job-0123456789abcdef", "--job-file",
                   "/tmp/dlaunch-job-0123456789abcdef-%h.job", "--host", "%h"));
   EXPECT_TRUE(start[0].host_prefixed_lines);
   EXPECT_TRUE(start[0].stdin_data.empty());
