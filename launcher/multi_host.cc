@@ -329,7 +329,8 @@ int launch_hosts(const LaunchOptions& job) {
     store = comm::store::StoreServer::start(
         {.host = "0.0.0.0",
          .port = static_cast<uint16_t>(
-             o.rdzv.endpoint_host.empty() ? 0 : o.rdzv.endpoint_port)});
+             o.rdzv.endpoint_host.empty() ? 0 : o.rdzv.endpoint_port),
+         .token = token});
   } catch (const std::exception& e) {
     write_stderr(std::string("dlaunch: cannot host the agents' store: ") +
                  e.what() + "\n");
