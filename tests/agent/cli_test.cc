@@ -131,7 +131,7 @@ TEST(Cli, FlagSyntaxKeepsItsMeaning) {
   // group of switches is named alone.
   EXPECT_TRUE(std::holds_alternative<HelpRequested>(
       parse_command_line({"--bogus", "--help"}, {})));
-  EXPECT_THAT(bad({"-mx", "prog"}).message, HasSubstr("unknown option '-x'"));
+  EXPECT_THAT(bad({"-mq", "prog"}).message, HasSubstr("unknown option '-q'"));
   // A bare "-" and "-1" start the program ("-1" then is no option).
   EXPECT_EQ(ok({"-", "a"}).agent.entrypoint,
             (std::vector<std::string>{"-", "a"}));
