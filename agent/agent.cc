@@ -79,11 +79,19 @@ RunResult Agent::run() {
     sink_(result_.error + "\n");
     return result_;
   }
+  // From here on a signal is served (once the loop runs), whatever the
+  // agent is doing: making folders, waiting for other nodes.
+  std::vector<int> sigs = options_.signals_to_handle;
+  for (int s : {SIGUSR1, SIGUSR2}) {
+    if (std::find(sigs.begin(), sigs.end(), s) == sigs.end()) sigs.push_back(s);
+  }
+  env_.handle_signals(sigs, [this](int sig) { on_signal(sig); });
   try {
     make_run_dir();
   } catch (const std::exception& e) {
-    result_.error = std::string("dlaunch: cannot create the log folder: ") +
-                    e.what() + "; check --log-dir";
+    result_.error = std::string("dlaunch: cannot create the run folder: ") +
+                    e.what() +
+                    (options_.log_dir.empty() ? "" : "; check --log-dir");
     result_.exit_code = 1;
     sink_(result_.error + "\n");
     return result_;
@@ -128,12 +136,6 @@ RunResult Agent::run() {
 }
 
 void Agent::run_job() {
-  std::vector<int> sigs = options_.signals_to_handle;
-  for (int s : {SIGUSR1, SIGUSR2}) {
-    if (std::find(sigs.begin(), sigs.end(), s) == sigs.end()) sigs.push_back(s);
-  }
-  env_.handle_signals(sigs, [this](int sig) { on_signal(sig); });
-
   if (options_.nproc_per_node > 1 && !base_env_.contains("OMP_NUM_THREADS")) {
     sink_("dlaunch: note: OMP_NUM_THREADS=1 for each of the " +
           std::to_string(options_.nproc_per_node) +
@@ -160,35 +162,88 @@ void Agent::make_run_dir() {
   // (removed at exit) goes to /dev/shm: on tmpfs it costs 9 us to make and
   // remove against 125 us on an ext4 /tmp. Log files go to /tmp, where they
   // outlive the run and take no memory.
-  std::string base = "/tmp";
+  // A full /dev/shm (no inode left) must not stop the job: /tmp is next.
+  std::vector<std::string> bases;
   auto tmp = base_env_.find("TMPDIR");
   if (tmp != base_env_.end() && !tmp->second.empty()) {
-    base = tmp->second;
-  } else if (!writes_logs() && ::access("/dev/shm", W_OK | X_OK) == 0) {
-    base = "/dev/shm";
+    bases.push_back(tmp->second);
+  } else {
+    if (!writes_logs() && ::access("/dev/shm", W_OK | X_OK) == 0) {
+      bases.push_back("/dev/shm");
+    }
+    bases.push_back("/tmp");
   }
-  std::string tmpl = base + "/dlaunch-" + result_.run_id + "-XXXXXX";
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    throw std::system_error(errno, std::generic_category(), tmpl);
+  std::string why;
+  for (const std::string& base : bases) {
+    std::string tmpl = base + "/dlaunch-" + result_.run_id + "-XXXXXX";
+    if (::mkdtemp(tmpl.data()) != nullptr) {
+      result_.run_dir = tmpl;
+      temp_run_dir_ = true;
+      return;
+    }
+    why += (why.empty() ? "" : "; ") + tmpl + ": " + std::strerror(errno);
   }
-  result_.run_dir = tmpl;
-  temp_run_dir_ = true;
+  throw std::runtime_error(why + "; set TMPDIR to a writable folder");
 }
 
 void Agent::start_attempt(rendezvous::RoundReason reason) {
-  rendezvous::RendezvousResult round;
-  try {
-    round = rdzv_.next_round(options_.nproc_per_node, reason,
-                             options_.rdzv_timeout);
-  } catch (const rendezvous::RendezvousClosed& e) {
-    sink_(std::string("dlaunch: ") + e.what() + "\n");
+  state_ = State::kRendezvous;
+  auto work = [this, reason] {
+    outcome_ = RoundOutcome{};
+    try {
+      outcome_.round = rdzv_.next_round(options_.nproc_per_node, reason,
+                                        options_.rdzv_timeout);
+    } catch (const rendezvous::RendezvousClosed& e) {
+      outcome_.closed = e.what();
+    } catch (const rendezvous::RendezvousInterrupted&) {
+      outcome_.interrupted = true;
+    } catch (const std::exception& e) {
+      outcome_.error = e.what();
+    }
+  };
+  // Waiting for other nodes may take up to the join timeout: signals (a
+  // Ctrl-C) must be served meanwhile.
+  if (rdzv_.may_wait()) {
+    env_.run_in_background(std::move(work), [this] { round_formed(); });
+  } else {
+    work();
+    round_formed();
+  }
+}
+
+void Agent::round_formed() {
+  if (state_ != State::kRendezvous) return;
+  if (stop_signal_ != 0) {
+    // Stopped while waiting: a round that formed regardless goes on
+    // without this node.
+    if (outcome_.round) rdzv_.report(rendezvous::NodeOutcome::kLeaving);
+    sink_("dlaunch: left the rendezvous after " + signal_name(stop_signal_) +
+          "; no worker was running\n");
+    finish(128 + stop_signal_);
+    return;
+  }
+  if (!outcome_.closed.empty()) {
+    sink_("dlaunch: " + outcome_.closed + "\n");
     finish(0);
     return;
-  } catch (const std::exception& e) {
-    result_.error = std::string("dlaunch: rendezvous failed: ") + e.what();
+  }
+  if (!outcome_.round) {
+    result_.error =
+        "dlaunch: rendezvous failed: " +
+        (outcome_.interrupted ? std::string("interrupted") : outcome_.error);
     sink_(result_.error + "\n");
     finish(1);
     return;
+  }
+  const rendezvous::RendezvousResult& round = *outcome_.round;
+  // A run folder that vanishes at the end (in /dev/shm) keeps no error
+  // records of past attempts: their messages were read at the exits, and
+  // a long series of restarts must not fill memory with them.
+  if (temp_run_dir_ && !writes_logs() && !result_.attempts.empty()) {
+    std::error_code ec;
+    for (const WorkerRecord& w : attempt().workers) {
+      if (!w.error_file.empty()) std::filesystem::remove(w.error_file, ec);
+    }
   }
   // Every member of the round got the same count: past the budget, every
   // node gives up together, whatever each saw end the last round.
@@ -415,7 +470,11 @@ void Agent::on_hang_tick() {
 
 void Agent::on_round_event(const rendezvous::RoundEvent& e) {
   using Kind = rendezvous::RoundEvent::Kind;
-  if (state_ == State::kDone || e.round != round_) return;
+  // While the next round forms, news of the last one is stale.
+  if (state_ == State::kDone || state_ == State::kRendezvous ||
+      e.round != round_) {
+    return;
+  }
   if (e.kind == Kind::kSucceeded) {
     if (state_ == State::kBarrier) finish(0);
     return;
@@ -587,11 +646,23 @@ void Agent::on_exit(size_t i, ExitStatus status) {
       // The exit barrier: done when every node is (at once on one node).
       state_ = State::kBarrier;
       timer_ = env_.start_timer(options_.exit_barrier_timeout, [this] {
-        sink_("dlaunch: exit barrier: the other nodes did not finish within " +
+        std::string who;
+        for (const std::string& n : rdzv_.unfinished_nodes()) {
+          who += (who.empty() ? "" : ", ") + n;
+        }
+        sink_("dlaunch: exit barrier: " +
+              (who.empty() ? std::string("the other nodes") : who) +
+              " did not finish within " +
               format_duration(options_.exit_barrier_timeout) +
-              "; this node's workers succeeded, exiting 0\n");
+              " (--exit-barrier-timeout); this node's workers succeeded, "
+              "exiting 0\n");
         finish(0);
       });
+      if (attempt().members.size() > 1) {
+        sink_("dlaunch: this node's workers succeeded; waiting up to " +
+              format_duration(options_.exit_barrier_timeout) +
+              " for the other nodes to finish (exit barrier)\n");
+      }
       rdzv_.report(rendezvous::NodeOutcome::kSucceeded);
     }
     return;
@@ -670,6 +741,17 @@ void Agent::on_signal(int sig) {
   if (state_ == State::kDone) return;
   if (is_forward_only(sig, options_.signals_to_handle)) {
     signal_running(sig);
+    return;
+  }
+  if (state_ == State::kRendezvous) {
+    // No workers: leave the rendezvous (round_formed() ends the job).
+    if (stop_signal_ == 0) {
+      stop_signal_ = sig;
+      result_.stop_signal = sig;
+      sink_("dlaunch: received " + signal_name(sig) +
+            " while waiting for the rendezvous; leaving it\n");
+      rdzv_.interrupt();
+    }
     return;
   }
   if (stop_signal_ != 0) {

@@ -2,6 +2,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,14 +41,26 @@ class Agent {
   RunResult run();
 
  private:
+  // kRendezvous: waiting for a round to form (no workers);
   // kBarrier: this node's workers succeeded; waiting for the other nodes'.
-  enum class State { kRunning, kStopping, kBarrier, kDone };
+  enum class State { kRendezvous, kRunning, kStopping, kBarrier, kDone };
+  // How the last next_round() ended, handed from the Env's background
+  // thread to the loop.
+  struct RoundOutcome {
+    std::optional<rendezvous::RendezvousResult> round;
+    std::string closed;  // the job had finished: why there is nothing to do
+    std::string error;   // the round could not form
+    bool interrupted = false;
+  };
   // What to do once the stopping group is down.
   enum class Next { kRestart, kRound, kFinish };
 
   // Signals, the first attempt and the event loop until the job is over.
   void run_job();
+  // Joins the next round (off the loop when it may wait), then
+  // round_formed() starts the workers.
   void start_attempt(rendezvous::RoundReason reason);
+  void round_formed();
   // An event from the rendezvous, on the loop thread.
   void on_round_event(const rendezvous::RoundEvent& e);
   // False when the worker could not be started.
@@ -100,6 +113,7 @@ class Agent {
   size_t alive_ = 0;
   std::vector<std::unique_ptr<Process>> procs_;
   std::unique_ptr<Timer> timer_;
+  RoundOutcome outcome_;  // written by start_attempt()'s work only
   RunResult result_;
   // Faults (options_.faults): fired or not, pending timers, and the exit
   // code an exit fault gives its victim (by local rank, 0: none).

@@ -50,12 +50,14 @@ void Console::write(std::string_view text, std::shared_ptr<Backlog> backlog) {
     if (backlog) backlog->queued.fetch_add(text.size());
     state_->queue.push_back(Chunk{std::string(text), std::move(backlog)});
     state_->idle = false;
+    // Started under the lock: the rendezvous' progress lines come from the
+    // agent's background thread while the loop may write too.
+    if (!thread_.joinable()) {
+      thread_ = std::thread(writer, fd_, state_);
+      return;
+    }
   }
-  if (!thread_.joinable()) {
-    thread_ = std::thread(writer, fd_, state_);
-  } else {
-    state_->cv.notify_all();
-  }
+  state_->cv.notify_all();
 }
 
 Console::Console(int fd) : fd_(fd) {

@@ -107,6 +107,13 @@ class Env {
   // may call (a rendezvous watcher delivers its event this way); `fn` is
   // dropped unrun if run() never dispatches it.
   virtual void post(std::function<void()> fn) = 0;
+  // Runs `work` on a thread of the Env's own, then `done` on the thread
+  // inside run() (as post() does), so that a call that may block for long
+  // (waiting for the other nodes) leaves signals and timers served. One at
+  // a time: call again only after `done` ran. The Env's destructor waits
+  // for `work` to return.
+  virtual void run_in_background(std::function<void()> work,
+                                 std::function<void()> done) = 0;
   // Dispatches callbacks until stop() is called.
   virtual void run() = 0;
   // Makes run() return once the current callback finishes.

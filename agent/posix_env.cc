@@ -194,6 +194,7 @@ struct PosixEnv::Impl {
   size_t running = 0;      // workers neither reaped nor abandoned
   std::set<pid_t> strays;  // children of ours seen carrying the tag
   bool watchdog_warned = false;
+  std::thread background;  // run_in_background()'s, joined before reuse
   // Declared last: destroyed (their writers stopped) before the loop.
   Console console_out{STDOUT_FILENO};
   Console console_err{STDERR_FILENO};
@@ -609,6 +610,7 @@ PosixEnv::PosixEnv() : impl_(std::make_unique<Impl>()) {
 }
 
 PosixEnv::~PosixEnv() {
+  if (impl_->background.joinable()) impl_->background.join();
   if (impl_->running == 0) impl_->watchdog.stopped_cleanly();
   // Whatever the console has not taken by now is dropped after the bound,
   // so dlaunch exits even when nobody reads its output.
@@ -783,6 +785,17 @@ void PosixEnv::post(std::function<void()> fn) {
   // io_context::post is thread-safe: it wakes the epoll loop via its
   // eventfd, so the loop sleeps until an event really arrives.
   asio::post(impl_->io, std::move(fn));
+}
+
+void PosixEnv::run_in_background(std::function<void()> work,
+                                 std::function<void()> done) {
+  // The previous one posted its `done` as its last act: this join is short.
+  if (impl_->background.joinable()) impl_->background.join();
+  impl_->background = std::thread(
+      [this, work = std::move(work), done = std::move(done)]() mutable {
+        work();
+        post(std::move(done));
+      });
 }
 
 void PosixEnv::run() {

@@ -30,7 +30,8 @@ void die_with_parent(pid_t parent);
 // arrives and queued as whole, prefixed lines for the console's own writer
 // thread (agent/console.h), so a stalled console never blocks the loop;
 // SIGPIPE is ignored. Single-threaded: call everything from the thread that
-// calls run().
+// calls run() (post() from any); run_in_background()'s work runs on a
+// thread the env owns and joins.
 class PosixEnv : public Env {
  public:
   // Records the open-file limit now: workers get it back even when
@@ -49,6 +50,8 @@ class PosixEnv : public Env {
   int free_port(const std::string& host) override;
   void remove_if_orphaned(const std::filesystem::path& dir) override;
   void post(std::function<void()> fn) override;
+  void run_in_background(std::function<void()> work,
+                         std::function<void()> done) override;
   void run() override;
   void stop() override;
 

@@ -107,27 +107,44 @@ struct C10dRendezvous::Member {
 C10dRendezvous::C10dRendezvous(Params params)
     : p_(std::move(params)),
       prefix_("dlaunch/rdzv/" + p_.run_id + "/"),
-      node_id_(p_.node_addr + "/" + std::to_string(::getpid())) {
+      node_id_(p_.node_addr + "/" + std::to_string(::getpid())) {}
+
+void C10dRendezvous::connect() {
   comm::store::TcpStoreOptions so;
   so.host = p_.store_host;
   so.port = static_cast<uint16_t>(p_.store_port);
   so.connect_timeout = p_.options.join_timeout;
   so.timeout = p_.options.read_timeout;
   so.token = p_.token;
+  std::unique_ptr<comm::store::TcpStore> store, watcher, alive;
   try {
-    store_ = comm::store::TcpStore::connect(so);
-    watcher_ = store_->clone();
-    alive_ = store_->clone();
+    store = comm::store::TcpStore::connect(
+        so, [this] { return interrupted_.load(); });
+    watcher = store->clone();
+    alive = store->clone();
   } catch (const comm::store::StoreAuthError& e) {
     throw RendezvousError(
         std::string("the agents' store refused this agent: ") + e.what());
   } catch (const StoreError& e) {
+    if (interrupted_) throw RendezvousInterrupted(e.what());
     throw RendezvousError(std::string("cannot reach the agents' store: ") +
                           e.what() +
                           "; start the agent that hosts it (is_host) or "
                           "check --rdzv-endpoint");
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    store_ = std::move(store);
+    watcher_ = std::move(watcher);
+    alive_ = std::move(alive);
+  }
   alive_thread_ = std::thread([this] { keep_alive_loop(); });
+}
+
+void C10dRendezvous::interrupt() {
+  interrupted_.store(true);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (in_round_ && store_) store_->interrupt();
 }
 
 C10dRendezvous::~C10dRendezvous() {
@@ -228,6 +245,21 @@ void C10dRendezvous::start_closer(int r, std::vector<std::string> in_keys,
 RendezvousResult C10dRendezvous::next_round(int local_world_size,
                                             RoundReason reason,
                                             milliseconds timeout) {
+  if (interrupted_) throw RendezvousInterrupted("interrupted");
+  if (!store_) connect();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_round_ = true;
+  }
+  struct Leave {
+    C10dRendezvous& r;
+    ~Leave() {
+      std::lock_guard<std::mutex> lock(r.mu_);
+      r.in_round_ = false;
+    }
+  } leave{*this};
+  // interrupt() may have come before in_round_ was set.
+  if (interrupted_) throw RendezvousInterrupted("interrupted");
   const RendezvousOptions& o = p_.options;
   const bool fixed = o.backend == "static";
   const auto start = Clock::now();
@@ -495,6 +527,7 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
       group_rank_ = res.group_rank;
       members_ = count;
       member_ids_ = std::move(ids);
+      member_addrs_ = res.members;
       restart_count_ = res.restart_count;
       reported_ = false;
       std::string names;
@@ -509,6 +542,7 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
       return res;
     }
   } catch (const StoreError& e) {
+    if (interrupted_) throw RendezvousInterrupted(e.what());
     throw RendezvousError(std::string("the agents' store at ") + where +
                           " failed: " + e.what());
   }
@@ -601,31 +635,54 @@ bool C10dRendezvous::cut_off(milliseconds d) {
   std::lock_guard<std::mutex> lock(mu_);
   silent_until_ = Clock::now() + d;
   return true;
-}
-
-void C10dRendezvous::report(NodeOutcome outcome) {
-  if (round_ < 0 || reported_) return;
-  reported_ = true;
-  const std::string ev = key(round_, "ev");
-  try {
-    switch (outcome) {
-      case NodeOutcome::kSucceeded:
-        if (store_->add(key(round_, "done"), 1) == members_) {
-          store_->set(prefix_ + "finished", "1");
-          store_->append(ev, "exit;");
+  std::vector<std::string> C10dRendezvous::unfinished_nodes() {
+    std::vector<std::string> out;
+    if (round_ < 0 || !store_) return out;
+    std::set<std::string> done;
+    try {
+      if (store_->check({key(round_, "done_by")})) {
+        for (const std::string& id :
+             split(store_->get(key(round_, "done_by")), ';')) {
+          done.insert(id);
         }
-        break;
-      case NodeOutcome::kFailed:
-        store_->append(ev, "failed " + node_id_ + ";");
-        break;
-      case NodeOutcome::kLeaving:
-        store_->append(ev, "left " + node_id_ + ";");
-        break;
+      }
+    } catch (const StoreError&) {
+      return out;  // the store is gone: nobody to name
     }
-  } catch (const StoreError& e) {
-    p_.log(std::string("dlaunch: cannot tell the other nodes: ") + e.what() +
-           "\n");
+    for (size_t i = 0; i < member_ids_.size(); ++i) {
+      if (!done.contains(member_ids_[i]) && i < member_addrs_.size()) {
+        out.push_back(member_addrs_[i] + " (group rank " + std::to_string(i) +
+                      ")");
+      }
+    }
+    return out;
   }
-}
+
+  void C10dRendezvous::report(NodeOutcome outcome) {
+    if (round_ < 0 || reported_) return;
+    reported_ = true;
+    const std::string ev = key(round_, "ev");
+    try {
+      switch (outcome) {
+        case NodeOutcome::kSucceeded:
+          // Who, before how many: the barrier's message names the others.
+          store_->append(key(round_, "done_by"), node_id_ + ";");
+          if (store_->add(key(round_, "done"), 1) == members_) {
+            store_->set(prefix_ + "finished", "1");
+            store_->append(ev, "exit;");
+          }
+          break;
+        case NodeOutcome::kFailed:
+          store_->append(ev, "failed " + node_id_ + ";");
+          break;
+        case NodeOutcome::kLeaving:
+          store_->append(ev, "left " + node_id_ + ";");
+          break;
+      }
+    } catch (const StoreError& e) {
+      p_.log(std::string("dlaunch: cannot tell the other nodes: ") + e.what() +
+             "\n");
+    }
+  }
 
 }  // namespace dlaunch::agent::rendezvous

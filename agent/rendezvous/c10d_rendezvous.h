@@ -44,8 +44,8 @@ class C10dRendezvous : public Rendezvous {
     MessageSink log;
   };
 
-  // Connects to the store, retrying until join_timeout (the hosting agent
-  // may start later). Throws RendezvousError.
+  // Connects to the store on the first next_round(), retrying until
+  // join_timeout (the hosting agent may start later).
   explicit C10dRendezvous(Params params);
   // Stops the watcher and keep-alive threads and closes the connections
   // (the others see this node as lost unless it reported first).
@@ -59,6 +59,9 @@ class C10dRendezvous : public Rendezvous {
   // keep_alive_max_attempt the store closes this node's link and the
   // others see it lost.
   bool cut_off(std::chrono::milliseconds d) override;
+  std::vector<std::string> unfinished_nodes() override;
+  bool may_wait() const override { return true; }
+  void interrupt() override;
 
  private:
   struct Member;
@@ -76,6 +79,9 @@ class C10dRendezvous : public Rendezvous {
   // Waits until round `r`'s event key exists; returns its text.
   std::string wait_event(int round, std::chrono::milliseconds timeout);
   RoundEvent classify(int round, const std::string& text) const;
+  // Opens the three connections and starts the keep-alive thread; throws
+  // RendezvousError (RendezvousInterrupted once interrupt() was called).
+  void connect();
   void keep_alive_loop();
   void stop_watcher();
 
@@ -87,22 +93,26 @@ class C10dRendezvous : public Rendezvous {
   std::unique_ptr<comm::store::TcpStore> alive_;    // keep-alive thread
 
   // State of the rounds this node was in.
-  int round_ = -1;                       // last round joined
-  int group_rank_ = -1;                  // in round_
-  int restart_count_ = 0;                // of round_
-  int members_ = 0;                      // nodes in round_
-  std::vector<std::string> member_ids_;  // round_'s nodes, by group rank
-  std::string last_event_;               // round_'s event text, once seen
-  bool reported_ = false;                // report() called for round_
+  int round_ = -1;                         // last round joined
+  int group_rank_ = -1;                    // in round_
+  int restart_count_ = 0;                  // of round_
+  int members_ = 0;                        // nodes in round_
+  std::vector<std::string> member_ids_;    // round_'s nodes, by group rank
+  std::string last_event_;                 // round_'s event text, once seen
+  bool reported_ = false;                  // report() called for round_
+  std::vector<std::string> member_addrs_;  // their addresses, the same
 
   std::thread watcher_thread_;
   std::atomic<bool> watcher_done_{true};     // its callback has run
   std::atomic<bool> watcher_failed_{false};  // the closer's call failed
   std::thread alive_thread_;
-  std::mutex mu_;  // guards alive_, stopping_ and silent_until_
+  std::mutex mu_;  // guards alive_, stopping_, silent_until_, store_'s
+                   // creation and in_round_
   std::condition_variable cv_;
   bool stopping_ = false;
   std::chrono::steady_clock::time_point silent_until_{};  // cut_off()
+  bool in_round_ = false;  // next_round() runs: interrupt() breaks store_
+  std::atomic<bool> interrupted_{false};
 };
 
 }  // namespace dlaunch::agent::rendezvous

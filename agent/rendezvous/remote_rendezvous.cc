@@ -116,10 +116,16 @@ std::vector<std::string> RemoteRendezvous::answer(milliseconds timeout,
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
-    const bool woke = cv_.wait_until(
-        lock, deadline, [this] { return answer_ || gone_ || !logs_.empty(); });
+    const bool woke = cv_.wait_until(lock, deadline, [this] {
+      return answer_ || gone_ || interrupted_ || !logs_.empty();
+    });
+    if (interrupted_) {
+      // The helper is left mid-round; closing its socket makes it leave.
+      throw RendezvousInterrupted("interrupted while waiting " + what);
+    }
     if (!logs_.empty()) {
-      // Progress lines go out from this (the agent's) thread.
+      // Progress lines go out from this thread (the agent's, or its Env's
+      // background thread), never from the reader's.
       lock.unlock();
       flush_logs();
       lock.lock();
@@ -145,6 +151,14 @@ std::vector<std::string> RemoteRendezvous::answer(milliseconds timeout,
     throw RendezvousError(text);
   }
   return a;
+}
+
+void RemoteRendezvous::interrupt() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    interrupted_ = true;
+  }
+  cv_.notify_all();
 }
 
 RendezvousResult RemoteRendezvous::next_round(int local_world_size,

@@ -21,7 +21,8 @@ namespace dlaunch::agent::rendezvous {
 // client would slow every launch if linked into dlaunch
 // (docs/performance.md). The helper gets end-of-file when the agent dies,
 // even by SIGKILL, and then leaves the rendezvous at once. Threads: the
-// agent's thread calls the methods; a reader thread delivers watch()'s
+// agent's thread (or its Env's background thread) calls the methods,
+// interrupt() any thread; a reader thread delivers watch()'s
 // event.
 class RemoteRendezvous : public Rendezvous {
  public:
@@ -54,6 +55,10 @@ class RemoteRendezvous : public Rendezvous {
                               std::chrono::milliseconds timeout) override;
   void watch(EventCallback on_event) override;
   void report(NodeOutcome outcome) override;
+  // The helper's barrier does not say who it waits for.
+  std::vector<std::string> unfinished_nodes() override { return {}; }
+  bool may_wait() const override { return true; }
+  void interrupt() override;
 
  private:
   void send(const std::vector<std::string>& fields);
@@ -77,7 +82,8 @@ class RemoteRendezvous : public Rendezvous {
   std::vector<std::string> logs_;  // the helper's lines, not yet written
   EventCallback on_event_;         // set by watch(), taken by the event
   int watched_round_ = -1;
-  bool gone_ = false;  // the helper closed its end
+  bool gone_ = false;         // the helper closed its end
+  bool interrupted_ = false;  // interrupt() was called
 };
 
 }  // namespace dlaunch::agent::rendezvous

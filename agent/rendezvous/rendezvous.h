@@ -137,12 +137,20 @@ class RendezvousClosed : public RendezvousError {
   using RendezvousError::RendezvousError;
 };
 
+// interrupt() ended the wait for a round (the agent got a stop signal).
+class RendezvousInterrupted : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
 // How agents agree on group membership before each start or restart of
 // their workers, and how they learn that a round is over. Implementations:
 // one node (static_rendezvous.h); c10d over the TCP store and static
 // multi-node (c10d_rendezvous.h); etcd, with c10d's semantics, served by a
 // helper program (remote_rendezvous.h, etcd/etcd_rendezvous.h).
-// The agent's thread calls every method; only watch()'s callback may run
+// One thread at a time calls the methods (next_round() may run on a helper
+// thread of the agent's Env, so that signals are served meanwhile);
+// interrupt() may be called from any thread, and watch()'s callback may run
 // on another thread.
 class Rendezvous {
  public:
@@ -168,6 +176,17 @@ class Rendezvous {
     (void)d;
     return false;
   }
+  // The nodes of the current round whose workers have not all succeeded
+  // yet, as "ADDRESS (group rank K)": whom the exit barrier waits for.
+  // Empty when none or unknown.
+  virtual std::vector<std::string> unfinished_nodes() = 0;
+  // Whether next_round() may wait for other nodes (the agent then runs it
+  // off its event loop, so that signals are served meanwhile).
+  virtual bool may_wait() const = 0;
+  // Any thread: makes a next_round() in progress throw RendezvousInterrupted
+  // within about a second, and every later call; for an agent stopped by a
+  // signal while it waits for the others.
+  virtual void interrupt() = 0;
 };
 
 }  // namespace dlaunch::agent::rendezvous

@@ -23,6 +23,10 @@ class StaticRendezvous : public Rendezvous {
                               std::chrono::milliseconds timeout) override;
   void watch(EventCallback on_event) override;
   void report(NodeOutcome outcome) override;
+  std::vector<std::string> unfinished_nodes() override { return {}; }
+  // Never waits: there is nobody to wait for.
+  bool may_wait() const override { return false; }
+  void interrupt() override {}
 
  private:
   EventCallback on_event_;

@@ -233,7 +233,8 @@ int try_connect(const TcpStoreOptions& o, const std::string& address,
 
 }  // namespace
 
-std::unique_ptr<TcpStore> TcpStore::connect(const TcpStoreOptions& options) {
+std::unique_ptr<TcpStore> TcpStore::connect(
+    const TcpStoreOptions& options, const std::function<bool()>& cancelled) {
   std::string address = options.host + ":" + std::to_string(options.port);
   if (options.host.empty() || options.port == 0) {
     throw std::invalid_argument(
@@ -244,14 +245,22 @@ std::unique_ptr<TcpStore> TcpStore::connect(const TcpStoreOptions& options) {
   auto deadline = Clock::now() + options.connect_timeout;
   auto backoff = kFirstBackoff;
   std::string error = "no attempt made";
+  auto give_up_if_cancelled = [&] {
+    if (cancelled && cancelled()) {
+      throw StoreError("connecting to store " + address + " interrupted (" +
+                       error + ")");
+    }
+  };
   while (true) {
     int fd = try_connect(options, address, deadline, error);
     if (fd >= 0) return std::unique_ptr<TcpStore>(new TcpStore(options, fd));
     auto now = Clock::now();
     if (now >= deadline) break;
+    give_up_if_cancelled();
     std::this_thread::sleep_for(
         std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, kMaxBackoff);
+    give_up_if_cancelled();
     // An attempt started at the deadline could only time out; the last real
     // reason (say, "connection refused") is the one worth reporting.
     if (Clock::now() >= deadline) break;

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -45,8 +46,12 @@ class TcpStore : public Store {
   // "store 127.0.0.1:29400 unreachable after 30 s (connection refused)".
   // A server speaking another protocol version fails at once, and so does
   // one that refuses the token (StoreAuthError); an empty host or port 0
-  // throws std::invalid_argument.
-  static std::unique_ptr<TcpStore> connect(const TcpStoreOptions& options);
+  // throws std::invalid_argument. `cancelled`, when given, is asked between
+  // attempts (at least once a second): true gives up at once with StoreError
+  // "... interrupted ...", as a Ctrl-C'd agent must.
+  static std::unique_ptr<TcpStore> connect(
+      const TcpStoreOptions& options,
+      const std::function<bool()>& cancelled = {});
 
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;

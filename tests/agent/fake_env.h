@@ -85,6 +85,13 @@ class FakeEnv : public Env {
   void post(std::function<void()> fn) override {
     schedule(ms(0), std::move(fn));
   }
+  // Deterministic: `work` runs at once, `done` is queued at the current
+  // virtual time.
+  void run_in_background(std::function<void()> work,
+                         std::function<void()> done) override {
+    work();
+    schedule(ms(0), std::move(done));
+  }
   void run() override;
   void stop() override { stopped_ = true; }
 
