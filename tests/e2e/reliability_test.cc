@@ -47,24 +47,6 @@ int free_port() {
   return port;
 }
 
-// Inodes of the TCP sockets in LISTEN state (IPv4 and IPv6).
-std::set<std::string> listening_inodes() {
-  std::set<std::string> out;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      std::istringstream f(line);
-      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
-      f >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >>
-          timeout >> inode;
-      if (st == "0A") out.insert(inode);
-    }
-  }
-  return out;
-}
-
 // What an agent holds, read from /proc.
 struct Holdings {
   int fds = 0;
@@ -100,16 +82,12 @@ int shm_entries(const std::string& run_id) {
 Holdings holdings(pid_t pid, const std::string& run_id) {
   Holdings h;
   const std::string proc = "/proc/" + std::to_string(pid);
-  std::set<std::string> listen = listening_inodes();
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(proc + "/fd", ec)) {
+  for (auto it = fs::directory_iterator(proc + "/fd", ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
     ++h.fds;
-    std::string target = fs::read_symlink(e.path(), ec).string();
-    if (target.rfind("socket:[", 0) == 0 &&
-        listen.contains(target.substr(8, target.size() - 9))) {
-      ++h.listening;
-    }
   }
+  h.listening = static_cast<int>(testing::listening_ports(pid).size());
   std::ifstream status(proc + "/status");
   std::string line;
   while (std::getline(status, line)) {
@@ -127,11 +105,7 @@ Holdings holdings(pid_t pid, const std::string& run_id) {
 TEST(Reliability, FiftyRestartsLeakNothing) {
   constexpr int kRestarts = 50;
   TempDir dir;
-  const std::string fifo = (dir / "go").string();
-  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  // Read-write, so that neither side's open blocks; kept open throughout.
-  int go = ::open(fifo.c_str(), O_RDWR | O_CLOEXEC);
-  ASSERT_GE(go, 0);
+  testing::Gate gate((dir / "go").string());
   const int port = free_port();
   const std::string id = "leak" + std::to_string(::getpid());
   const std::string script =
@@ -167,7 +141,7 @@ TEST(Reliability, FiftyRestartsLeakNothing) {
     for (int i = 0; i < 2; ++i) {
       seen[i].push_back(holdings(agents[i]->pid(), id));
     }
-    ASSERT_EQ(::write(go, "go\n", 3), 3);
+    gate.open_once();
   }
   for (int i = 0; i < 2; ++i) {
     CommandResult r = agents[i]->wait(120s);
@@ -189,7 +163,6 @@ TEST(Reliability, FiftyRestartsLeakNothing) {
                         std::to_string(kRestarts)));
   // Nothing is left of either agent.
   EXPECT_EQ(shm_entries(id), 0);
-  ::close(go);
 }
 
 // Whether this process may make a private mount namespace (not in a
@@ -325,17 +298,20 @@ TEST(Reliability, AFullDevShmDoesNotStopTheJob) {
   EXPECT_THAT(r.out, HasSubstr("exit=0\na\nb\n"));
 }
 
-// A log folder on a read-only disk: one clear line naming it, exit 1, no
-// worker started.
-TEST(Reliability, AReadOnlyLogDiskIsAClearError) {
-  SKIP_WITHOUT_UNSHARE();
+// Runs `dlaunch --log-dir DIR/logs --run-id ID` in a private mount
+// namespace where DIR is a small tmpfs mounted with `options`, after
+// `prepare` (shell); the job must not start.
+void expect_log_dir_refused(const std::string& options,
+                            const std::string& prepare, const std::string& id,
+                            const std::string& why) {
   TempDir dir;
   const std::string d = dir.path().string();
   CommandResult r = testing::run_command(
       {{"unshare", "-m", "sh", "-c",
-        "mount -t tmpfs -o size=64k,ro dlaunch-test " + d + " || exit 99; " +
-            kDlaunch + " --log-dir " + d +
-            "/logs --run-id ro sh -c 'echo STARTED'; echo exit=$?"},
+        "mount -t tmpfs -o " + options + " dlaunch-test " + d +
+            " || exit 99; cd " + d + "; " + prepare + "; " + kDlaunch +
+            " --log-dir " + d + "/logs --run-id " + id +
+            " sh -c 'echo STARTED'; echo exit=$?"},
        {},
        {},
        ""},
@@ -344,31 +320,23 @@ TEST(Reliability, AReadOnlyLogDiskIsAClearError) {
   EXPECT_THAT(r.out, HasSubstr("exit=1"));
   EXPECT_THAT(r.out, Not(HasSubstr("STARTED")));
   EXPECT_THAT(r.err, HasSubstr("cannot create the run folder"));
-  EXPECT_THAT(r.err, HasSubstr("Read-only file system"));
-  EXPECT_THAT(r.err, HasSubstr(d + "/logs/ro"));
+  EXPECT_THAT(r.err, HasSubstr(why));
+  EXPECT_THAT(r.err, HasSubstr(d + "/logs/" + id));
   EXPECT_THAT(r.err, HasSubstr("check --log-dir"));
+}
+
+// A log folder on a read-only disk: one clear line naming it, exit 1, no
+// worker started.
+TEST(Reliability, AReadOnlyLogDiskIsAClearError) {
+  SKIP_WITHOUT_UNSHARE();
+  expect_log_dir_refused("size=64k,ro", "true", "ro", "Read-only file system");
 }
 
 // A log folder on a disk with no inode left: the same.
 TEST(Reliability, ALogDiskWithNoRoomLeftIsAClearError) {
   SKIP_WITHOUT_UNSHARE();
-  TempDir dir;
-  const std::string d = dir.path().string();
-  CommandResult r = testing::run_command(
-      {{"unshare", "-m", "sh", "-c",
-        "mount -t tmpfs -o size=64k,nr_inodes=2 dlaunch-test " + d +
-            " || exit 99; touch " + d + "/a; " + kDlaunch + " --log-dir " + d +
-            "/logs --run-id full sh -c 'echo STARTED'; echo exit=$?"},
-       {},
-       {},
-       ""},
-      60s);
-  ASSERT_NE(r.exit_code, 99) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("exit=1"));
-  EXPECT_THAT(r.out, Not(HasSubstr("STARTED")));
-  EXPECT_THAT(r.err, HasSubstr("cannot create the run folder"));
-  EXPECT_THAT(r.err, HasSubstr("No space left on device"));
-  EXPECT_THAT(r.err, HasSubstr("check --log-dir"));
+  expect_log_dir_refused("size=64k,nr_inodes=2", "touch a", "full",
+                         "No space left on device");
 }
 
 }  // namespace

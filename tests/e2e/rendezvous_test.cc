@@ -8,7 +8,6 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -315,369 +314,359 @@ TEST_F(Rendezvous, AFailureAndANodeLossInOneRoundEndTheBudgetEverywhere) {
         testing::read_file(dir / std::to_string(i) / id_ / "summary.json"));
     EXPECT_EQ(summary["attempts"].size(), 1u) << "node " << i;
   }
+}
 
-  // A frozen agent (SIGSTOP: the keep-alive path) is dropped once silent for
-  // keep_alive_interval x keep_alive_max_attempt; the others re-form and
-  // finish. Woken (SIGCONT), it learns it was dropped and stops its workers
-  // instead of running on.
-  TEST_F(Rendezvous, AFrozenAgentIsDroppedAndStopsItsWorkersWhenItWakes) {
-    conf_ += ",keep_alive_interval=0.2,keep_alive_max_attempt=3";
-    for (int i = 0; i < 3; ++i) start(i, {"--nnodes", "2:3"}, kBlockWhileThree);
-    for (int i = 0; i < 3; ++i) {
-      ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
-          << agents_[i]->out() << agents_[i]->err();
-    }
-    std::vector<pid_t> workers = testing::descendants(agents_[2]->pid());
-    ASSERT_FALSE(workers.empty());
-    agents_[2]->signal(SIGSTOP);
-    // The survivors notice it is gone, re-form without it and finish.
-    for (int i = 0; i < 2; ++i) {
-      ASSERT_TRUE(
-          agents_[i]->wait_for_output("re-forming the worker group", 60s))
-          << agents_[i]->err();
-    }
-    agents_[2]->signal(SIGCONT);
-    for (int i = 0; i < 2; ++i) {
-      CommandResult r = finish(i);
-      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-      EXPECT_THAT(r.err, HasSubstr("node 127.0.0.3/"));
-      auto lines = env_lines(r.out);
-      ASSERT_EQ(lines.size(), 2u) << r.out;
-      EXPECT_EQ(lines[1].gws, 2);
-      EXPECT_EQ(lines[1].rc, 0);
-    }
-    CommandResult frozen = finish(2);
-    EXPECT_EQ(frozen.exit_code, 1) << frozen.err;
-    EXPECT_THAT(frozen.err, HasSubstr("declared this node lost"));
-    EXPECT_THAT(frozen.err, HasSubstr("stopping 1 worker(s)"));
-    for (pid_t p : workers) {
-      for (int k = 0; k < 500 && testing::process_alive(p); ++k) usleep(10000);
-      EXPECT_FALSE(testing::process_alive(p)) << "worker " << p << " survived";
-    }
+// A frozen agent (SIGSTOP: the keep-alive path) is dropped once silent for
+// keep_alive_interval x keep_alive_max_attempt; the others re-form and
+// finish. Woken (SIGCONT), it learns it was dropped and stops its workers
+// instead of running on.
+TEST_F(Rendezvous, AFrozenAgentIsDroppedAndStopsItsWorkersWhenItWakes) {
+  conf_ += ",keep_alive_interval=0.2,keep_alive_max_attempt=3";
+  for (int i = 0; i < 3; ++i) start(i, {"--nnodes", "2:3"}, kBlockWhileThree);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+        << agents_[i]->out() << agents_[i]->err();
   }
-
-  // The exit barrier: a node whose workers finished first waits for the
-  // others' (node 1's worker runs until the test lets it go).
-  TEST_F(Rendezvous, ANodeFinishingEarlyWaitsForTheOthers) {
-    testing::TempDir dir;
-    const std::string fifo = (dir / "go").string();
-    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-    int go = ::open(fifo.c_str(), O_RDWR | O_CLOEXEC);
-    ASSERT_GE(go, 0);
-    const std::string script = "if [ $NODE = 1 ]; then echo HELD; read x < " +
-                               fifo + "; fi; echo DONE";
-    for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2"}, script);
-    ASSERT_TRUE(agents_[1]->wait_for_output("HELD", 60s)) << agents_[1]->err();
-    ASSERT_TRUE(agents_[0]->wait_for_output("waiting up to 300 s", 60s))
-        << agents_[0]->err();
-    EXPECT_THAT(agents_[0]->err(), HasSubstr("for the other nodes to finish"));
-    // Still there: its barrier holds until node 1 is done.
-    EXPECT_TRUE(testing::process_alive(agents_[0]->pid()));
-    ASSERT_EQ(::write(go, "go\n", 3), 3);
-    for (int i = 0; i < 2; ++i) {
-      CommandResult r = finish(i);
-      EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-      EXPECT_THAT(r.out, HasSubstr("DONE"));
-    }
-    ::close(go);
+  std::vector<pid_t> workers = testing::descendants(agents_[2]->pid());
+  ASSERT_FALSE(workers.empty());
+  agents_[2]->signal(SIGSTOP);
+  // The survivors notice it is gone, re-form without it and finish.
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("re-forming the worker group", 60s))
+        << agents_[i]->err();
   }
-
-  // A failure on a node releases the ones waiting in the barrier at once
-  // (the barrier's 5 minutes would fail the test's bound).
-  TEST_F(Rendezvous, AFailedNodeReleasesTheBarrierAtOnce) {
-    testing::TempDir dir;
-    const std::string fifo = (dir / "go").string();
-    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-    int go = ::open(fifo.c_str(), O_RDWR | O_CLOEXEC);
-    ASSERT_GE(go, 0);
-    const std::string script =
-        "if [ $NODE = 1 ]; then read x < " + fifo + "; exit 7; fi; echo DONE";
-    for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2"}, script);
-    ASSERT_TRUE(
-        agents_[0]->wait_for_output("for the other nodes to finish", 60s))
-        << agents_[0]->err();
-    ASSERT_EQ(::write(go, "go\n", 3), 3);
-    CommandResult r0 = agents_[0]->wait(60s);
-    EXPECT_FALSE(r0.timed_out);
-    EXPECT_EQ(r0.exit_code, 1) << r0.err;
-    EXPECT_THAT(r0.err, HasSubstr("a worker on node 127.0.0.2/"));
-    EXPECT_THAT(r0.err, HasSubstr("failed; no restarts left"));
-    CommandResult r1 = finish(1);
-    EXPECT_EQ(r1.exit_code, 7) << r1.err;
-    ::close(go);
+  agents_[2]->signal(SIGCONT);
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("node 127.0.0.3/"));
+    auto lines = env_lines(r.out);
+    ASSERT_EQ(lines.size(), 2u) << r.out;
+    EXPECT_EQ(lines[1].gws, 2);
+    EXPECT_EQ(lines[1].rc, 0);
   }
-
-  // The barrier's timeout: the node exits 0 (its workers succeeded) naming
-  // the node it waited for.
-  TEST_F(Rendezvous, TheExitBarrierTimeoutNamesWhoItWaitedFor) {
-    const std::string script =
-        "if [ $NODE = 1 ]; then echo HELD; exec sleep 300; fi";
-    conf_ += ",close_timeout=1";
-    for (int i = 0; i < 2; ++i) {
-      start(i, {"--nnodes", "2", "--exit-barrier-timeout", "1"}, script);
-    }
-    ASSERT_TRUE(agents_[1]->wait_for_output("HELD", 60s)) << agents_[1]->err();
-    CommandResult r0 = agents_[0]->wait(60s);
-    EXPECT_EQ(r0.exit_code, 0) << r0.err;
-    EXPECT_THAT(
-        r0.err,
-        HasSubstr("exit barrier: 127.0.0.2 (group rank 1) did not finish "
-                  "within 1 s (--exit-barrier-timeout)"));
-    agents_[1]->signal(SIGTERM);
-    CommandResult r1 = finish(1);
-    EXPECT_FALSE(r1.timed_out);
+  CommandResult frozen = finish(2);
+  EXPECT_EQ(frozen.exit_code, 1) << frozen.err;
+  EXPECT_THAT(frozen.err, HasSubstr("declared this node lost"));
+  EXPECT_THAT(frozen.err, HasSubstr("stopping 1 worker(s)"));
+  for (pid_t p : workers) {
+    for (int k = 0; k < 500 && testing::process_alive(p); ++k) usleep(10000);
+    EXPECT_FALSE(testing::process_alive(p)) << "worker " << p << " survived";
   }
+}
 
-  // A node that arrives after the job finished has nothing to do: exit 0,
-  // saying so. The store is a dl-store no agent hosts, so it outlives the job.
-  TEST_F(Rendezvous, ANodeArrivingAfterTheJobFinishedExitsZero) {
-    Subprocess store({{DLAUNCH_BIN_DIR "/dl-store", "--host", "127.0.0.1",
-                       "--port", std::to_string(port_)},
-                      {},
-                      {},
-                      ""});
-    for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2"}, kShowEnv, "false");
-    for (int i = 0; i < 2; ++i) {
-      CommandResult r = finish(i);
-      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    }
-    start(2, {"--nnodes", "2"}, kShowEnv, "false");
-    CommandResult late = finish(2);
-    EXPECT_EQ(late.exit_code, 0) << late.err;
-    EXPECT_THAT(late.err, HasSubstr("already finished"));
-    EXPECT_TRUE(env_lines(late.out).empty()) << late.out;
+// The exit barrier: a node whose workers finished first waits for the
+// others' (node 1's worker runs until the test lets it go).
+TEST_F(Rendezvous, ANodeFinishingEarlyWaitsForTheOthers) {
+  testing::TempDir dir;
+  testing::Gate gate((dir / "go").string());
+  const std::string script = "if [ $NODE = 1 ]; then echo HELD; read x < " +
+                             gate.path() + "; fi; echo DONE";
+  for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2"}, script);
+  ASSERT_TRUE(agents_[1]->wait_for_output("HELD", 60s)) << agents_[1]->err();
+  ASSERT_TRUE(agents_[0]->wait_for_output("waiting up to 300 s", 60s))
+      << agents_[0]->err();
+  EXPECT_THAT(agents_[0]->err(), HasSubstr("for the other nodes to finish"));
+  // Still there: its barrier holds until node 1 is done.
+  EXPECT_TRUE(testing::process_alive(agents_[0]->pid()));
+  gate.open_once();
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = finish(i);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_THAT(r.out, HasSubstr("DONE"));
   }
+}
 
-  TEST_F(Rendezvous, ALateNodeScalesTheJobUp) {
-    const std::string script =
-        kShowEnv +
-        "; if [ $GROUP_WORLD_SIZE = 2 ]; then echo RUNNING; exec sleep 300; fi";
-    for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2:3"}, script);
-    for (int i = 0; i < 2; ++i) {
-      ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
-          << agents_[i]->err();
-    }
-    start(2, {"--nnodes", "2:3"}, script);
-    for (int i = 0; i < 3; ++i) {
-      CommandResult r = finish(i);
-      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-      auto lines = env_lines(r.out);
-      ASSERT_FALSE(lines.empty());
-      EXPECT_EQ(lines.back().gws, 3);
-      EXPECT_EQ(lines.back().rc, 0);
-    }
+// A failure on a node releases the ones waiting in the barrier at once
+// (the barrier's 5 minutes would fail the test's bound).
+TEST_F(Rendezvous, AFailedNodeReleasesTheBarrierAtOnce) {
+  testing::TempDir dir;
+  testing::Gate gate((dir / "go").string());
+  const std::string script = "if [ $NODE = 1 ]; then read x < " + gate.path() +
+                             "; exit 7; fi; echo DONE";
+  for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2"}, script);
+  ASSERT_TRUE(agents_[0]->wait_for_output("for the other nodes to finish", 60s))
+      << agents_[0]->err();
+  gate.open_once();
+  CommandResult r0 = agents_[0]->wait(60s);
+  EXPECT_FALSE(r0.timed_out);
+  EXPECT_EQ(r0.exit_code, 1) << r0.err;
+  EXPECT_THAT(r0.err, HasSubstr("a worker on node 127.0.0.2/"));
+  EXPECT_THAT(r0.err, HasSubstr("failed; no restarts left"));
+  CommandResult r1 = finish(1);
+  EXPECT_EQ(r1.exit_code, 7) << r1.err;
+}
+
+// The barrier's timeout: the node exits 0 (its workers succeeded) naming
+// the node it waited for.
+TEST_F(Rendezvous, TheExitBarrierTimeoutNamesWhoItWaitedFor) {
+  const std::string script =
+      "if [ $NODE = 1 ]; then echo HELD; exec sleep 300; fi";
+  conf_ += ",close_timeout=1";
+  for (int i = 0; i < 2; ++i) {
+    start(i, {"--nnodes", "2", "--exit-barrier-timeout", "1"}, script);
   }
+  ASSERT_TRUE(agents_[1]->wait_for_output("HELD", 60s)) << agents_[1]->err();
+  CommandResult r0 = agents_[0]->wait(60s);
+  EXPECT_EQ(r0.exit_code, 0) << r0.err;
+  EXPECT_THAT(r0.err,
+              HasSubstr("exit barrier: 127.0.0.2 (group rank 1) did not finish "
+                        "within 1 s (--exit-barrier-timeout)"));
+  agents_[1]->signal(SIGTERM);
+  CommandResult r1 = finish(1);
+  EXPECT_FALSE(r1.timed_out);
+}
 
-  TEST_F(Rendezvous, LogFoldersAreNumberedByRoundTheSameOnEveryNode) {
-    // Nodes 0 and 1 run round 0; node 2 arrives and round 1 takes it in.
-    // attempt_K is round K on every node, the late one included.
-    const std::string script =
-        kShowEnv +
-        "; if [ $GROUP_WORLD_SIZE = 2 ]; then echo RUNNING; exec sleep 300; fi";
-    testing::TempDir dir;
-    auto flags = [&](int i) {
-      return std::vector<std::string>{
-          "--nnodes", "2:3", "--log-dir", (dir / std::to_string(i)).string(),
-          "-t",       "1"};
-    };
-    for (int i = 0; i < 2; ++i) start(i, flags(i), script);
-    ASSERT_TRUE(all_print(2, "RUNNING"));
-    start(2, flags(2), script);
-    for (int i = 0; i < 3; ++i) {
-      CommandResult r = finish(i);
-      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-      const auto run = dir / std::to_string(i) / id_;
-      auto summary =
-          nlohmann::json::parse(testing::read_file(run / "summary.json"));
-      for (const auto& a : summary["attempts"]) {
-        const std::string k = std::to_string(a["round"].get<int>());
-        EXPECT_TRUE(std::filesystem::exists(run / ("attempt_" + k) / "0"))
-            << "node " << i << " round " << k;
-      }
-      EXPECT_EQ(summary["attempts"].back()["round"], 1);
-      EXPECT_THAT(testing::read_file(run / "attempt_1/0/stdout.log"),
-                  HasSubstr("gws=3"));
-    }
-    EXPECT_FALSE(std::filesystem::exists(dir / "2" / id_ / "attempt_0"));
+// A node that arrives after the job finished has nothing to do: exit 0,
+// saying so. The store is a dl-store no agent hosts, so it outlives the job.
+TEST_F(Rendezvous, ANodeArrivingAfterTheJobFinishedExitsZero) {
+  Subprocess store({{DLAUNCH_BIN_DIR "/dl-store", "--host", "127.0.0.1",
+                     "--port", std::to_string(port_)},
+                    {},
+                    {},
+                    ""});
+  for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2"}, kShowEnv, "false");
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   }
+  start(2, {"--nnodes", "2"}, kShowEnv, "false");
+  CommandResult late = finish(2);
+  EXPECT_EQ(late.exit_code, 0) << late.err;
+  EXPECT_THAT(late.err, HasSubstr("already finished"));
+  EXPECT_TRUE(env_lines(late.out).empty()) << late.out;
+}
 
-  TEST_F(Rendezvous, AWorkerFailureOnOneNodeRestartsEveryNode) {
-    const std::string script =
-        kShowEnv +
-        "; if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $NODE = 2 ]; then "
-        "exit 3; fi";
-    testing::TempDir dir;
-    for (int i = 0; i < 3; ++i) {
-      start(i,
-            {"--nnodes", "3", "--max-restarts", "2", "--log-dir",
-             (dir / std::to_string(i)).string()},
-            script);
-    }
-    for (int i = 0; i < 3; ++i) {
-      CommandResult r = finish(i);
-      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-      // The first attempt's workers may be stopped before they print.
-      auto lines = env_lines(r.out);
-      ASSERT_FALSE(lines.empty()) << r.out;
-      EXPECT_EQ(lines.back().rc, 1);  // the same count on every node
-      auto summary = nlohmann::json::parse(
-          testing::read_file(dir / std::to_string(i) / id_ / "summary.json"));
-      ASSERT_EQ(summary["attempts"].size(), 2u);
-      EXPECT_EQ(summary["attempts"][0]["reason"], "start");
-      EXPECT_EQ(summary["attempts"][1]["reason"], "failure");
-      EXPECT_EQ(summary["attempts"][1]["members"].size(), 3u);
-      EXPECT_EQ(summary["attempts"][0]["restart_count"], 0);
-      EXPECT_EQ(summary["attempts"][1]["restart_count"], 1);
-      // Group ranks unchanged across the restart.
-      EXPECT_EQ(summary["attempts"][0]["group_rank"],
-                summary["attempts"][1]["group_rank"]);
-      EXPECT_EQ(summary["attempts"][1]["group_rank"], lines.back().gr);
-    }
+TEST_F(Rendezvous, ALateNodeScalesTheJobUp) {
+  const std::string script =
+      kShowEnv +
+      "; if [ $GROUP_WORLD_SIZE = 2 ]; then echo RUNNING; exec sleep 300; fi";
+  for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2:3"}, script);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+        << agents_[i]->err();
   }
-
-  TEST_F(Rendezvous, TooFewNodesFailNamingWhoJoined) {
-    std::vector<std::string> argv = {kDlaunch,
-                                     "--rdzv-backend",
-                                     "c10d",
-                                     "--rdzv-endpoint",
-                                     "127.0.0.1:" + std::to_string(port_),
-                                     "--local-addr",
-                                     "127.0.0.1",
-                                     "--nnodes",
-                                     "2",
-                                     "--rdzv-conf",
-                                     "is_host=true,join_timeout=1",
-                                     "true"};
-    CommandResult r = testing::run_command({argv, {}, {}, ""}, 60s);
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_THAT(r.err, HasSubstr("1/2 nodes joined round 0"));
-    EXPECT_THAT(r.err, HasSubstr("joined: 127.0.0.1"));
+  start(2, {"--nnodes", "2:3"}, script);
+  for (int i = 0; i < 3; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_FALSE(lines.empty());
+    EXPECT_EQ(lines.back().gws, 3);
+    EXPECT_EQ(lines.back().rc, 0);
   }
+}
 
-  TEST_F(Rendezvous, JobsWithDifferentIdsShareAnExternalStore) {
-    Subprocess store({{DLAUNCH_BIN_DIR "/dl-store", "--host", "127.0.0.1",
-                       "--port", std::to_string(port_)},
-                      {},
-                      {},
-                      ""});
-    std::map<std::string, std::unique_ptr<Subprocess>> jobs;
-    for (const std::string id : {"alpha", "beta"}) {
-      for (int i = 0; i < 2; ++i) {
-        id_ = id;
-        start(i, {"--nnodes", "2"}, kShowEnv, "false");
-        jobs[id + std::to_string(i)] = std::move(agents_[i]);
-      }
-    }
-    for (auto& [name, agent] : jobs) {
-      CommandResult r = agent->wait(120s);
-      ASSERT_EQ(r.exit_code, 0) << name << r.out << r.err;
-      auto lines = env_lines(r.out);
-      ASSERT_EQ(lines.size(), 1u);
-      EXPECT_EQ(lines[0].gws, 2);
-      EXPECT_EQ(lines[0].id, name.substr(0, name.size() - 1));
-    }
-  }
-
-  // True once some thread of `pid` sits in write(2, ...): a console that
-  // accepts nothing holds it there.
-  bool blocked_writing_stderr(pid_t pid, std::chrono::milliseconds timeout) {
-    const auto end = std::chrono::steady_clock::now() + timeout;
-    const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
-    while (std::chrono::steady_clock::now() < end) {
-      std::error_code ec;
-      for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
-        std::ifstream f(t.path() / "syscall");
-        std::string nr, fd;
-        if (f >> nr >> fd && nr == "1" && fd == "0x2") return true;
-      }
-      std::this_thread::sleep_for(10ms);
-    }
-    return false;
-  }
-
-  TEST_F(Rendezvous, ProgressLinesNeverStallTheAgentOnAStuckConsole) {
-    // Agent 0's stderr is a pipe that is full and that nobody reads: its
-    // "waiting for nodes" line must queue like its other messages, not block
-    // the rendezvous.
-    int p[2];
-    ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
-    ::fcntl(p[1], F_SETFL, ::fcntl(p[1], F_GETFL) | O_NONBLOCK);
-    const std::string filler(4096, 'x');
-    while (::write(p[1], filler.data(), filler.size()) > 0) {
-    }
-    ::fcntl(p[1], F_SETFL, ::fcntl(p[1], F_GETFL) & ~O_NONBLOCK);
-    start(0, {"--nnodes", "2"}, kShowEnv, "", p[1]);
-    ::close(p[1]);
-    // Reads the console to its end (bounded) once the test lets it.
-    std::string console;
-    std::thread drain;
-    auto drain_console = [&] {
-      if (drain.joinable()) return;
-      drain = std::thread([&console, fd = p[0]] {
-        const auto end = std::chrono::steady_clock::now() + 120s;
-        char buf[65536];
-        pollfd in{fd, POLLIN, 0};
-        while (std::chrono::steady_clock::now() < end &&
-               ::poll(&in, 1, 100) >= 0) {
-          if (in.revents == 0) continue;
-          ssize_t n = ::read(fd, buf, sizeof buf);
-          if (n <= 0) break;
-          console.append(buf, static_cast<size_t>(n));
-        }
-      });
-    };
-    // The progress line is due a second after joining; it waits for room.
-    bool blocked = blocked_writing_stderr(agents_[0]->pid(), 60s);
-    bool ran = false;
-    if (blocked) {
-      start(1, {"--nnodes", "2"}, kShowEnv);
-      ran = agents_[0]->wait_for_output("ENV node=0", 60s);
-    }
-    drain_console();
-    for (int i = 0; i < static_cast<int>(agents_.size()); ++i) {
-      CommandResult r = finish(i);
-      EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    }
-    drain.join();
-    ::close(p[0]);
-    ASSERT_TRUE(blocked) << "agent 0 never wrote to its console";
-    EXPECT_TRUE(ran) << "agent 0 stalled on its console";
-    EXPECT_THAT(console, HasSubstr("dlaunch: waiting for nodes: 1/2 joined"));
-  }
-
-  class TorchRendezvous : public Rendezvous {
-   protected:
-    void SetUp() override {
-      CommandResult r = testing::run_command(
-          {{"/usr/bin/python3", "-c", "import torch.distributed"}, {}, {}, ""},
-          60s);
-      if (r.exit_code != 0) GTEST_SKIP() << "python3 cannot import torch";
-    }
+TEST_F(Rendezvous, LogFoldersAreNumberedByRoundTheSameOnEveryNode) {
+  // Nodes 0 and 1 run round 0; node 2 arrives and round 1 takes it in.
+  // attempt_K is round K on every node, the late one included.
+  const std::string script =
+      kShowEnv +
+      "; if [ $GROUP_WORLD_SIZE = 2 ]; then echo RUNNING; exec sleep 300; fi";
+  testing::TempDir dir;
+  auto flags = [&](int i) {
+    return std::vector<std::string>{
+        "--nnodes", "2:3", "--log-dir", (dir / std::to_string(i)).string(),
+        "-t",       "1"};
   };
+  for (int i = 0; i < 2; ++i) start(i, flags(i), script);
+  ASSERT_TRUE(all_print(2, "RUNNING"));
+  start(2, flags(2), script);
+  for (int i = 0; i < 3; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    const auto run = dir / std::to_string(i) / id_;
+    auto summary =
+        nlohmann::json::parse(testing::read_file(run / "summary.json"));
+    for (const auto& a : summary["attempts"]) {
+      const std::string k = std::to_string(a["round"].get<int>());
+      EXPECT_TRUE(std::filesystem::exists(run / ("attempt_" + k) / "0"))
+          << "node " << i << " round " << k;
+    }
+    EXPECT_EQ(summary["attempts"].back()["round"], 1);
+    EXPECT_THAT(testing::read_file(run / "attempt_1/0/stdout.log"),
+                HasSubstr("gws=3"));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "2" / id_ / "attempt_0"));
+}
 
-  TEST_F(TorchRendezvous, GlooAllReduceOnTwoAndThreeNodes) {
-    for (int nodes : {2, 3}) {
-      port_ = free_port();
-      id_ = "torch" + std::to_string(nodes);
-      for (int i = 0; i < nodes; ++i) {
-        start(i, {"--nnodes", std::to_string(nodes), "--nproc-per-node", "2"},
-              "exec /usr/bin/python3 -u " + kScripts + "allreduce_gloo.py");
-      }
-      int world = 2 * nodes;
-      int sum = world * (world + 1) / 2;
-      std::string all;
-      for (int i = 0; i < nodes; ++i) {
-        CommandResult r = finish(i);
-        ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-        all += r.out;
-      }
-      for (int rank = 0; rank < world; ++rank) {
-        EXPECT_THAT(all, HasSubstr("rank " + std::to_string(rank) + "/" +
-                                   std::to_string(world) + " allreduce=" +
-                                   std::to_string(sum) + " ok"));
-      }
+TEST_F(Rendezvous, AWorkerFailureOnOneNodeRestartsEveryNode) {
+  const std::string script =
+      kShowEnv +
+      "; if [ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $NODE = 2 ]; then "
+      "exit 3; fi";
+  testing::TempDir dir;
+  for (int i = 0; i < 3; ++i) {
+    start(i,
+          {"--nnodes", "3", "--max-restarts", "2", "--log-dir",
+           (dir / std::to_string(i)).string()},
+          script);
+  }
+  for (int i = 0; i < 3; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    // The first attempt's workers may be stopped before they print.
+    auto lines = env_lines(r.out);
+    ASSERT_FALSE(lines.empty()) << r.out;
+    EXPECT_EQ(lines.back().rc, 1);  // the same count on every node
+    auto summary = nlohmann::json::parse(
+        testing::read_file(dir / std::to_string(i) / id_ / "summary.json"));
+    ASSERT_EQ(summary["attempts"].size(), 2u);
+    EXPECT_EQ(summary["attempts"][0]["reason"], "start");
+    EXPECT_EQ(summary["attempts"][1]["reason"], "failure");
+    EXPECT_EQ(summary["attempts"][1]["members"].size(), 3u);
+    EXPECT_EQ(summary["attempts"][0]["restart_count"], 0);
+    EXPECT_EQ(summary["attempts"][1]["restart_count"], 1);
+    // Group ranks unchanged across the restart.
+    EXPECT_EQ(summary["attempts"][0]["group_rank"],
+              summary["attempts"][1]["group_rank"]);
+    EXPECT_EQ(summary["attempts"][1]["group_rank"], lines.back().gr);
+  }
+}
+
+TEST_F(Rendezvous, TooFewNodesFailNamingWhoJoined) {
+  std::vector<std::string> argv = {kDlaunch,
+                                   "--rdzv-backend",
+                                   "c10d",
+                                   "--rdzv-endpoint",
+                                   "127.0.0.1:" + std::to_string(port_),
+                                   "--local-addr",
+                                   "127.0.0.1",
+                                   "--nnodes",
+                                   "2",
+                                   "--rdzv-conf",
+                                   "is_host=true,join_timeout=1",
+                                   "true"};
+  CommandResult r = testing::run_command({argv, {}, {}, ""}, 60s);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("1/2 nodes joined round 0"));
+  EXPECT_THAT(r.err, HasSubstr("joined: 127.0.0.1"));
+}
+
+TEST_F(Rendezvous, JobsWithDifferentIdsShareAnExternalStore) {
+  Subprocess store({{DLAUNCH_BIN_DIR "/dl-store", "--host", "127.0.0.1",
+                     "--port", std::to_string(port_)},
+                    {},
+                    {},
+                    ""});
+  std::map<std::string, std::unique_ptr<Subprocess>> jobs;
+  for (const std::string id : {"alpha", "beta"}) {
+    for (int i = 0; i < 2; ++i) {
+      id_ = id;
+      start(i, {"--nnodes", "2"}, kShowEnv, "false");
+      jobs[id + std::to_string(i)] = std::move(agents_[i]);
     }
   }
+  for (auto& [name, agent] : jobs) {
+    CommandResult r = agent->wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << name << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u);
+    EXPECT_EQ(lines[0].gws, 2);
+    EXPECT_EQ(lines[0].id, name.substr(0, name.size() - 1));
+  }
+}
+
+// True once some thread of `pid` sits in write(2, ...): a console that
+// accepts nothing holds it there.
+bool blocked_writing_stderr(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  while (std::chrono::steady_clock::now() < end) {
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream f(t.path() / "syscall");
+      std::string nr, fd;
+      if (f >> nr >> fd && nr == "1" && fd == "0x2") return true;
+    }
+    std::this_thread::sleep_for(10ms);
+  }
+  return false;
+}
+
+TEST_F(Rendezvous, ProgressLinesNeverStallTheAgentOnAStuckConsole) {
+  // Agent 0's stderr is a pipe that is full and that nobody reads: its
+  // "waiting for nodes" line must queue like its other messages, not block
+  // the rendezvous.
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  ::fcntl(p[1], F_SETFL, ::fcntl(p[1], F_GETFL) | O_NONBLOCK);
+  const std::string filler(4096, 'x');
+  while (::write(p[1], filler.data(), filler.size()) > 0) {
+  }
+  ::fcntl(p[1], F_SETFL, ::fcntl(p[1], F_GETFL) & ~O_NONBLOCK);
+  start(0, {"--nnodes", "2"}, kShowEnv, "", p[1]);
+  ::close(p[1]);
+  // Reads the console to its end (bounded) once the test lets it.
+  std::string console;
+  std::thread drain;
+  auto drain_console = [&] {
+    if (drain.joinable()) return;
+    drain = std::thread([&console, fd = p[0]] {
+      const auto end = std::chrono::steady_clock::now() + 120s;
+      char buf[65536];
+      pollfd in{fd, POLLIN, 0};
+      while (std::chrono::steady_clock::now() < end &&
+             ::poll(&in, 1, 100) >= 0) {
+        if (in.revents == 0) continue;
+        ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n <= 0) break;
+        console.append(buf, static_cast<size_t>(n));
+      }
+    });
+  };
+  // The progress line is due a second after joining; it waits for room.
+  bool blocked = blocked_writing_stderr(agents_[0]->pid(), 60s);
+  bool ran = false;
+  if (blocked) {
+    start(1, {"--nnodes", "2"}, kShowEnv);
+    ran = agents_[0]->wait_for_output("ENV node=0", 60s);
+  }
+  drain_console();
+  for (int i = 0; i < static_cast<int>(agents_.size()); ++i) {
+    CommandResult r = finish(i);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  }
+  drain.join();
+  ::close(p[0]);
+  ASSERT_TRUE(blocked) << "agent 0 never wrote to its console";
+  EXPECT_TRUE(ran) << "agent 0 stalled on its console";
+  EXPECT_THAT(console, HasSubstr("dlaunch: waiting for nodes: 1/2 joined"));
+}
+
+class TorchRendezvous : public Rendezvous {
+ protected:
+  void SetUp() override {
+    CommandResult r = testing::run_command(
+        {{"/usr/bin/python3", "-c", "import torch.distributed"}, {}, {}, ""},
+        60s);
+    if (r.exit_code != 0) GTEST_SKIP() << "python3 cannot import torch";
+  }
+};
+
+TEST_F(TorchRendezvous, GlooAllReduceOnTwoAndThreeNodes) {
+  for (int nodes : {2, 3}) {
+    port_ = free_port();
+    id_ = "torch" + std::to_string(nodes);
+    for (int i = 0; i < nodes; ++i) {
+      start(i, {"--nnodes", std::to_string(nodes), "--nproc-per-node", "2"},
+            "exec /usr/bin/python3 -u " + kScripts + "allreduce_gloo.py");
+    }
+    int world = 2 * nodes;
+    int sum = world * (world + 1) / 2;
+    std::string all;
+    for (int i = 0; i < nodes; ++i) {
+      CommandResult r = finish(i);
+      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+      all += r.out;
+    }
+    for (int rank = 0; rank < world; ++rank) {
+      EXPECT_THAT(all, HasSubstr("rank " + std::to_string(rank) + "/" +
+                                 std::to_string(world) +
+                                 " allreduce=" + std::to_string(sum) + " ok"));
+    }
+  }
+}
 
 }  // namespace
 }  // namespace dlaunch

@@ -18,36 +18,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// The TCP ports `pid` listens on (its socket inodes matched against
-// /proc/net/tcp{,6} LISTEN entries).
-std::set<int> listening_ports(pid_t pid) {
-  std::set<std::string> inodes;
-  for (const auto& e : std::filesystem::directory_iterator(
-           "/proc/" + std::to_string(pid) + "/fd")) {
-    std::error_code ec;
-    std::string target = std::filesystem::read_symlink(e.path(), ec).string();
-    if (target.rfind("socket:[", 0) == 0) {
-      inodes.insert(target.substr(8, target.size() - 9));
-    }
-  }
-  std::set<int> ports;
-  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
-    std::ifstream in(table);
-    std::string line;
-    std::getline(in, line);  // header
-    while (std::getline(in, line)) {
-      std::istringstream f(line);
-      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
-      f >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >>
-          timeout >> inode;
-      if (st == "0A" && inodes.contains(inode)) {
-        ports.insert(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
-      }
-    }
-  }
-  return ports;
-}
-
 TEST(Standalone, HostsAWorkingStoreWhileTheJobRuns) {
   testing::TempDir dir;
   std::string go = (dir / "go").string();
@@ -59,7 +29,7 @@ TEST(Standalone, HostsAWorkingStoreWhileTheJobRuns) {
        {},
        ""});
   ASSERT_TRUE(p.wait_for_output("[default0]:ready", 10s)) << p.err();
-  std::set<int> ports = listening_ports(p.pid());
+  std::set<int> ports = testing::listening_ports(p.pid());
   ASSERT_EQ(ports.size(), 1u);
   auto store = comm::store::TcpStore::connect(
       {.host = "127.0.0.1",

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -231,6 +232,54 @@ std::vector<pid_t> descendants(pid_t root) {
     }
   }
   return out;
+}
+
+std::set<int> listening_ports(pid_t pid) {
+  std::set<std::string> inodes;
+  for (const auto& e : std::filesystem::directory_iterator(
+           "/proc/" + std::to_string(pid) + "/fd")) {
+    std::error_code ec;
+    std::string target = std::filesystem::read_symlink(e.path(), ec).string();
+    if (target.rfind("socket:[", 0) == 0) {
+      inodes.insert(target.substr(8, target.size() - 9));
+    }
+  }
+  std::set<int> ports;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream f(line);
+      std::string sl, local, remote, st, queues, tr, retr, uid, timeout, inode;
+      f >> sl >> local >> remote >> st >> queues >> tr >> retr >> uid >>
+          timeout >> inode;
+      if (st == "0A" && inodes.contains(inode)) {
+        ports.insert(std::stoi(local.substr(local.find(':') + 1), nullptr, 16));
+      }
+    }
+  }
+  return ports;
+}
+
+Gate::Gate(const std::string& path) : path_(path) {
+  if (::mkfifo(path.c_str(), 0600) != 0) {
+    throw std::system_error(errno, std::generic_category(), "mkfifo " + path);
+  }
+  fd_ = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd_ < 0) {
+    throw std::system_error(errno, std::generic_category(), "open " + path);
+  }
+}
+
+Gate::~Gate() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void Gate::open_once() {
+  if (::write(fd_, "go\n", 3) != 3) {
+    throw std::system_error(errno, std::generic_category(), "write " + path_);
+  }
 }
 
 }  // namespace dlaunch::testing

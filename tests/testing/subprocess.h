@@ -5,6 +5,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -85,5 +86,27 @@ bool process_alive(pid_t pid);
 // The pids of `pid`'s live descendants (children, grandchildren, ...),
 // read from /proc.
 std::vector<pid_t> descendants(pid_t pid);
+
+// The TCP ports `pid` listens on (its socket inodes matched against
+// /proc/net/tcp{,6} LISTEN entries).
+std::set<int> listening_ports(pid_t pid);
+
+// A FIFO that workers block on (`read x < PATH` in their script) until the
+// test lets one of them go: synchronisation on observed state, no sleeps.
+// The test holds it open read-write, so neither side's open() blocks.
+class Gate {
+ public:
+  explicit Gate(const std::string& path);
+  ~Gate();
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
+  const std::string& path() const { return path_; }
+  // Lets one `read` through.
+  void open_once();
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 }  // namespace dlaunch::testing
