@@ -114,7 +114,7 @@ TEST(Reliability, FiftyRestartsLeakNothing) {
       "exec sleep 300; fi; "
       "rc=$TORCHELASTIC_RESTART_COUNT; "
       "if [ $rc = 1 ] || [ $rc = " +
-      std::to_string(kRestarts) + " ]; then echo SNAP$rc; read x < " + fifo +
+      std::to_string(kRestarts) + " ]; then echo SNAP$rc; read x < " + gate.path() +
       "; fi; exit 1";
   std::vector<std::unique_ptr<Subprocess>> agents;
   for (int i = 0; i < 2; ++i) {
