@@ -235,7 +235,8 @@ void Agent::round_formed() {
     finish(1);
     return;
   }
-  const rendezvous::RendezvousResult& round = *outcome_.round;
+  // A copy: a restart started from here (a spawn failure) reuses outcome_.
+  const rendezvous::RendezvousResult round = *outcome_.round;
   // A run folder that vanishes at the end (in /dev/shm) keeps no error
   // records of past attempts: their messages were read at the exits, and
   // a long series of restarts must not fill memory with them.
