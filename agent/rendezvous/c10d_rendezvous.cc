@@ -635,54 +635,56 @@ bool C10dRendezvous::cut_off(milliseconds d) {
   std::lock_guard<std::mutex> lock(mu_);
   silent_until_ = Clock::now() + d;
   return true;
-  std::vector<std::string> C10dRendezvous::unfinished_nodes() {
-    std::vector<std::string> out;
-    if (round_ < 0 || !store_) return out;
-    std::set<std::string> done;
-    try {
-      if (store_->check({key(round_, "done_by")})) {
-        for (const std::string& id :
-             split(store_->get(key(round_, "done_by")), ';')) {
-          done.insert(id);
-        }
-      }
-    } catch (const StoreError&) {
-      return out;  // the store is gone: nobody to name
-    }
-    for (size_t i = 0; i < member_ids_.size(); ++i) {
-      if (!done.contains(member_ids_[i]) && i < member_addrs_.size()) {
-        out.push_back(member_addrs_[i] + " (group rank " + std::to_string(i) +
-                      ")");
-      }
-    }
-    return out;
-  }
+}
 
-  void C10dRendezvous::report(NodeOutcome outcome) {
-    if (round_ < 0 || reported_) return;
-    reported_ = true;
-    const std::string ev = key(round_, "ev");
-    try {
-      switch (outcome) {
-        case NodeOutcome::kSucceeded:
-          // Who, before how many: the barrier's message names the others.
-          store_->append(key(round_, "done_by"), node_id_ + ";");
-          if (store_->add(key(round_, "done"), 1) == members_) {
-            store_->set(prefix_ + "finished", "1");
-            store_->append(ev, "exit;");
-          }
-          break;
-        case NodeOutcome::kFailed:
-          store_->append(ev, "failed " + node_id_ + ";");
-          break;
-        case NodeOutcome::kLeaving:
-          store_->append(ev, "left " + node_id_ + ";");
-          break;
+std::vector<std::string> C10dRendezvous::unfinished_nodes() {
+  std::vector<std::string> out;
+  if (round_ < 0 || !store_) return out;
+  std::set<std::string> done;
+  try {
+    if (store_->check({key(round_, "done_by")})) {
+      for (const std::string& id :
+           split(store_->get(key(round_, "done_by")), ';')) {
+        done.insert(id);
       }
-    } catch (const StoreError& e) {
-      p_.log(std::string("dlaunch: cannot tell the other nodes: ") + e.what() +
-             "\n");
+    }
+  } catch (const StoreError&) {
+    return out;  // the store is gone: nobody to name
+  }
+  for (size_t i = 0; i < member_ids_.size(); ++i) {
+    if (!done.contains(member_ids_[i]) && i < member_addrs_.size()) {
+      out.push_back(member_addrs_[i] + " (group rank " + std::to_string(i) +
+                    ")");
     }
   }
+  return out;
+}
+
+void C10dRendezvous::report(NodeOutcome outcome) {
+  if (round_ < 0 || reported_) return;
+  reported_ = true;
+  const std::string ev = key(round_, "ev");
+  try {
+    switch (outcome) {
+      case NodeOutcome::kSucceeded:
+        // Who, before how many: the barrier's message names the others.
+        store_->append(key(round_, "done_by"), node_id_ + ";");
+        if (store_->add(key(round_, "done"), 1) == members_) {
+          store_->set(prefix_ + "finished", "1");
+          store_->append(ev, "exit;");
+        }
+        break;
+      case NodeOutcome::kFailed:
+        store_->append(ev, "failed " + node_id_ + ";");
+        break;
+      case NodeOutcome::kLeaving:
+        store_->append(ev, "left " + node_id_ + ";");
+        break;
+    }
+  } catch (const StoreError& e) {
+    p_.log(std::string("dlaunch: cannot tell the other nodes: ") + e.what() +
+           "\n");
+  }
+}
 
 }  // namespace dlaunch::agent::rendezvous

@@ -49,6 +49,11 @@ class EtcdRendezvous : public Rendezvous {
                               std::chrono::milliseconds timeout) override;
   void watch(EventCallback on_event) override;
   void report(NodeOutcome outcome) override;
+  // Its agent (RemoteRendezvous) names nobody and stops it by closing the
+  // helper's socket.
+  std::vector<std::string> unfinished_nodes() override { return {}; }
+  bool may_wait() const override { return true; }
+  void interrupt() override {}
 
   // Revokes the lease now, from any thread (the agent is gone).
   void abandon(std::chrono::milliseconds timeout);
