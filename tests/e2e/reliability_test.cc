@@ -110,12 +110,12 @@ TEST(Reliability, FiftyRestartsLeakNothing) {
   const std::string id = "leak" + std::to_string(::getpid());
   const std::string script =
       "echo '{\"message\": \"planned\"}' > $TORCHELASTIC_ERROR_FILE; "
-      "if [ $GROUP_RANK = 1 ]; then echo UP$TORCHELASTIC_RESTART_COUNT; "
+      "if [ $NODE = 1 ]; then echo UP$TORCHELASTIC_RESTART_COUNT; "
       "exec sleep 300; fi; "
       "rc=$TORCHELASTIC_RESTART_COUNT; "
       "if [ $rc = 1 ] || [ $rc = " +
-      std::to_string(kRestarts) + " ]; then echo SNAP$rc; read x < " + gate.path() +
-      "; fi; exit 1";
+      std::to_string(kRestarts) + " ]; then echo SNAP$rc; read x < " +
+      gate.path() + "; fi; exit 1";
   std::vector<std::unique_ptr<Subprocess>> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(std::make_unique<Subprocess>(testing::CommandOptions{
@@ -125,7 +125,8 @@ TEST(Reliability, FiftyRestartsLeakNothing) {
          std::string("is_host=") + (i == 0 ? "true" : "false") +
              ",join_timeout=60",
          "--max-restarts", std::to_string(kRestarts), "sh", "-c", script},
-        {},
+        // Roles by node, not group rank (which follows the join order).
+        {{"NODE", std::to_string(i)}},
         {"TMPDIR"},  // the run folders go to /dev/shm, where they are counted
         ""}));
   }
