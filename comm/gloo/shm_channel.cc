@@ -29,6 +29,7 @@ struct ShmChannel::Header {
   std::atomic<uint32_t> seq;      // calls posted (the futex word)
   std::atomic<uint32_t> waiters;  // ranks sleeping on `seq`
   std::atomic<uint32_t> closed;   // 1 once the rank has left
+  std::atomic<int32_t> cpu;       // where the owner last posted or waited
   int32_t pid;                    // the owner's process
   uint64_t pid_ns;                // ... in this pid namespace
 };
@@ -48,6 +49,7 @@ ShmChannel::ShmChannel(const std::string& base, int rank, int size,
       ShmSegment::create(base + std::to_string(rank), segment_bytes_, error);
   if (!mine_.ok()) return;
   auto* h = new (mine_.data()) Header{};
+  h->cpu.store(-1);
   h->pid = static_cast<int32_t>(::getpid());
   h->pid_ns = pid_namespace();
 }
@@ -104,6 +106,7 @@ void ShmChannel::post_parts(std::span<const char> head,
     dst += p.size();
   }
   Header* h = header(rank_);
+  publish_cpu(h->cpu);
   // seq_cst on both sides: either a sleeper's re-read of `seq` sees this
   // call, or this load sees the sleeper and wakes it.
   h->seq.store(seq_, std::memory_order_seq_cst);
@@ -116,25 +119,25 @@ bool ShmChannel::gone(int j) const {
 }
 
 void ShmChannel::wait(std::chrono::steady_clock::time_point deadline) {
+  SpinWait spin;  // one budget for the whole meeting
   for (int j = 0; j < size_; ++j) {
-    if (j != rank_) wait_rank(j, seq_, deadline, true);
+    if (j != rank_) wait_rank(j, seq_, deadline, true, spin);
   }
 }
 
 void ShmChannel::wait_for(int j, uint32_t seq,
                           std::chrono::steady_clock::time_point deadline) {
-  if (j != rank_) wait_rank(j, seq, deadline, false);
+  SpinWait spin;
+  if (j != rank_) wait_rank(j, seq, deadline, false, spin);
 }
 
 void ShmChannel::wait_rank(int j, uint32_t seq,
                            std::chrono::steady_clock::time_point deadline,
-                           bool all) {
+                           bool all, SpinWait& spin) {
   Header* h = header(j);
-  int spins = 0;
+  const int cpu = publish_cpu(header(rank_)->cpu);
   while (!reached(h->seq.load(std::memory_order_acquire), seq) &&
-         spins < kSpins) {
-    cpu_relax();
-    ++spins;
+         spin.once(h->cpu.load(std::memory_order_relaxed) == cpu)) {
   }
   if (reached(h->seq.load(std::memory_order_acquire), seq)) return;
   // Counted as a sleeper on `seq` for as long as this scope lasts.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comm/gloo/shm_segment.h"
+#include "comm/gloo/shm_sync.h"
 
 namespace dlaunch::comm::gloo {
 
@@ -74,10 +75,12 @@ class ShmChannel {
   char* segment(int j) const;  // rank j's mapping (this rank's own too)
   Header* header(int j) const;
   bool gone(int j) const;
-  // Waits for rank j to reach call `seq`; on failure names every rank
-  // missing from the current call (`all`) or `j` alone.
+  // Waits for rank j to reach call `seq`, spending what is left of `spin`
+  // before it sleeps; on failure names every rank missing from the current
+  // call (`all`) or `j` alone.
   void wait_rank(int j, uint32_t seq,
-                 std::chrono::steady_clock::time_point deadline, bool all);
+                 std::chrono::steady_clock::time_point deadline, bool all,
+                 SpinWait& spin);
   // The ranks that have not posted the current call: every one when
   // `timed_out`, else those that left.
   WaitError missing(bool timed_out) const;

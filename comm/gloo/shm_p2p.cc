@@ -20,7 +20,7 @@ constexpr uint64_t kControlRecords = 256;
 // A sender publishes (and a receiver frees) ring space in steps of at most
 // this, so that the other side starts while the rest is copied.
 constexpr uint64_t kStepBytes = 64 << 10;
-constexpr uint32_t kMagic = 0x444c5033;  // "DLP3": this layout
+constexpr uint32_t kMagic = 0x444c5034;  // "DLP4": this layout
 constexpr size_t kSegHeaderBytes = 128;
 
 void ring_put(char* ring, uint64_t pos, const void* src, uint64_t n) {
@@ -62,6 +62,7 @@ struct ShmP2p::Seg {
   int32_t pid;                   // the owner's process
   uint64_t pid_ns;               // ... in this pid namespace
   std::atomic<uint32_t> closed;  // 1 once the owner has left
+  std::atomic<int32_t> cpu;      // where the owner last posted or waited
   // Rung (incremented) by every peer after it wrote something the owner
   // reads, or freed space the owner writes: the owner's futex word.
   alignas(64) std::atomic<uint32_t> bell;
@@ -169,6 +170,7 @@ ShmP2p::ShmP2p(const std::string& base, int rank, std::vector<int> local,
       ShmSegment::create(base + std::to_string(rank), segment_bytes_, error);
   if (!mine_.ok()) return;
   seg_ = new (mine_.data()) Seg{};
+  seg_->cpu.store(-1);
   seg_->pid = static_cast<int32_t>(::getpid());
   seg_->pid_ns = pid_namespace();
   for (size_t k = 0; k + 1 < local_.size(); ++k) {
@@ -243,6 +245,7 @@ ShmP2p::Peer* ShmP2p::peer_of(int rank) {
 
 bool ShmP2p::post(Op& op, std::string& error) {
   std::lock_guard lock(mu_);
+  publish_cpu(seg_->cpu);
   Peer& p = *peer_of(op.peer);
   if (p.dead) {
     error = p.why;
@@ -614,14 +617,20 @@ bool ShmP2p::wait(Op& op, Clock::time_point until) {
     explicit Waiting(std::atomic<int>& w) : n(w) { n.fetch_add(1); }
     ~Waiting() { n.fetch_sub(1); }
   } waiting(in_wait_);
-  int spins = 0;
+  SpinWait spin;
+  bool spinning = true;
+  const std::atomic<int32_t>& peer_cpu = peer_of(op.peer)->their->cpu;
   for (;;) {
     const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
+    const int cpu = publish_cpu(seg_->cpu);
     Clock::time_point deadline;
     {
       std::lock_guard lock(mu_);
       if (op.done.load(std::memory_order_relaxed)) return true;
-      if (progress()) spins = 0;
+      if (progress()) {
+        spin.reset();
+        spinning = true;
+      }
       if (op.done.load(std::memory_order_relaxed)) return true;
       const auto now = Clock::now();
       if (now >= op.deadline) {
@@ -629,16 +638,16 @@ bool ShmP2p::wait(Op& op, Clock::time_point until) {
         return true;
       }
       if (now >= until) return false;
-      if (spins >= kSpins) {
+      if (!spinning) {
         check_peers();
         if (op.done.load(std::memory_order_relaxed)) return true;
       }
       deadline = op.deadline;
     }
-    if (spins < kSpins) {
+    if (spinning) {
       while (seg_->bell.load(std::memory_order_acquire) == seen &&
-             ++spins < kSpins) {
-        cpu_relax();
+             (spinning =
+                  spin.once(peer_cpu.load(std::memory_order_relaxed) == cpu))) {
       }
       continue;
     }

@@ -24,9 +24,9 @@ namespace dlaunch::comm::gloo {
 // k-th recv with that tag from it, as over TCP; a payload that arrives
 // before its recv stays in the ring, unless a recv from the same peer with
 // another tag waits behind it, in which case it is copied aside. Waiters
-// spin briefly, then sleep on the rank's futex "bell", which every peer
-// rings after it writes. Progress is made by whichever thread waits, under
-// one mutex; operations handed over by detach() by a thread of its own.
+// spin briefly (SpinWait), then sleep on the rank's futex "bell", which
+// every peer rings after it writes. Progress is made by whichever thread waits,
+// under one mutex; operations handed over by detach() by a thread of its own.
 // Owned by a group's state (shared with its Works).
 class ShmP2p {
  public:

@@ -2,6 +2,7 @@
 
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -12,6 +13,41 @@
 #include "comm/pidfd.h"
 
 namespace dlaunch::comm::gloo {
+
+bool SpinWait::once(bool shares_core) {
+  // Reading the clock costs about as much as a pause: every 8th pause only.
+  if (pausing_ && !shares_core && ++pauses_ % 8 != 0) {
+    cpu_relax();
+    return true;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (!started_) {
+    started_ = true;
+    pausing_ = true;
+    start_ = now;
+  }
+  const auto spent = now - start_;
+  if (pausing_ && !shares_core && spent < kSpinFor) {
+    cpu_relax();
+    return true;
+  }
+  pausing_ = false;
+  if (spent < kSpinFor + kYieldFor) {
+    ::sched_yield();
+    return true;
+  }
+  return false;
+}
+
+int current_cpu() { return ::sched_getcpu(); }
+
+int publish_cpu(std::atomic<int32_t>& where) {
+  const int cpu = current_cpu();
+  if (where.load(std::memory_order_relaxed) != cpu) {
+    where.store(cpu, std::memory_order_relaxed);
+  }
+  return cpu;
+}
 
 void futex_wake(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX,
