@@ -391,6 +391,14 @@ class GlooProcessGroup : public ProcessGroup {
   bool shm_reduce_scatter(Tensor out, std::span<const Tensor> in, ReduceOp rop);
   bool shm_all_to_all(std::span<const Tensor> out, std::span<const Tensor> in);
   bool shm_steps(const ShmSteps& s);
+
+  // shm_cma.cc: single copy through the kernel between ranks on one host.
+  // srcs[d]: this rank's bytes for rank d; dsts[s]: where it wants rank s's
+  // (both empty where none). False, on every rank alike, when the call is
+  // to take the segment steps instead.
+  bool shm_cma(std::span<const std::span<const char>> srcs,
+               std::span<const std::span<char>> dsts);
+  static bool cma_allowed();
   uint64_t agreed_count(int from, int to) const;
 
   // hierarchical.cc: groups spanning hosts, some holding several ranks.
@@ -445,6 +453,9 @@ class GlooProcessGroup : public ProcessGroup {
   size_t shm_cap_ = 0;
   uint32_t shm_gen_ = 0;
   bool shm_off_ = false;
+  // Single copy (shm_cma) may be tried: DLAUNCH_COMM_CMA is "on" and no
+  // copy was refused yet.
+  bool cma_ = false;
   uint32_t check_seq_ = 0;  // number of the next argument check
   // The shared-memory meeting point of ranks on one host (ensure_channel).
   std::unique_ptr<ShmChannel> channel_;

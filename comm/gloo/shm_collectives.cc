@@ -66,6 +66,7 @@ void GlooProcessGroup::ensure_channel(const char* op) {
     bool everyone = every_rank(ok);
     ch->unlink();  // every rank has mapped it or given up
     if (everyone) channel_ = std::move(ch);
+    cma_ = cma_allowed();
   });
 }
 

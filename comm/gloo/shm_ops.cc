@@ -86,6 +86,20 @@ auto copy_out(std::span<const Tensor> out, const std::vector<int>& sources,
   };
 }
 
+std::span<const char> in_bytes(const Tensor& t) {
+  return {static_cast<const char*>(t.data), t.nbytes()};
+}
+std::span<char> out_bytes(const Tensor& t) {
+  return {static_cast<char*>(t.data), t.nbytes()};
+}
+
+// Per-rank byte ranges for shm_cma: srcs[d] and dsts[s], empty by default.
+struct Moves {
+  explicit Moves(int n) : srcs(n), dsts(n) {}
+  std::vector<std::span<const char>> srcs;
+  std::vector<std::span<char>> dsts;
+};
+
 std::vector<int> all_but(int me, int n) {
   std::vector<int> out;
   for (int j = 0; j < n; ++j) {
@@ -143,6 +157,13 @@ bool GlooProcessGroup::shm_broadcast(Tensor t, int root) {
     return true;
   }
   if (!shm_ready()) return false;
+  Moves m(size());
+  if (r == root) {
+    for (int d : all_but(root, size())) m.srcs[d] = in_bytes(t);
+  } else {
+    m.dsts[root] = out_bytes(t);
+  }
+  if (shm_cma(m.srcs, m.dsts)) return true;
   const size_t es = dtype_size(t.dtype);
   ShmSteps s = steps_over(t.dtype, t.numel, 1);
   const size_t q = s.per_step;
@@ -215,6 +236,13 @@ bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
     return true;
   }
   if (!shm_ready()) return false;
+  Moves m(n);
+  if (r == root) {
+    for (int d : all_but(root, n)) m.srcs[d] = in_bytes(in[d]);
+  } else {
+    m.dsts[root] = out_bytes(out);
+  }
+  if (shm_cma(m.srcs, m.dsts)) return true;
   const size_t es = dtype_size(out.dtype);
   ShmSteps s = steps_over(out.dtype, out.numel, n);
   const size_t q = s.per_step;
@@ -249,6 +277,12 @@ bool GlooProcessGroup::shm_gather(Tensor in, std::span<const Tensor> out,
     return true;
   }
   if (!shm_ready()) return false;
+  Moves m(size());
+  for (int j : all_but(r, size())) {
+    if (root < 0 || j == root) m.srcs[j] = in_bytes(in);
+    if (gathers) m.dsts[j] = out_bytes(out[j]);
+  }
+  if (shm_cma(m.srcs, m.dsts)) return true;
   ShmSteps s = steps_over(in.dtype, in.numel, 1);
   s.produces = r != root;
   if (gathers) s.sources = all_but(r, size());
@@ -322,6 +356,12 @@ bool GlooProcessGroup::shm_all_to_all(std::span<const Tensor> out,
     return true;
   }
   if (!shm_ready()) return false;
+  Moves m(n);
+  for (int j : all_but(r, n)) {
+    m.srcs[j] = in_bytes(in[j]);
+    m.dsts[j] = out_bytes(out[j]);
+  }
+  if (shm_cma(m.srcs, m.dsts)) return true;
   ShmSteps s = steps_over(in[0].dtype, largest, n);
   const size_t q = s.per_step;
   s.produces = true;

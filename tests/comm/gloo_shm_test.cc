@@ -128,6 +128,8 @@ void every_collective(ProcessGroup& pg, size_t numel, Trace& trace) {
 struct Env {
   const char* fused;
   const char* shm_min;
+  const char* cma = "off";   // DLAUNCH_COMM_CMA (single copy)
+  const char* refused = "";  // DLAUNCH_COMM_TEST_CMA_REFUSED
 };
 
 // Every rank's trace of every_collective on `n` ranks (or on the sub-group
@@ -136,6 +138,8 @@ std::map<int, Trace> traces(int n, size_t numel, Env env,
                             const std::vector<int>& sub = {}) {
   if (env.fused) setenv("DLAUNCH_COMM_FUSED_BYTES", env.fused, 1);
   if (env.shm_min) setenv("DLAUNCH_COMM_SHM_MIN_BYTES", env.shm_min, 1);
+  setenv("DLAUNCH_COMM_CMA", env.cma, 1);
+  setenv("DLAUNCH_COMM_TEST_CMA_REFUSED", env.refused, 1);
   std::map<int, Trace> out;
   std::mutex mu;
   run_ranks(n, [&](ProcessGroup& world) {
@@ -150,13 +154,17 @@ std::map<int, Trace> traces(int n, size_t numel, Env env,
   });
   unsetenv("DLAUNCH_COMM_FUSED_BYTES");
   unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
+  unsetenv("DLAUNCH_COMM_CMA");
+  unsetenv("DLAUNCH_COMM_TEST_CMA_REFUSED");
   return out;
 }
 
 // Same calls, same bytes; every call (but the barrier) on `shm` took
-// `path`, every one on `tcp` took TCP.
+// `path` (the calls that only move data `moving`, when given), every one on
+// `tcp` took TCP.
 void expect_same(const std::map<int, Trace>& tcp,
-                 const std::map<int, Trace>& shm, const std::string& path) {
+                 const std::map<int, Trace>& shm, const std::string& path,
+                 const std::string& moving = "") {
   ASSERT_EQ(tcp.size(), shm.size());
   for (const auto& [rank, want] : tcp) {
     const Trace& got = shm.at(rank);
@@ -167,7 +175,9 @@ void expect_same(const std::map<int, Trace>& tcp,
       EXPECT_EQ(got.digests[i], want.digests[i]) << what;
       if (want.calls[i] == "barrier") continue;
       EXPECT_EQ(want.paths[i], "tcp") << what;
-      EXPECT_EQ(got.paths[i], path) << what;
+      const bool moves = !want.calls[i].starts_with("reduce") &&
+                         !want.calls[i].starts_with("all_reduce");
+      EXPECT_EQ(got.paths[i], moves && !moving.empty() ? moving : path) << what;
     }
   }
 }
@@ -175,6 +185,8 @@ void expect_same(const std::map<int, Trace>& tcp,
 const Env kTcp{nullptr, "off"};
 const Env kWithCheck{nullptr, nullptr};  // the default
 const Env kChunks{"0", "1"};             // nothing travels with the check
+const Env kSingleCopy{"0", "1", "on"};   // ... and single copy is on
+const Env kCopyOff{"0", "1", "off"};     // ... and single copy is off
 
 class GlooShmTest : public ::testing::TestWithParam<int> {};
 
@@ -197,6 +209,32 @@ TEST_P(GlooShmTest, ManyChunkStepsEqualTcp) {
   expect_same(traces(n, numel, kTcp), traces(n, numel, kChunks), "shm-chunks");
 }
 
+// Broadcast, scatter, gather, all_gather and all_to_all read (and write)
+// the peers' memory directly (process_vm_readv/writev); the reductions
+// still take the segments. 24 KB of f64 splits each transfer at a page.
+TEST_P(GlooShmTest, SingleCopyEqualsTcp) {
+  const int n = GetParam();
+  for (size_t numel : {size_t{37}, size_t{3001}}) {
+    expect_same(traces(n, numel, kTcp), traces(n, numel, kSingleCopy),
+                "shm-chunks", "shm-cma");
+  }
+}
+
+// A copy the kernel refuses on one rank (as under ptrace restrictions;
+// simulated) sends every rank to the segments, for that call and the
+// group's later ones, with the same bytes.
+TEST_P(GlooShmTest, SingleCopyOffEqualsTcp) {
+  const int n = GetParam();
+  expect_same(traces(n, 3001, kTcp), traces(n, 3001, kCopyOff), "shm-chunks");
+}
+
+TEST_P(GlooShmTest, RefusedSingleCopyFallsBackToTheSegments) {
+  const int n = GetParam();
+  Env refused = kSingleCopy;
+  refused.refused = "1";  // rank 1 only
+  expect_same(traces(n, 3001, kTcp), traces(n, 3001, refused), "shm-chunks");
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, GlooShmTest, ::testing::Values(2, 3, 4),
                          ::testing::PrintToStringParamName());
 
@@ -207,10 +245,13 @@ TEST(GlooShmSubGroupTest, SubGroupsMixingRanksEqualTcp) {
                 "shm-check");
     expect_same(traces(4, 3000, kTcp, sub), traces(4, 3000, kChunks, sub),
                 "shm-chunks");
+    expect_same(traces(4, 3000, kTcp, sub), traces(4, 3000, kSingleCopy, sub),
+                "shm-chunks", "shm-cma");
   }
 }
 
-// The default path at 1 MiB and above: segment steps without any knob.
+// The default path at 1 MiB and above: segment steps without any knob
+// (single copy is opt-in).
 TEST(GlooShmPathTest, LargeDataTakesTheSegmentsByDefault) {
   run_ranks(2, [&](ProcessGroup& pg) {
     std::vector<float> v(1 << 19, 1.0f);

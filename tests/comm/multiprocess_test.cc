@@ -374,35 +374,42 @@ void expect_no_new_shm(const std::set<std::string>& before) {
 }
 
 // Each collective on shared memory, its data with the check (4 KiB) and in
-// segment steps (8 MiB): a rank SIGKILLed mid-loop fails the others at
-// once, naming it, and leaves nothing in /dev/shm.
+// segment steps (8 MiB), and the data-moving ones in single copy
+// (DLAUNCH_COMM_CMA=on; all_to_all here is in place, so it takes the
+// segments): a rank SIGKILLed mid-loop fails the others at once, naming
+// it, and leaves nothing in /dev/shm.
 TEST(MultiProcessTest, PeerKilledMidEachSharedMemoryOperationFailsTheOthers) {
   const std::set<std::string> before = shm_names();
+  auto kill_mid = [](const char* op, const char* bytes, const char* cma) {
+    const std::string what =
+        std::string(op) + " of " + bytes + " bytes, single copy '" + cma + "'";
+    auto procs = start_workers(3, {"op-loop", op, bytes},
+                               {{"MASTER_ADDR", "127.0.0.1"},
+                                {"MASTER_PORT", std::to_string(free_port())},
+                                {"DLAUNCH_COMM_TIMEOUT", "60"},
+                                {"DLAUNCH_COMM_CMA", cma}});
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(procs[r]->wait_for_output(
+          "rank " + std::to_string(r) + " ready", seconds(30)))
+          << what << ", rank " << r << ": " << procs[r]->err();
+    }
+    procs[1]->signal(SIGKILL);
+    for (int r : {0, 2}) {
+      CommandResult res = procs[r]->wait(seconds(15));
+      EXPECT_FALSE(res.timed_out) << what << ": rank " << r << " hung";
+      EXPECT_EQ(res.exit_code, 3) << what << ", rank " << r << ": " << res.err;
+      EXPECT_THAT(res.err, HasSubstr(std::string(op) + " on group 'world'"))
+          << what;
+      EXPECT_THAT(res.err, HasSubstr("rank 1")) << what;
+    }
+  };
   for (const char* op :
        {"broadcast", "reduce", "all_reduce", "scatter", "gather", "all_gather",
         "reduce_scatter", "all_to_all", "barrier"}) {
-    for (const char* bytes : {"4096", "8388608"}) {
-      const std::string what = std::string(op) + " of " + bytes + " bytes";
-      auto procs = start_workers(3, {"op-loop", op, bytes},
-                                 {{"MASTER_ADDR", "127.0.0.1"},
-                                  {"MASTER_PORT", std::to_string(free_port())},
-                                  {"DLAUNCH_COMM_TIMEOUT", "60"}});
-      for (int r = 0; r < 3; ++r) {
-        ASSERT_TRUE(procs[r]->wait_for_output(
-            "rank " + std::to_string(r) + " ready", seconds(30)))
-            << what << ", rank " << r << ": " << procs[r]->err();
-      }
-      procs[1]->signal(SIGKILL);
-      for (int r : {0, 2}) {
-        CommandResult res = procs[r]->wait(seconds(15));
-        EXPECT_FALSE(res.timed_out) << what << ": rank " << r << " hung";
-        EXPECT_EQ(res.exit_code, 3)
-            << what << ", rank " << r << ": " << res.err;
-        EXPECT_THAT(res.err, HasSubstr(std::string(op) + " on group 'world'"))
-            << what;
-        EXPECT_THAT(res.err, HasSubstr("rank 1")) << what;
-      }
-    }
+    for (const char* bytes : {"4096", "8388608"}) kill_mid(op, bytes, "");
+  }
+  for (const char* op : {"broadcast", "scatter", "gather", "all_gather"}) {
+    kill_mid(op, "8388608", "on");
   }
   expect_no_new_shm(before);
 }
