@@ -30,7 +30,24 @@ struct LaunchPlan {
   std::filesystem::path staging_dir;
   // The head's environment (PDSH_RCMD_TYPE, SSH_AUTH_SOCK, PATH).
   std::map<std::string, std::string> head_env;
+  // The hosts the head shipped its own dlaunch to (they lacked a usable
+  // one at remote_dlaunch): host -> its private copy (ship.h). Empty
+  // (default): every host uses remote_dlaunch.
+  std::map<std::string, std::string> shipped;
+  // The head's dlaunch, its checksum (ship.h) and its
+  // dlaunch-cuda-devices, for ship_commands(); set when shipping.
+  std::filesystem::path ship_from, ship_cuda_devices_from;
+  std::string ship_checksum;
 };
+
+// dlaunch's path on `host`: its shipped copy, else plan.remote_dlaunch.
+const std::string& dlaunch_on(const LaunchPlan& plan, const std::string& host);
+
+// The pre-flight's remote command on `host`: `DLAUNCH --remote-check
+// PROGRAM`, and for a shipped copy `--checksum SUM` (the copy checks
+// itself).
+std::vector<std::string> check_argv(const LaunchPlan& plan,
+                                    const std::string& host);
 
 // One process the head runs on its own machine to reach some hosts:
 // `ssh HOST dlaunch --remote-agent`, one `pdsh -w HOSTS ...`, `srun ...`.
@@ -44,6 +61,10 @@ struct AgentCommand {
   // head runs, so that its end tells the agent the head is gone. Empty:
   // stdin is /dev/null.
   std::string stdin_data;
+  // Instead of stdin_data: a file of the head's whose bytes are written to
+  // stdin, which then ends (shipping dlaunch: `cat > PATH` there). Empty:
+  // none.
+  std::filesystem::path stdin_file;
   // Its output lines start with "HOST: " (pdsh): the head takes the host
   // from there. Otherwise every line is hosts[0]'s.
   bool host_prefixed_lines = false;
@@ -74,6 +95,14 @@ class AgentLauncher {
   // the job ends early or the head is interrupted.
   virtual std::vector<AgentCommand> stop_commands(
       const LaunchPlan& plan) const = 0;
+  // Shipping: copies plan.ship_from to plan.shipped[HOST] on each host of
+  // plan.shipped (and dlaunch-cuda-devices beside it, ship.h names
+  // both), each copy through ship_script() with the file on stdin. A
+  // backend that cannot (pdsh over a network gives remote commands no
+  // stdin) returns none, and the pre-flight table says so.
+  virtual std::vector<AgentCommand> ship_commands(const LaunchPlan&) const {
+    return {};
+  }
 };
 
 // The backend called `name` ("ssh", "pdsh", "local"); nullptr for none.

@@ -277,6 +277,8 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     o.python = it->second;
   }
   const bool dry_run = has("dry-run") && !has("print-config");
+  // Why --nproc-per-node gpu|auto cannot be resolved on this machine.
+  std::string unresolved_nproc;
   // Each job flag from the command line, else its PET_* variable, else the
   // job file, in the table's order.
   for (const FlagSpec& f : flags()) {
@@ -335,9 +337,12 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     try {
       f.apply(f, value, o, env);
     } catch (const BadValue& b) {
-      // A plan may be for GPU hosts made on a machine without one.
-      if (dry_run && f.name == "nproc-per-node" && value == "gpu") {
+      // A plan may be for GPU hosts made on a machine without one, and in
+      // a multi-host job each host counts its own GPUs (checked below,
+      // once the hosts are known).
+      if (f.name == "nproc-per-node" && !o.nproc_per_node_spec.empty()) {
         o.nproc_per_node_unresolved = b.message;
+        unresolved_nproc = "dlaunch: " + bad_value_text(where, b);
         continue;
       }
       return UsageError{"dlaunch: " + bad_value_text(where, b)};
@@ -364,6 +369,11 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     check_hosts(o);
   } catch (const BadValue& b) {
     return UsageError{"dlaunch: " + b.message};
+  }
+  // Only a plan (--dry-run), or a multi-host job whose hosts resolve it
+  // themselves, goes on without this machine's count.
+  if (!unresolved_nproc.empty() && !dry_run && o.hosts.empty()) {
+    return UsageError{unresolved_nproc};
   }
   for (const agent::Fault& f : o.agent.faults) {
     if (f.kind == agent::Fault::Kind::kCut && o.rdzv.endpoint_host.empty()) {

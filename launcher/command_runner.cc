@@ -56,6 +56,7 @@ struct CommandRunner::Impl {
     std::array<char, 65536> out_buf{}, err_buf{};
     int open_streams = 0;
     bool reaped = false;
+    std::string file_data;  // AgentCommand::stdin_file's bytes
     CommandResult result;
   };
 
@@ -188,9 +189,20 @@ struct CommandRunner::Impl {
       ++done;
       return;
     }
+    if (!cmd.stdin_file.empty()) {
+      std::ifstream in(cmd.stdin_file, std::ios::binary);
+      c.file_data.assign(std::istreambuf_iterator<char>(in),
+                         std::istreambuf_iterator<char>());
+      if (!in && !in.eof()) {
+        c.result.out = "cannot read " + cmd.stdin_file.string() + ": " +
+                       std::strerror(errno);
+        ++done;
+        return;
+      }
+    }
     c.out = std::make_unique<asio::readable_pipe>(io);
     c.err = std::make_unique<asio::readable_pipe>(io);
-    if (!cmd.stdin_data.empty())
+    if (!cmd.stdin_data.empty() || !cmd.stdin_file.empty())
       c.in = std::make_unique<asio::writable_pipe>(io);
     try {
       std::vector<std::string> args(cmd.argv.begin() + 1, cmd.argv.end());
@@ -212,7 +224,15 @@ struct CommandRunner::Impl {
     c.open_streams = 2;
     read(c, *c.out, c.out_buf, c.out_lines, c.result.out, STDOUT_FILENO);
     read(c, *c.err, c.err_buf, c.err_lines, c.result.err, STDERR_FILENO);
-    if (c.in) {
+    if (c.in && !cmd.stdin_file.empty()) {
+      // A copy's contents: its end is the end of stdin.
+      asio::async_write(*c.in, asio::buffer(c.file_data),
+                        [&c](const boost::system::error_code&, size_t) {
+                          boost::system::error_code ignored;
+                          c.in->close(ignored);
+                          std::string().swap(c.file_data);
+                        });
+    } else if (c.in) {
       asio::async_write(*c.in, asio::buffer(cmd.stdin_data),
                         [](const boost::system::error_code&, size_t) {});
     }

@@ -265,8 +265,10 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap& env) {
-             o.agent.nproc_per_node = resolve_nproc(v, env);
              o.nproc_per_node_given = true;
+             o.nproc_per_node_spec =
+                 v == "cpu" || v == "gpu" || v == "auto" ? v : "";
+             o.agent.nproc_per_node = resolve_nproc(v, env);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          return std::to_string(o.agent.nproc_per_node);
@@ -922,7 +924,8 @@ std::vector<FlagSpec> make_table() {
        .key = "remote_dlaunch",
        .default_text = "this dlaunch's path",
        .help = "Where dlaunch is on every host; the pre-flight checks that "
-               "it runs there and is this version.",
+               "it runs there and is this version, and ships this one to a "
+               "private per-job file on a host where it does not.",
        .section = "HOSTS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,

@@ -149,9 +149,10 @@ std::string dry_run_plan(const LaunchOptions& o) {
   const bool gpus_elsewhere = !o.nproc_per_node_unresolved.empty();
   const std::string kGpus = "<the GPU count of the host that runs it>";
   if (gpus_elsewhere) {
-    s << "  workers:   one per visible CUDA device (--nproc-per-node gpu; "
-         "not resolved here: "
-      << o.nproc_per_node_unresolved << ")";
+    s << "  workers:   one per visible CUDA device"
+      << (o.nproc_per_node_spec == "auto" ? ", else one per CPU" : "")
+      << " (--nproc-per-node " << o.nproc_per_node_spec
+      << "; not resolved here: " << o.nproc_per_node_unresolved << ")";
   } else {
     s << "  workers:   " << o.agent.nproc_per_node << " on this node";
   }

@@ -118,6 +118,10 @@ struct LaunchOptions {
   // worker counts as decided by the host that runs the job. Empty
   // otherwise.
   std::string nproc_per_node_unresolved;
+  // --nproc-per-node as given when it was cpu, gpu or auto: in a
+  // multi-host job each host's agent resolves it itself (its own CPUs and
+  // GPUs), not the head. Empty (default): a number, or not given.
+  std::string nproc_per_node_spec;
   // What to do with the job: run it (default), print the plan
   // (--dry-run), print the job as YAML (--print-config) or run it as a
   // drill and print the verdict (--drill).

@@ -321,6 +321,11 @@ int main(int argc, char** argv) {
         !is_head_host(h.name, options.rdzv.local_addr)) {
       return launch_hosts(options);
     }
+    if (h.gpus.empty() && !options.nproc_per_node_unresolved.empty()) {
+      write_stderr("dlaunch: --nproc-per-node " + options.nproc_per_node_spec +
+                   ": " + options.nproc_per_node_unresolved + "\n");
+      return 2;
+    }
     if (!h.gpus.empty()) {
       here.agent.nproc_per_node = static_cast<int>(h.gpus.size());
       std::string list;

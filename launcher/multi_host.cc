@@ -21,6 +21,7 @@
 #include "launcher/command_runner.h"
 #include "launcher/flags.h"
 #include "launcher/launcher.h"
+#include "launcher/ship.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -74,11 +75,12 @@ bool head_decides(std::string_view name) {
 }
 
 // A host's worker count: its GPUs or slots unless --nproc-per-node was
-// given.
-int workers_on(const LaunchOptions& o, const Host& h) {
-  if (!h.gpus.empty()) return static_cast<int>(h.gpus.size());
-  if (h.slots > 0 && !o.nproc_per_node_given) return h.slots;
-  return o.agent.nproc_per_node;
+// given; as text, since cpu, gpu and auto are the host's to resolve.
+std::string workers_on(const LaunchOptions& o, const Host& h) {
+  if (!h.gpus.empty()) return std::to_string(h.gpus.size());
+  if (h.slots > 0 && !o.nproc_per_node_given) return std::to_string(h.slots);
+  if (!o.nproc_per_node_spec.empty()) return o.nproc_per_node_spec;
+  return std::to_string(o.agent.nproc_per_node);
 }
 
 std::string gpu_list(const std::vector<int>& gpus) {
@@ -88,18 +90,18 @@ std::string gpu_list(const std::vector<int>& gpus) {
 }
 
 // The pre-flight table: one line per host that failed, all at once.
-std::string preflight_table(
-    const std::vector<std::pair<std::string, std::string>>& failures,
-    size_t hosts) {
+std::string preflight_table(const std::vector<PreflightFailure>& failures,
+                            size_t hosts) {
   size_t width = 4;
-  for (const auto& [h, why] : failures) width = std::max(width, h.size());
+  for (const auto& f : failures) width = std::max(width, f.host.size());
   std::string out = "dlaunch: pre-flight failed on " +
                     std::to_string(failures.size()) + " of " +
                     std::to_string(hosts) + " host(s); nothing was started:\n";
   out += "  " + std::string("HOST") + std::string(width - 4 + 2, ' ') +
          "PROBLEM\n";
-  for (const auto& [h, why] : failures) {
-    out += "  " + h + std::string(width - h.size() + 2, ' ') + why + "\n";
+  for (const auto& f : failures) {
+    out += "  " + f.host + std::string(width - f.host.size() + 2, ' ') + f.why +
+           "\n";
   }
   return out;
 }
@@ -115,9 +117,9 @@ std::string last_line(const std::string& text) {
 }
 
 // Runs the backend's pre-flight and says what failed on which host.
-std::vector<std::pair<std::string, std::string>> preflight(
-    const AgentLauncher& backend, const LaunchPlan& plan) {
-  std::vector<std::pair<std::string, std::string>> failures;
+std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
+                                        const LaunchPlan& plan) {
+  std::vector<PreflightFailure> failures;
   std::vector<AgentCommand> cmds = backend.check_commands(plan);
   CommandRunner run(cmds, CommandOutput::kCapture);
   const milliseconds bound =
@@ -143,8 +145,8 @@ std::vector<std::pair<std::string, std::string>> preflight(
     }
     if (c.argv[0] == "pdcp" && r.exited && r.exit_code != 0) {
       for (const std::string& h : c.hosts) {
-        failures.emplace_back(
-            h, "cannot place the job file with pdcp: " + last_line(r.err));
+        failures.push_back(
+            {h, "cannot place the job file with pdcp: " + last_line(r.err)});
       }
       return failures;
     }
@@ -152,8 +154,11 @@ std::vector<std::pair<std::string, std::string>> preflight(
     for (const std::string& h : c.hosts) {
       if (answer.contains(h)) continue;
       std::string why;
+      // The shell's "not found" (127) and "cannot execute" (126).
+      bool unusable = r.exited && (r.exit_code == 127 || r.exit_code == 126);
       if (!r.started) {
         why = r.out;
+        unusable = c.argv[0] == dlaunch_on(plan, h);
       } else if (!r.exited) {
         why = "no answer within " +
               std::to_string(
@@ -169,12 +174,12 @@ std::vector<std::pair<std::string, std::string>> preflight(
             if (line.find(h + ": ") != std::string::npos) err = line;
           }
         }
-        why = "cannot run " + plan.remote_dlaunch + " (exit " +
+        why = "cannot run " + dlaunch_on(plan, h) + " (exit " +
               std::to_string(r.exit_code) + ")" +
               (err.empty() ? "" : ": " + err);
       }
       answer[h] = "";
-      failures.emplace_back(h, why);
+      failures.push_back({h, why, unusable});
     }
   }
   (void)all;
@@ -184,12 +189,14 @@ std::vector<std::pair<std::string, std::string>> preflight(
     if (it == answer.end() || it->second.empty()) continue;
     const std::string& a = it->second;
     if (!a.starts_with(mine + " ")) {
-      failures.emplace_back(j.host, "has another dlaunch (" + a.substr(14) +
-                                        "; this is " DLAUNCH_VERSION
-                                        "): install the same version at " +
-                                        plan.remote_dlaunch);
+      failures.push_back({j.host,
+                          "has another dlaunch (" + a.substr(14) +
+                              "; this is " DLAUNCH_VERSION
+                              "): install the same version at " +
+                              dlaunch_on(plan, j.host),
+                          true});
     } else if (a != mine + " ok") {
-      failures.emplace_back(j.host, a.substr(mine.size() + 1));
+      failures.push_back({j.host, a.substr(mine.size() + 1)});
     }
   }
   return failures;
@@ -288,7 +295,7 @@ std::vector<std::string> agent_args(const LaunchOptions& o, const Host& h,
   }
   args.push_back("--rdzv-conf=" + conf + "is_host=false");
   args.push_back("--local-addr=" + h.name);
-  args.push_back("--nproc-per-node=" + std::to_string(workers_on(o, h)));
+  args.push_back("--nproc-per-node=" + workers_on(o, h));
   args.push_back("--");
   args.push_back(o.program);
   args.insert(args.end(), o.program_args.begin(), o.program_args.end());
@@ -360,9 +367,8 @@ int launch_hosts(const LaunchOptions& job) {
   plan.program = o.agent.entrypoint.empty() ? o.program : o.program;
   plan.head_env = head_env;
   plan.remote_dlaunch = o.remote.remote_dlaunch;
-  if (plan.remote_dlaunch.empty()) {
-    plan.remote_dlaunch = fs::read_symlink("/proc/self/exe", ec).string();
-  }
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (plan.remote_dlaunch.empty()) plan.remote_dlaunch = self.string();
   std::optional<Host> head_host;
   for (const Host& h : o.hosts) {
     if (!head_host && is_head_host(h.name, o.rdzv.local_addr)) {
@@ -378,6 +384,13 @@ int launch_hosts(const LaunchOptions& job) {
     j.job_tag = tag;
     plan.jobs.push_back(std::move(j));
   }
+  if (head_host && head_host->gpus.empty() &&
+      !o.nproc_per_node_unresolved.empty()) {
+    write_stderr("dlaunch: --nproc-per-node " + o.nproc_per_node_spec + " on " +
+                 head_host->name + " (this machine, the head): " +
+                 o.nproc_per_node_unresolved + "\n");
+    return 2;
+  }
   // A 0600 folder for what a backend places on its hosts.
   plan.staging_dir = fs::temp_directory_path(ec) / (tag + ".d");
   fs::create_directory(plan.staging_dir, ec);
@@ -391,7 +404,12 @@ int launch_hosts(const LaunchOptions& job) {
   } remove_staging{plan.staging_dir};
 
   if (!plan.jobs.empty()) {
-    auto failures = preflight(*backend, plan);
+    std::vector<PreflightFailure> failures = preflight(*backend, plan);
+    // dlaunch ships itself to the hosts that lack it.
+    failures = ship_where_missing(
+        *backend, plan, std::move(failures), self,
+        [&](const LaunchPlan& p) { return preflight(*backend, p); },
+        [](const std::string& line) { write_stderr(line + "\n"); });
     if (!failures.empty()) {
       write_stderr(preflight_table(failures, plan.jobs.size()));
       // The pdsh job file may be in place on the hosts that passed.
@@ -437,7 +455,11 @@ int launch_hosts(const LaunchOptions& job) {
           static_cast<int>(o.hosts.size());
     }
     mine.standalone = false;
-    mine.agent.nproc_per_node = workers_on(o, *head_host);
+    // cpu, gpu and auto were resolved for this machine by the parser.
+    mine.agent.nproc_per_node =
+        head_host->gpus.empty() && !o.nproc_per_node_spec.empty()
+            ? o.agent.nproc_per_node
+            : std::stoi(workers_on(o, *head_host));
     mine.agent.hostname = head_host->name;
     // Its lines carry its name like the other hosts' ("node01 [default0]:").
     std::string tmpl = o.agent.log_line_prefix_template;
@@ -471,6 +493,7 @@ int launch_hosts(const LaunchOptions& job) {
     // A failure here or there, or a signal: every host stops now; a
     // success: the others are finishing (the exit barrier), let them.
     bool all_done = remote->wait(milliseconds(0));
+    bool stopped = false;  // stop_commands() ran
     int failed = remote->wait_failure_or_end(milliseconds(0));
     // After a success the others may still be in the exit barrier.
     milliseconds bound = o.agent.exit_barrier_timeout + o.agent.term_timeout +
@@ -479,6 +502,7 @@ int launch_hosts(const LaunchOptions& job) {
       remote->close_stdins();
       CommandRunner stop(backend->stop_commands(plan), CommandOutput::kCapture);
       stop.wait(o.remote.connect_timeout + std::chrono::seconds(15));
+      stopped = true;
       bound = o.agent.term_timeout + std::chrono::seconds(15);
     }
     if (!remote->wait(bound)) {
@@ -497,10 +521,12 @@ int launch_hosts(const LaunchOptions& job) {
       remote->signal_all(SIGTERM);
       if (!remote->wait(std::chrono::seconds(10))) remote->signal_all(SIGKILL);
     }
-    // pdsh over a network leaves one job file per host: remove it.
+    // pdsh over a network leaves one job file per host, and shipped
+    // copies of dlaunch stay until removed: remove them.
     auto rcmd = head_env.find("PDSH_RCMD_TYPE");
-    if (o.remote.launcher == "pdsh" &&
-        (rcmd == head_env.end() || rcmd->second != "exec")) {
+    if ((o.remote.launcher == "pdsh" &&
+         (rcmd == head_env.end() || rcmd->second != "exec")) ||
+        (!plan.shipped.empty() && !stopped)) {
       CommandRunner cleanup(backend->stop_commands(plan),
                             CommandOutput::kCapture);
       cleanup.wait(o.remote.connect_timeout + std::chrono::seconds(15));

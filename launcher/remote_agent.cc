@@ -21,6 +21,7 @@
 #include "launcher/cli.h"
 #include "launcher/launcher.h"
 #include "launcher/remote_job.h"
+#include "launcher/ship.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -181,16 +182,20 @@ int remote_agent_main(const std::vector<std::string>& args) {
   LaunchOptions options = std::get<LaunchOptions>(std::move(parsed));
   options.agent.hostname = job.host;
   if (from_stdin) watch_head_connection();
+  int code = 1;
   try {
-    return launch(options);
+    code = launch(options);
   } catch (const std::exception& e) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
-    return 1;
   }
+  // A shipped copy goes with its agent, even when the head is gone.
+  remove_own_shipped_copy(job.job_tag);
+  return code;
 }
 
 int remote_check_main(const std::vector<std::string>& args) {
   std::string program = args.size() > 1 ? args[1] : "";
+  std::string line_kind = " program-missing: ";
   std::string dir = option(args, "--chdir");
   std::string problem;
   if (!dir.empty() && ::chdir(dir.c_str()) != 0) {
@@ -198,8 +203,23 @@ int remote_check_main(const std::vector<std::string>& args) {
   } else if (!program.empty()) {
     problem = program_problem(program);
   }
+  // A shipped copy checks that it arrived whole.
+  if (std::string want = option(args, "--checksum");
+      problem.empty() && !want.empty()) {
+    std::string have;
+    try {
+      have = file_checksum("/proc/self/exe");
+    } catch (const std::exception& e) {
+      have = e.what();
+    }
+    if (have != want) {
+      line_kind = " damaged: ";
+      problem = "the shipped dlaunch's checksum is " + have + ", not " + want +
+                " (a broken copy; run the job again)";
+    }
+  }
   std::string line = "dlaunch-check " DLAUNCH_VERSION;
-  line += problem.empty() ? " ok\n" : " program-missing: " + problem + "\n";
+  line += problem.empty() ? " ok\n" : line_kind + problem + "\n";
   agent::write_all(STDOUT_FILENO, line);
   return 0;
 }
@@ -288,10 +308,14 @@ int remote_stop_main(const std::vector<std::string>& args) {
     ::kill(pid, SIGKILL);
     ++killed;
   }
+  // Shipped copies of dlaunch go last (this one may be one of them).
+  const int removed = remove_shipped(tag);
   agent::write_all(
       STDOUT_FILENO,
       "dlaunch-stop " + std::to_string(pids.size()) + " process(es) stopped" +
           (killed ? ", " + std::to_string(killed) + " killed" : std::string()) +
+          (removed ? ", " + std::to_string(removed) + " shipped file(s) removed"
+                   : std::string()) +
           "\n");
   return 0;
 }

@@ -19,16 +19,18 @@ namespace dlaunch::launcher {
 // ends the agent.
 int remote_agent_main(const std::vector<std::string>& args);
 
-// `dlaunch --remote-check PROGRAM [--chdir DIR]`: pre-flight. Prints one
-// line, "dlaunch-check VERSION ok" or "dlaunch-check VERSION
-// program-missing: WHY", and exits 0 either way (a failure to run at all
-// is the head's to report).
+// `dlaunch --remote-check PROGRAM [--chdir DIR] [--checksum SUM]`:
+// pre-flight. Prints one line, "dlaunch-check VERSION ok", "dlaunch-check
+// VERSION program-missing: WHY" or (a shipped copy whose own checksum,
+// ship.h, is not SUM) "dlaunch-check VERSION damaged: WHY", and exits 0
+// either way (a failure to run at all is the head's to report).
 int remote_check_main(const std::vector<std::string>& args);
 
 // `dlaunch --remote-stop TAG [--job-file PATH]`: teardown. Removes the job
 // file, sends SIGTERM to this user's processes whose environment holds
 // DLAUNCH_JOB_TAG=TAG (the job's agents and their workers, nothing else),
-// SIGKILLs those left after 10 s, and prints how many it stopped.
+// SIGKILLs those left after 10 s, removes the job's shipped copies of
+// dlaunch in /tmp (ship.h), and prints how many it stopped.
 int remote_stop_main(const std::vector<std::string>& args);
 
 // The processes of this user whose environment holds DLAUNCH_JOB_TAG=`tag`

@@ -29,6 +29,21 @@ std::vector<std::string_view> agent_launcher_names() {
   return out;
 }
 
+const std::string& dlaunch_on(const LaunchPlan& plan, const std::string& host) {
+  auto it = plan.shipped.find(host);
+  return it == plan.shipped.end() ? plan.remote_dlaunch : it->second;
+}
+
+std::vector<std::string> check_argv(const LaunchPlan& plan,
+                                    const std::string& host) {
+  std::vector<std::string> argv = {dlaunch_on(plan, host), "--remote-check",
+                                   plan.program};
+  if (plan.shipped.contains(host)) {
+    argv.insert(argv.end(), {"--checksum", plan.ship_checksum});
+  }
+  return argv;
+}
+
 std::string shell_command(const std::vector<std::string>& argv) {
   std::string out;
   for (const std::string& a : argv) {

@@ -13,4 +13,8 @@ std::unique_ptr<AgentLauncher> make_local();
 std::unique_ptr<AgentLauncher> make_ssh();
 std::unique_ptr<AgentLauncher> make_pdsh();
 
+// ship_commands() for hosts that are this machine (--launcher local,
+// pdsh's exec module): one local `sh -c ship_script()` per copy.
+std::vector<AgentCommand> local_ship_commands(const LaunchPlan& plan);
+
 }  // namespace dlaunch::launcher::backends

@@ -2,7 +2,10 @@
 // advertises the host's address (loopback "hosts" 127.0.0.x): the same
 // paths as ssh without a network, for tests and one machine with several
 // addresses.
+#include <algorithm>
+
 #include "launcher/backends/backends.h"
+#include "launcher/ship.h"
 
 namespace dlaunch::launcher::backends {
 namespace {
@@ -11,11 +14,23 @@ class LocalLauncher : public AgentLauncher {
  public:
   std::vector<AgentCommand> check_commands(
       const LaunchPlan& plan) const override {
-    // One machine: one check stands for every host.
-    AgentCommand c;
-    c.argv = {plan.remote_dlaunch, "--remote-check", plan.program};
-    for (const RemoteJob& j : plan.jobs) c.hosts.push_back(j.host);
-    return {c};
+    // One machine: one check stands for every host that shares a dlaunch
+    // (a shipped copy checks itself).
+    std::vector<AgentCommand> out;
+    for (const RemoteJob& j : plan.jobs) {
+      std::vector<std::string> argv = check_argv(plan, j.host);
+      auto same = std::find_if(out.begin(), out.end(),
+                               [&](const auto& c) { return c.argv == argv; });
+      if (same != out.end()) {
+        same->hosts.push_back(j.host);
+        continue;
+      }
+      AgentCommand c;
+      c.argv = std::move(argv);
+      c.hosts = {j.host};
+      out.push_back(std::move(c));
+    }
+    return out;
   }
 
   std::vector<AgentCommand> start_commands(
@@ -23,7 +38,7 @@ class LocalLauncher : public AgentLauncher {
     std::vector<AgentCommand> out;
     for (const RemoteJob& j : plan.jobs) {
       AgentCommand c;
-      c.argv = {plan.remote_dlaunch, "--remote-agent", "--job-tag",
+      c.argv = {dlaunch_on(plan, j.host), "--remote-agent", "--job-tag",
                 plan.job_tag};
       c.hosts = {j.host};
       c.stdin_data = encode_remote_job(j);
@@ -34,14 +49,36 @@ class LocalLauncher : public AgentLauncher {
 
   std::vector<AgentCommand> stop_commands(
       const LaunchPlan& plan) const override {
+    // Any host's dlaunch stops the job on this one machine.
     AgentCommand c;
-    c.argv = {plan.remote_dlaunch, "--remote-stop", plan.job_tag};
     for (const RemoteJob& j : plan.jobs) c.hosts.push_back(j.host);
+    c.argv = {
+        c.hosts.empty() ? plan.remote_dlaunch : dlaunch_on(plan, c.hosts[0]),
+        "--remote-stop", plan.job_tag};
     return {c};
+  }
+
+  std::vector<AgentCommand> ship_commands(
+      const LaunchPlan& plan) const override {
+    return local_ship_commands(plan);
   }
 };
 
 }  // namespace
+
+std::vector<AgentCommand> local_ship_commands(const LaunchPlan& plan) {
+  std::vector<AgentCommand> out;
+  for (const auto& [host, path] : plan.shipped) {
+    for (const auto& [from, to] : shipped_files(plan, host)) {
+      AgentCommand c;
+      c.argv = {"sh", "-c", ship_script(to)};
+      c.hosts = {host};
+      c.stdin_file = from;
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
 
 std::unique_ptr<AgentLauncher> make_local() {
   return std::make_unique<LocalLauncher>();

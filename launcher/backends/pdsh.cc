@@ -6,6 +6,7 @@
 // otherwise); each agent takes its own entry by host name and removes the
 // file once read. -S: pdsh exits with the largest remote status.
 #include "launcher/backends/backends.h"
+#include "launcher/ship.h"
 
 namespace dlaunch::launcher::backends {
 namespace {
@@ -30,8 +31,9 @@ class PdshLauncher : public AgentLauncher {
       copy.local_files[local_job_file(plan)] = all_jobs(plan);
       out.push_back(std::move(copy));
     }
-    AgentCommand c =
-        pdsh(plan, {plan.remote_dlaunch, "--remote-check", plan.program});
+    std::vector<std::string> check = check_argv(plan, plan.jobs[0].host);
+    check[0] = dlaunch(plan);
+    AgentCommand c = pdsh(plan, check);
     // The exec module's "hosts" share this machine's /tmp: one file each.
     if (exec_module(plan)) {
       for (const RemoteJob& j : plan.jobs) {
@@ -47,25 +49,40 @@ class PdshLauncher : public AgentLauncher {
     // The exec module substitutes %h; over ssh the agent finds its entry
     // by its own names.
     if (exec_module(plan)) {
-      return {pdsh(plan, {plan.remote_dlaunch, "--remote-agent", "--job-tag",
-                          plan.job_tag, "--job-file",
-                          job_file(plan, "%h").string(), "--host", "%h"})};
+      return {pdsh(
+          plan, {dlaunch(plan), "--remote-agent", "--job-tag", plan.job_tag,
+                 "--job-file", job_file(plan, "%h").string(), "--host", "%h"})};
     }
-    return {pdsh(plan, {plan.remote_dlaunch, "--remote-agent", "--job-tag",
+    return {pdsh(plan, {dlaunch(plan), "--remote-agent", "--job-tag",
                         plan.job_tag, "--job-file", job_file(plan).string()})};
   }
 
   std::vector<AgentCommand> stop_commands(
       const LaunchPlan& plan) const override {
-    return {pdsh(
-        plan, {plan.remote_dlaunch, "--remote-stop", plan.job_tag, "--job-file",
-               job_file(plan, exec_module(plan) ? "%h" : "").string()})};
+    return {
+        pdsh(plan, {dlaunch(plan), "--remote-stop", plan.job_tag, "--job-file",
+                    job_file(plan, exec_module(plan) ? "%h" : "").string()})};
+  }
+
+  // The exec module's hosts are this machine: a local copy each. Over a
+  // network pdsh gives remote commands no stdin to copy through.
+  std::vector<AgentCommand> ship_commands(
+      const LaunchPlan& plan) const override {
+    if (!exec_module(plan)) return {};
+    return local_ship_commands(plan);
   }
 
  private:
   static bool exec_module(const LaunchPlan& plan) {
     auto it = plan.head_env.find("PDSH_RCMD_TYPE");
     return it != plan.head_env.end() && it->second == "exec";
+  }
+
+  // dlaunch on every host: one command reaches them all, so a shipped
+  // copy's path names the host through the exec module's %h.
+  static std::string dlaunch(const LaunchPlan& plan) {
+    if (plan.shipped.empty()) return plan.remote_dlaunch;
+    return shipped_path(plan.job_tag, "%h");
   }
 
   static std::vector<std::string> hosts(const LaunchPlan& plan) {

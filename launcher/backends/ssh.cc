@@ -3,6 +3,7 @@
 // connect timeout. The job, its environment and token go on the
 // connection's stdin, which stays open: its end stops the remote agent.
 #include "launcher/backends/backends.h"
+#include "launcher/ship.h"
 
 namespace dlaunch::launcher::backends {
 namespace {
@@ -13,8 +14,7 @@ class SshLauncher : public AgentLauncher {
       const LaunchPlan& plan) const override {
     std::vector<AgentCommand> out;
     for (const RemoteJob& j : plan.jobs) {
-      out.push_back(command(
-          plan, j.host, {plan.remote_dlaunch, "--remote-check", plan.program}));
+      out.push_back(command(plan, j.host, check_argv(plan, j.host)));
     }
     return out;
   }
@@ -23,9 +23,9 @@ class SshLauncher : public AgentLauncher {
       const LaunchPlan& plan) const override {
     std::vector<AgentCommand> out;
     for (const RemoteJob& j : plan.jobs) {
-      AgentCommand c = command(
-          plan, j.host,
-          {plan.remote_dlaunch, "--remote-agent", "--job-tag", plan.job_tag});
+      AgentCommand c = command(plan, j.host,
+                               {dlaunch_on(plan, j.host), "--remote-agent",
+                                "--job-tag", plan.job_tag});
       c.stdin_data = encode_remote_job(j);
       out.push_back(std::move(c));
     }
@@ -36,8 +36,23 @@ class SshLauncher : public AgentLauncher {
       const LaunchPlan& plan) const override {
     std::vector<AgentCommand> out;
     for (const RemoteJob& j : plan.jobs) {
-      out.push_back(command(
-          plan, j.host, {plan.remote_dlaunch, "--remote-stop", plan.job_tag}));
+      out.push_back(
+          command(plan, j.host,
+                  {dlaunch_on(plan, j.host), "--remote-stop", plan.job_tag}));
+    }
+    return out;
+  }
+
+  // Over the same kind of connection: `cat` into the private path.
+  std::vector<AgentCommand> ship_commands(
+      const LaunchPlan& plan) const override {
+    std::vector<AgentCommand> out;
+    for (const auto& [host, path] : plan.shipped) {
+      for (const auto& [from, to] : shipped_files(plan, host)) {
+        AgentCommand c = command(plan, host, {"sh", "-c", ship_script(to)});
+        c.stdin_file = from;
+        out.push_back(std::move(c));
+      }
     }
     return out;
   }

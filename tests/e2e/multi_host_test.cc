@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "launcher/ship.h"
 #include "tests/testing/sshd.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
@@ -306,6 +307,192 @@ TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {
   EXPECT_THAT(r.out, HasSubstr("127.0.0.3 [default0]:ENV lws=1 cvd=\n"));
 }
 
+// The shipped copies of dlaunch that a job's output names (its workers
+// print their agent's program, /proc/$PPID/exe).
+std::set<std::string> shipped_copies(const std::string& out) {
+  std::set<std::string> paths;
+  std::regex re("agent=(/tmp/dlaunch-job-\\w+-127\\.0\\.0\\.[2-4]\\.dlaunch)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re);
+       it != std::sregex_iterator(); ++it) {
+    paths.insert((*it)[1]);
+  }
+  return paths;
+}
+
+// dlaunch ships itself (issue 10): over ssh to two "hosts" where
+// --remote-dlaunch points at nothing, and with --launcher local to hosts
+// whose PATH has no dlaunch. Each host's agent runs the head's copy from
+// a private /tmp file, which is gone after the job.
+TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopy) {
+  testing::TestSshd sshd({"127.0.0.2", "127.0.0.3"});
+  if (!sshd.available()) GTEST_SKIP() << sshd.why_not();
+  const std::string mark = unique_mark();
+  CommandResult r = testing::run_command(
+      cmd(head("ssh", "127.0.0.2,127.0.0.3", mark,
+               {"--ssh-port", std::to_string(sshd.port()), "--ssh-args",
+                sshd.ssh_args(), "--remote-dlaunch",
+                "/nonexistent-dlaunch-dir/dlaunch", "sh", "-c",
+                "echo ENV rank=$RANK agent=$(readlink /proc/$PPID/exe) "
+                "cuda=$DLAUNCH_CUDA_DEVICES"})),
+      120s);
+  const std::string refused = launcher::why_not_shippable(kDlaunch);
+  if (!refused.empty()) {
+    // A sanitizer build refuses, naming the fix.
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("127.0.0.2  no usable dlaunch at "
+                                 "/nonexistent-dlaunch-dir/dlaunch, and"));
+    EXPECT_THAT(r.err, HasSubstr("cannot be shipped"));
+    return;
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("dlaunch: 127.0.0.2 has no usable dlaunch at "
+                               "/nonexistent-dlaunch-dir/dlaunch; shipped "
+                               "this one to /tmp/dlaunch-job-"));
+  std::set<std::string> copies = shipped_copies(r.out);
+  ASSERT_EQ(copies.size(), 2u) << r.out;
+  for (const std::string& c : copies) {
+    EXPECT_THAT(r.out, HasSubstr("cuda=" + c + "-cuda-devices")) << r.out;
+    EXPECT_FALSE(fs::exists(c)) << c << " was left behind";
+    EXPECT_FALSE(fs::exists(c + "-cuda-devices"));
+  }
+  EXPECT_TRUE(none_left(mark, 10s));
+}
+
+TEST(MultiHostShip, HostsWhosePathLacksDlaunchRunTheHeadsCopy) {
+  const std::map<std::string, std::string> env = {{"PATH", "/usr/bin:/bin"}};
+  if (testing::run_command(cmd({"sh", "-c", "command -v dlaunch"}, env))
+          .exit_code == 0) {
+    GTEST_SKIP() << "dlaunch is installed in /usr/bin here";
+  }
+  const std::string mark = unique_mark();
+  CommandResult r = testing::run_command(
+      cmd(head("local", "127.0.0.2,127.0.0.3", mark,
+               {"--remote-dlaunch", "dlaunch", "sh", "-c",
+                "echo ENV rank=$RANK agent=$(readlink /proc/$PPID/exe)"}),
+          env),
+      120s);
+  if (!launcher::why_not_shippable(kDlaunch).empty()) {
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_THAT(r.err, HasSubstr("cannot be shipped"));
+    return;
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::set<std::string> copies = shipped_copies(r.out);
+  EXPECT_EQ(copies.size(), 2u) << r.out;
+  for (const std::string& c : copies) EXPECT_FALSE(fs::exists(c));
+}
+
+TEST(MultiHostShip, ACopyGoesWithItsAgentWhenTheHeadIsKilled) {
+  if (!launcher::why_not_shippable(kDlaunch).empty()) {
+    GTEST_SKIP() << "this build does not ship (tested above)";
+  }
+  testing::TestSshd sshd({"127.0.0.2", "127.0.0.3"});
+  if (!sshd.available()) GTEST_SKIP() << sshd.why_not();
+  const std::string mark = unique_mark();
+  Subprocess job(cmd(head(
+      "ssh", "127.0.0.2,127.0.0.3", mark,
+      {"--ssh-port", std::to_string(sshd.port()), "--ssh-args", sshd.ssh_args(),
+       "--remote-dlaunch", "/nonexistent/dlaunch", "sh", "-c",
+       "echo up-$RANK agent=$(readlink /proc/$PPID/exe); "
+       "exec sleep 300"})));
+  for (const char* up : {"up-0", "up-1"}) {
+    ASSERT_TRUE(job.wait_for_output(up, 60s)) << job.out() << job.err();
+  }
+  std::set<std::string> copies = shipped_copies(job.out());
+  ASSERT_EQ(copies.size(), 2u) << job.out();
+  for (const std::string& c : copies) EXPECT_TRUE(fs::exists(c));
+  // No teardown from the head: each agent sees its ssh connection end.
+  job.signal(SIGKILL);
+  EXPECT_FALSE(job.wait(30s).timed_out);
+  EXPECT_TRUE(none_left(mark, 30s));
+  for (const std::string& c : copies) {
+    EXPECT_FALSE(fs::exists(c)) << c << " outlived its agent";
+    EXPECT_FALSE(fs::exists(c + "-cuda-devices"));
+  }
+}
+
+// A stand-in for dlaunch-cuda-devices that reports `n` GPUs.
+std::string fake_gpu_counter(const TempDir& dir, int n) {
+  const fs::path p = dir / ("gpus" + std::to_string(n));
+  testing::write_file(p, "#!/bin/sh\necho " + std::to_string(n) + "\n", 0755);
+  return p.string();
+}
+
+TEST(MultiHostHead, NprocAutoFallsBackToEachHostsCpus) {
+  TempDir dir;
+  const std::string mark = unique_mark();
+  // The head would say 9 GPUs; the hosts (-x) see none.
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  CommandResult r = testing::run_command(
+      cmd(head("local", "127.0.0.2,127.0.0.3", mark,
+               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 0),
+                "--nproc-per-node", "auto", "sh", "-c",
+                "echo ENV lws=$LOCAL_WORLD_SIZE ws=$WORLD_SIZE"}),
+          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 9)}}),
+      90s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* h : {"127.0.0.2", "127.0.0.3"}) {
+    EXPECT_THAT(r.out, HasSubstr(std::string(h) +
+                                 " [default0]:ENV lws=" + std::to_string(cpus) +
+                                 " ws=" + std::to_string(2 * cpus)))
+        << r.out;
+  }
+}
+
+TEST(MultiHostHead, NprocGpuIsCountedByEachHostNotTheHead) {
+  TempDir dir;
+  const std::string mark = unique_mark();
+  // The head sees no GPU (alone it would refuse gpu); each host sees 3.
+  CommandResult r = testing::run_command(
+      cmd(head("local", "127.0.0.2,127.0.0.3", mark,
+               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 3),
+                "--nproc-per-node", "gpu", "sh", "-c",
+                "echo ENV lws=$LOCAL_WORLD_SIZE ws=$WORLD_SIZE"}),
+          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 0)}}),
+      90s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* h : {"127.0.0.2", "127.0.0.3"}) {
+    EXPECT_THAT(r.out, HasSubstr(std::string(h) + " [default2]:ENV lws=3 ws=6"))
+        << r.out;
+  }
+}
+
+TEST(MultiHostHead, NprocGpuOnAHostWithoutGpusFailsNamingIt) {
+  TempDir dir;
+  const std::string mark = unique_mark();
+  // The head has GPUs; the hosts have none.
+  CommandResult r = testing::run_command(
+      cmd(head("local", "127.0.0.2,127.0.0.3", mark,
+               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 0),
+                "--nproc-per-node", "gpu", "true"}),
+          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)}}),
+      90s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "127\\.0\\.0\\.[23] dlaunch: --nproc-per-node "
+                         "gpu: no CUDA device is visible"));
+  EXPECT_TRUE(none_left(mark, 30s));
+  // The head in the list, without GPUs itself: refused before anything
+  // starts, naming it.
+  CommandResult h = testing::run_command(
+      cmd(head("local", "localhost,127.0.0.3", mark,
+               {"--nproc-per-node", "gpu", "true"}),
+          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 0)}}),
+      60s);
+  EXPECT_EQ(h.exit_code, 2);
+  EXPECT_THAT(h.err, HasSubstr("--nproc-per-node gpu on localhost (this "
+                               "machine, the head): no CUDA device is "
+                               "visible"));
+  // One host alone still refuses at once.
+  CommandResult one = testing::run_command(
+      cmd({kDlaunch, "--nproc-per-node", "gpu", "true"},
+          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 0)}}),
+      60s);
+  EXPECT_EQ(one.exit_code, 2);
+  EXPECT_THAT(one.err, HasSubstr("no CUDA device is visible"));
+}
+
 TEST(MultiHostHead, PreflightTablesEveryFailedHost) {
   const std::string mark = unique_mark();
   TempDir dir;
@@ -319,13 +506,27 @@ TEST(MultiHostHead, PreflightTablesEveryFailedHost) {
               HasSubstr("127.0.0.2  program-missing: ./no-such-program"));
   EXPECT_THAT(r.err,
               HasSubstr("127.0.0.3  program-missing: ./no-such-program"));
-  CommandResult v = testing::run_command(
-      cmd(head("local", "127.0.0.2", mark,
-               {"--remote-dlaunch", "/nonexistent/dlaunch", "true"})),
-      60s);
+  // A host without dlaunch gets the head's, whose own check then fails;
+  // its copy goes with the rest.
+  CommandResult v =
+      testing::run_command(cmd(head("local", "127.0.0.2", mark,
+                                    {"--remote-dlaunch", "/nonexistent/dlaunch",
+                                     "./no-such-program"}),
+                               {}, dir.path().string()),
+                           60s);
   EXPECT_EQ(v.exit_code, 1);
-  EXPECT_THAT(v.err, HasSubstr("127.0.0.2  cannot start /nonexistent/dlaunch: "
-                               "No such file or directory"));
+  if (!launcher::why_not_shippable(kDlaunch).empty()) {
+    EXPECT_THAT(v.err, HasSubstr("127.0.0.2  no usable dlaunch at "
+                                 "/nonexistent/dlaunch, and "));
+    return;
+  }
+  EXPECT_THAT(v.err,
+              HasSubstr("127.0.0.2  program-missing: ./no-such-program"));
+  std::smatch copy;
+  ASSERT_TRUE(
+      std::regex_search(v.err, copy, std::regex("shipped this one to (\\S+)")))
+      << v.err;
+  EXPECT_FALSE(fs::exists(copy[1].str()));
 }
 
 }  // namespace

@@ -10,10 +10,13 @@
 
 #include "launcher/agent_launcher.h"
 #include "launcher/remote_job.h"
+#include "launcher/ship.h"
+#include "tests/testing/temp_dir.h"
 
 namespace dlaunch::launcher {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -187,6 +190,93 @@ TEST(BackendsTest, PdshRunsOnceOverAllHostsWithAJobFile) {
   EXPECT_EQ(check[0].argv[0], "pdcp");
   EXPECT_EQ(check[0].argv.back(), file);
   EXPECT_EQ(pdsh->start_commands(p)[0].argv.back(), file);
+}
+
+// plan() with dlaunch shipped to n2.
+LaunchPlan shipping_plan() {
+  LaunchPlan p = plan();
+  p.shipped["n2"] = shipped_path(p.job_tag, "n2");
+  p.ship_from = "/head/bin/dlaunch";
+  p.ship_cuda_devices_from = "/head/bin/dlaunch-cuda-devices";
+  p.ship_checksum = "00112233aabbccdd";
+  return p;
+}
+
+TEST(BackendsTest, SshShipsThroughStdinToAPrivatePathAndUsesIt) {
+  auto ssh = make_agent_launcher("ssh");
+  LaunchPlan p = shipping_plan();
+  const std::string to = "/tmp/dlaunch-job-0123456789abcdef-n2.dlaunch";
+  EXPECT_EQ(p.shipped["n2"], to);
+  auto ship = ssh->ship_commands(p);
+  ASSERT_EQ(ship.size(), 2u);
+  EXPECT_EQ(ship[0].hosts, std::vector<std::string>{"n2"});
+  EXPECT_EQ(ship[0].argv[ship[0].argv.size() - 2], "n2");
+  EXPECT_EQ(ship[0].argv.back(), "exec sh -c 'umask 077 && set -C && cat > " +
+                                     to + " && chmod 700 " + to + "'");
+  EXPECT_EQ(ship[0].stdin_file, "/head/bin/dlaunch");
+  EXPECT_THAT(ship[1].argv.back(), HasSubstr("cat > " + to + "-cuda-devices"));
+  EXPECT_EQ(ship[1].stdin_file, "/head/bin/dlaunch-cuda-devices");
+  // n2 runs its copy, which checks itself; n1 keeps its own dlaunch.
+  auto check = ssh->check_commands(p);
+  EXPECT_EQ(check[0].argv.back(),
+            "exec /opt/dl/dlaunch --remote-check train.py");
+  EXPECT_EQ(check[1].argv.back(), "exec " + to +
+                                      " --remote-check train.py --checksum "
+                                      "00112233aabbccdd");
+  EXPECT_THAT(ssh->start_commands(p)[1].argv.back(),
+              HasSubstr("exec " + to + " --remote-agent"));
+  EXPECT_THAT(ssh->stop_commands(p)[1].argv.back(),
+              HasSubstr("exec " + to + " --remote-stop"));
+}
+
+TEST(BackendsTest, PdshShipsOnlyWhereItsHostsAreThisMachine) {
+  auto pdsh = make_agent_launcher("pdsh");
+  LaunchPlan p = shipping_plan();
+  // Over a network its remote commands get no stdin to copy through.
+  EXPECT_TRUE(pdsh->ship_commands(p).empty());
+  p.head_env["PDSH_RCMD_TYPE"] = "exec";
+  auto ship = pdsh->ship_commands(p);
+  ASSERT_EQ(ship.size(), 2u);
+  EXPECT_EQ(ship[0].argv[0], "sh");
+  EXPECT_EQ(ship[0].stdin_file, "/head/bin/dlaunch");
+  // One command for every host: the exec module names each copy.
+  EXPECT_EQ(pdsh->start_commands(p)[0].argv[7],
+            "/tmp/dlaunch-job-0123456789abcdef-%h.dlaunch");
+}
+
+TEST(ShipTest, OnlyAStaticProgramShips) {
+  // /bin/sh, like a sanitizer build, needs its shared libraries.
+  EXPECT_THAT(why_not_shippable("/bin/sh"),
+              AllOf(HasSubstr("dynamically linked"),
+                    HasSubstr("cmake --preset release")));
+  testing::TempDir dir;
+  testing::write_file(dir / "script", "#!/bin/sh\n", 0755);
+  EXPECT_THAT(why_not_shippable(dir / "script"),
+              HasSubstr("not a 64-bit ELF program"));
+  EXPECT_THAT(why_not_shippable(dir / "absent"),
+              HasSubstr("not a 64-bit ELF program"));
+}
+
+TEST(ShipTest, ChecksumsDifferWithTheBytesAndStoredCopiesGo) {
+  testing::TempDir dir;
+  testing::write_file(dir / "a", "dlaunch");
+  testing::write_file(dir / "b", "dlauncH");
+  EXPECT_EQ(file_checksum(dir / "a").size(), 16u);
+  EXPECT_EQ(file_checksum(dir / "a"), file_checksum(dir / "a"));
+  EXPECT_NE(file_checksum(dir / "a"), file_checksum(dir / "b"));
+  EXPECT_THROW(file_checksum(dir / "absent"), std::runtime_error);
+  // Host names become file names safely.
+  EXPECT_EQ(shipped_path("dlaunch-job-ab", "n/../x y"),
+            "/tmp/dlaunch-job-ab-n_.._x_y.dlaunch");
+  const std::string tag = "dlaunch-job-test" + std::to_string(::getpid());
+  testing::write_file(shipped_path(tag, "h1"), "x");
+  testing::write_file(shipped_path(tag, "h1") + "-cuda-devices", "x");
+  testing::write_file("/tmp/" + tag + "-h1.job", "x");
+  EXPECT_EQ(remove_shipped(tag), 2);
+  EXPECT_FALSE(std::filesystem::exists(shipped_path(tag, "h1")));
+  // Not a shipped copy: left alone.
+  EXPECT_TRUE(std::filesystem::exists("/tmp/" + tag + "-h1.job"));
+  std::filesystem::remove("/tmp/" + tag + "-h1.job");
 }
 
 TEST(BackendsTest, ShellCommandQuotesOnlyWhatNeedsIt) {
