@@ -3,8 +3,11 @@
 # (127.0.0.2-9) behind an sshd of this script's own, one `true` worker
 # each, from the head's command to the job done, pre-flight included, for
 # --launcher ssh and --launcher pdsh (-R ssh), next to two rounds of
-# `pdsh -R ssh -w HOSTS true` (a pre-flight and a start). hyperfine
-# medians; note the load average it prints.
+# `pdsh -R ssh -w HOSTS true` (a pre-flight and a start) and OpenMPI's
+# `mpirun` over the same ssh (one orted per host, the launcher horovodrun
+# uses), plus --launcher ssh shipping itself to every host
+# (--remote-dlaunch pointing at nothing). hyperfine medians; note the load
+# average it prints.
 # Usage: bench/multihost_launch.sh [BUILD_DIR] [RUNS]
 set -euo pipefail
 build=${1:-build}
@@ -34,12 +37,21 @@ done
 opts="-p $port -i $dir/user_key -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR -o BatchMode=yes"
 hosts=127.0.0.[2-9]
 export PDSH_SSH_ARGS_APPEND="$opts"
+sshargs="-i $dir/user_key -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"
+mpi=()
+if command -v mpirun >/dev/null; then
+  mpi=(-n "mpirun over ssh (8 orted)"
+    "mpirun --allow-run-as-root --host 127.0.0.2,127.0.0.3,127.0.0.4,127.0.0.5,127.0.0.6,127.0.0.7,127.0.0.8,127.0.0.9 -np 8 --mca plm_rsh_args '-p $port $sshargs' true")
+fi
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) CPUs"
 hyperfine -N --warmup 1 --runs "$runs" --export-json "$dir/out.json" \
   -n "dlaunch --launcher ssh" \
-  "$dlaunch --launcher ssh --hosts $hosts --local-addr 127.0.0.1 --ssh-port $port --ssh-args '-i $dir/user_key -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR' true" \
+  "$dlaunch --launcher ssh --hosts $hosts --local-addr 127.0.0.1 --ssh-port $port --ssh-args '$sshargs' true" \
   -n "dlaunch --launcher pdsh (-R ssh)" \
   "env PDSH_RCMD_TYPE=ssh $dlaunch --launcher pdsh --hosts $hosts --local-addr 127.0.0.1 true" \
+  -n "dlaunch --launcher ssh, shipping itself" \
+  "$dlaunch --launcher ssh --hosts $hosts --local-addr 127.0.0.1 --ssh-port $port --ssh-args '$sshargs' --remote-dlaunch /nonexistent/dlaunch true" \
+  "${mpi[@]}" \
   -n "2x pdsh -R ssh true" \
   "sh -c 'pdsh -R ssh -w $hosts true && pdsh -R ssh -w $hosts true'"
 python3 - "$dir/out.json" <<'PY'

@@ -168,10 +168,16 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
       } else {
         std::string err = last_line(r.err);
         if (c.host_prefixed_lines) {
-          // pdsh: "pdsh@head: HOST: ssh exited with exit code 255".
+          // pdsh: "pdsh@head: HOST: ssh exited with exit code 255"; its
+          // exec module: "HOST: pdsh@head: execvp PATH failed: ...".
           std::istringstream el(r.err);
           for (std::string line; std::getline(el, line);) {
-            if (line.find(h + ": ") != std::string::npos) err = line;
+            if (line.find(h + ": ") == std::string::npos) continue;
+            if (line.find(": execvp ") != std::string::npos) {
+              unusable = true;
+            } else {
+              err = line;
+            }
           }
         }
         why = "cannot run " + dlaunch_on(plan, h) + " (exit " +

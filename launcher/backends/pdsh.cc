@@ -79,7 +79,8 @@ class PdshLauncher : public AgentLauncher {
   }
 
   // dlaunch on every host: one command reaches them all, so a shipped
-  // copy's path names the host through the exec module's %h.
+  // copy's path names the host through the exec module's %h (which it
+  // puts in arguments only: pdsh() runs it through `sh -c`).
   static std::string dlaunch(const LaunchPlan& plan) {
     if (plan.shipped.empty()) return plan.remote_dlaunch;
     return shipped_path(plan.job_tag, "%h");
@@ -116,7 +117,10 @@ class PdshLauncher : public AgentLauncher {
   }
 
   static AgentCommand pdsh(const LaunchPlan& plan,
-                           const std::vector<std::string>& remote) {
+                           std::vector<std::string> remote) {
+    if (exec_module(plan) && !plan.shipped.empty()) {
+      remote.insert(remote.begin(), {"sh", "-c", "exec \"$0\" \"$@\""});
+    }
     AgentCommand c;
     c.argv = {"pdsh",
               "-S",

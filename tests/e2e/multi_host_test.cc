@@ -359,27 +359,35 @@ TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopy) {
 }
 
 TEST(MultiHostShip, HostsWhosePathLacksDlaunchRunTheHeadsCopy) {
-  const std::map<std::string, std::string> env = {{"PATH", "/usr/bin:/bin"}};
+  std::map<std::string, std::string> env = {{"PATH", "/usr/bin:/bin"}};
   if (testing::run_command(cmd({"sh", "-c", "command -v dlaunch"}, env))
           .exit_code == 0) {
     GTEST_SKIP() << "dlaunch is installed in /usr/bin here";
   }
-  const std::string mark = unique_mark();
-  CommandResult r = testing::run_command(
-      cmd(head("local", "127.0.0.2,127.0.0.3", mark,
-               {"--remote-dlaunch", "dlaunch", "sh", "-c",
-                "echo ENV rank=$RANK agent=$(readlink /proc/$PPID/exe)"}),
-          env),
-      120s);
-  if (!launcher::why_not_shippable(kDlaunch).empty()) {
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_THAT(r.err, HasSubstr("cannot be shipped"));
-    return;
+  // --launcher local, then pdsh's exec module (one command for all hosts,
+  // each copy named by %h).
+  for (const std::string backend : {"local", "pdsh"}) {
+    SCOPED_TRACE(backend);
+    if (backend == "pdsh" && !have("pdsh")) continue;
+    if (backend == "pdsh") env["PDSH_RCMD_TYPE"] = "exec";
+    const std::string mark = unique_mark();
+    CommandResult r = testing::run_command(
+        cmd(head(backend, "127.0.0.2,127.0.0.3", mark,
+                 {"--remote-dlaunch", "dlaunch", "sh", "-c",
+                  "echo ENV rank=$RANK agent=$(readlink /proc/$PPID/exe)"}),
+            env),
+        120s);
+    if (!launcher::why_not_shippable(kDlaunch).empty()) {
+      EXPECT_EQ(r.exit_code, 1);
+      EXPECT_THAT(r.err, HasSubstr("cannot be shipped"));
+      continue;
+    }
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::set<std::string> copies = shipped_copies(r.out);
+    EXPECT_EQ(copies.size(), 2u) << r.out;
+    for (const std::string& c : copies) EXPECT_FALSE(fs::exists(c));
+    EXPECT_TRUE(none_left(mark, 10s));
   }
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  std::set<std::string> copies = shipped_copies(r.out);
-  EXPECT_EQ(copies.size(), 2u) << r.out;
-  for (const std::string& c : copies) EXPECT_FALSE(fs::exists(c));
 }
 
 TEST(MultiHostShip, ACopyGoesWithItsAgentWhenTheHeadIsKilled) {
@@ -418,18 +426,27 @@ std::string fake_gpu_counter(const TempDir& dir, int n) {
   return p.string();
 }
 
+// A job on 127.0.0.2-3 (--launcher local) whose head would count
+// `head_gpus` GPUs and whose hosts (-x) count `host_gpus`.
+CommandResult run_counting_gpus(const TempDir& dir, int head_gpus,
+                                int host_gpus, const std::string& nproc,
+                                const std::string& script,
+                                const std::string& mark = unique_mark()) {
+  return testing::run_command(
+      cmd(head(
+              "local", "127.0.0.2,127.0.0.3", mark,
+              {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, host_gpus),
+               "--nproc-per-node", nproc, "sh", "-c", script}),
+          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, head_gpus)}}),
+      90s);
+}
+
 TEST(MultiHostHead, NprocAutoFallsBackToEachHostsCpus) {
   TempDir dir;
-  const std::string mark = unique_mark();
-  // The head would say 9 GPUs; the hosts (-x) see none.
+  // The head would say 9 GPUs; the hosts see none.
   const int cpus = static_cast<int>(std::thread::hardware_concurrency());
-  CommandResult r = testing::run_command(
-      cmd(head("local", "127.0.0.2,127.0.0.3", mark,
-               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 0),
-                "--nproc-per-node", "auto", "sh", "-c",
-                "echo ENV lws=$LOCAL_WORLD_SIZE ws=$WORLD_SIZE"}),
-          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 9)}}),
-      90s);
+  CommandResult r = run_counting_gpus(
+      dir, 9, 0, "auto", "echo ENV lws=$LOCAL_WORLD_SIZE ws=$WORLD_SIZE");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* h : {"127.0.0.2", "127.0.0.3"}) {
     EXPECT_THAT(r.out, HasSubstr(std::string(h) +
@@ -441,15 +458,9 @@ TEST(MultiHostHead, NprocAutoFallsBackToEachHostsCpus) {
 
 TEST(MultiHostHead, NprocGpuIsCountedByEachHostNotTheHead) {
   TempDir dir;
-  const std::string mark = unique_mark();
   // The head sees no GPU (alone it would refuse gpu); each host sees 3.
-  CommandResult r = testing::run_command(
-      cmd(head("local", "127.0.0.2,127.0.0.3", mark,
-               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 3),
-                "--nproc-per-node", "gpu", "sh", "-c",
-                "echo ENV lws=$LOCAL_WORLD_SIZE ws=$WORLD_SIZE"}),
-          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 0)}}),
-      90s);
+  CommandResult r = run_counting_gpus(
+      dir, 0, 3, "gpu", "echo ENV lws=$LOCAL_WORLD_SIZE ws=$WORLD_SIZE");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   for (const char* h : {"127.0.0.2", "127.0.0.3"}) {
     EXPECT_THAT(r.out, HasSubstr(std::string(h) + " [default2]:ENV lws=3 ws=6"))
@@ -461,12 +472,7 @@ TEST(MultiHostHead, NprocGpuOnAHostWithoutGpusFailsNamingIt) {
   TempDir dir;
   const std::string mark = unique_mark();
   // The head has GPUs; the hosts have none.
-  CommandResult r = testing::run_command(
-      cmd(head("local", "127.0.0.2,127.0.0.3", mark,
-               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 0),
-                "--nproc-per-node", "gpu", "true"}),
-          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)}}),
-      90s);
+  CommandResult r = run_counting_gpus(dir, 2, 0, "gpu", "true", mark);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_THAT(r.err, ::testing::ContainsRegex(

@@ -239,9 +239,14 @@ TEST(BackendsTest, PdshShipsOnlyWhereItsHostsAreThisMachine) {
   ASSERT_EQ(ship.size(), 2u);
   EXPECT_EQ(ship[0].argv[0], "sh");
   EXPECT_EQ(ship[0].stdin_file, "/head/bin/dlaunch");
-  // One command for every host: the exec module names each copy.
-  EXPECT_EQ(pdsh->start_commands(p)[0].argv[7],
-            "/tmp/dlaunch-job-0123456789abcdef-%h.dlaunch");
+  // One command for every host: the exec module names each copy (in an
+  // argument: it does not substitute %h in the program).
+  auto start = pdsh->start_commands(p)[0].argv;
+  ASSERT_GT(start.size(), 11u);
+  EXPECT_THAT(std::vector<std::string>(start.begin() + 7, start.begin() + 12),
+              ElementsAre("sh", "-c", "exec \"$0\" \"$@\"",
+                          "/tmp/dlaunch-job-0123456789abcdef-%h.dlaunch",
+                          "--remote-agent"));
 }
 
 TEST(ShipTest, OnlyAStaticProgramShips) {
