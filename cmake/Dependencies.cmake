@@ -62,6 +62,40 @@ if(DLAUNCH_WITH_NCCL)
 endif()
 message(STATUS "dlaunch: NCCL backend ${DLAUNCH_WITH_NCCL}")
 
+# CUDA training (dl-sgd --device cuda): nvcc for workloads/cuda/kernels.cu,
+# cuBLAS, and the NCCL backend for the gradients. ON by default exactly when
+# all are found; nvcc is looked for where find_package(CUDAToolkit) found it
+# (/usr/local/cuda/bin need not be on PATH).
+set(_dlaunch_cuda_default OFF)
+if(DLAUNCH_WITH_NCCL AND TARGET CUDA::cublas)
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND
+     CUDAToolkit_NVCC_EXECUTABLE)
+    set(ENV{CUDACXX} ${CUDAToolkit_NVCC_EXECUTABLE})
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(_dlaunch_cuda_default ON)
+  endif()
+endif()
+option(DLAUNCH_WITH_CUDA "Build CUDA training (dl-sgd --device cuda)"
+  ${_dlaunch_cuda_default})
+if(DLAUNCH_WITH_CUDA)
+  if(NOT _dlaunch_cuda_default)
+    message(FATAL_ERROR
+      "DLAUNCH_WITH_CUDA=ON but nvcc, cuBLAS or the NCCL backend is missing; "
+      "install the CUDA toolkit and NCCL under /usr/local/cuda or configure "
+      "with -DDLAUNCH_WITH_CUDA=OFF")
+  endif()
+  # Ampere and Hopper machine code, plus Hopper PTX that newer GPUs compile
+  # at load time. Override with -DCMAKE_CUDA_ARCHITECTURES=...
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 80-real 90)
+  endif()
+  enable_language(CUDA)
+endif()
+message(STATUS "dlaunch: CUDA training ${DLAUNCH_WITH_CUDA}")
+
 # etcd rendezvous backend (agent/rendezvous/etcd): gRPC and protobuf
 # (libgrpc++-dev, protobuf-compiler-grpc) and etcd's .proto files
 # (golang-etcd-server-dev). ON by default exactly when all are present.

@@ -8,7 +8,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/device_buffer.h"
 #include "workloads/checkpoint.h"
+#include "workloads/replica.h"
 
 namespace dlaunch::workloads {
 namespace {
@@ -61,6 +63,122 @@ std::vector<uint32_t> epoch_order(size_t n, uint64_t seed, int epoch, int rank,
   return mine;
 }
 
+namespace {
+
+// The OpenBLAS replica: the batch is gathered into host buffers, the
+// gradient all-reduced in place over the (gloo) group.
+class CpuReplica final : public Replica {
+ public:
+  explicit CpuReplica(const ReplicaSetup& s)
+      : pg_(s.pg),
+        train_(*s.train),
+        test_(*s.test),
+        model_(*s.model),
+        opt_(model_.num_params(), s.lr, s.momentum),
+        grad_(model_.num_params()),
+        per_parameter_(s.per_parameter) {}
+
+  EpochLoss train_epoch(std::span<const uint32_t> order, int batch) override {
+    const size_t dim = train_.dim;
+    xb_.resize(static_cast<size_t>(batch) * dim);
+    yb_.resize(batch);
+    const int world = pg_ ? pg_->size() : 1;
+    const float inv_world = 1.0f / static_cast<float>(world);
+    EpochLoss l;
+    for (size_t start = 0; start < order.size(); start += batch) {
+      int b = static_cast<int>(
+          std::min(order.size() - start, static_cast<size_t>(batch)));
+      for (int i = 0; i < b; ++i) {
+        const float* src = &train_.x[order[start + i] * dim];
+        std::copy(src, src + dim, &xb_[i * dim]);
+        yb_[i] = train_.y[order[start + i]];
+      }
+      l.sum += model_.forward_backward(xb_.data(), yb_.data(), b, grad_);
+      if (pg_ && world > 1) {
+        if (per_parameter_) {
+          for (const ParamSlice& s : model_.slices()) {
+            pg_->all_reduce(Tensor::of(grad_.data() + s.offset, s.size));
+          }
+        } else {
+          pg_->all_reduce(Tensor::of(grad_));
+        }
+        for (float& g : grad_) g *= inv_world;
+      }
+      opt_.step(model_.params(), grad_);
+      ++l.steps;
+    }
+    return l;
+  }
+
+  size_t count_correct(size_t lo, size_t hi) override {
+    size_t correct = 0;
+    constexpr size_t kEvalBatch = 1000;
+    for (size_t s = lo; s < hi; s += kEvalBatch) {
+      int b = static_cast<int>(std::min(hi - s, kEvalBatch));
+      correct += model_.count_correct(&test_.x[s * test_.dim], &test_.y[s], b);
+    }
+    return correct;
+  }
+
+  std::array<Tensor, 2> state() override {
+    return {Tensor::of(model_.params()), Tensor::of(opt_.buffer())};
+  }
+
+  void read_state(std::vector<float>& params,
+                  std::vector<float>& momentum) override {
+    params.assign(model_.params().begin(), model_.params().end());
+    momentum.assign(opt_.buffer().begin(), opt_.buffer().end());
+  }
+
+  void write_state(std::span<const float> params,
+                   std::span<const float> momentum) override {
+    std::copy(params.begin(), params.end(), model_.params().begin());
+    std::copy(momentum.begin(), momentum.end(), opt_.buffer().begin());
+  }
+
+ private:
+  comm::ProcessGroup* pg_;
+  const TrainData& train_;
+  const TrainData& test_;
+  Mlp model_;
+  SgdMomentum opt_;
+  std::vector<float> grad_;
+  std::vector<float> xb_;
+  std::vector<uint8_t> yb_;
+  bool per_parameter_;
+};
+
+// A collective on a small host vector (root >= 0: broadcast from it; -1: sum
+// all-reduce). The nccl backend takes device memory only, so there it goes
+// through a buffer on the group's device.
+template <class T>
+void host_collective(comm::ProcessGroup& pg, std::vector<T>& v, int root) {
+  if (pg.backend() != "nccl") {
+    if (root >= 0) {
+      pg.broadcast(Tensor::of(v), root);
+    } else {
+      pg.all_reduce(Tensor::of(v));
+    }
+    return;
+  }
+  const size_t bytes = v.size() * sizeof(T);
+  comm::DeviceBuffer d(bytes, comm::default_device());
+  d.copy_from_host(v.data(), bytes);
+  Tensor t = d.view(0, v.size(), Tensor::of(v).dtype);
+  if (root >= 0) {
+    pg.broadcast(t, root);
+  } else {
+    pg.all_reduce(t);
+  }
+  d.copy_to_host(v.data(), bytes);
+}
+
+}  // namespace
+
+std::unique_ptr<Replica> make_cpu_replica(const ReplicaSetup& setup) {
+  return std::make_unique<CpuReplica>(setup);
+}
+
 SgdResult train_sgd(comm::ProcessGroup* pg, const TrainData& train,
                     const TrainData& test, const SgdOptions& options) {
   const int rank = pg ? pg->rank() : 0;
@@ -77,12 +195,28 @@ SgdResult train_sgd(comm::ProcessGroup* pg, const TrainData& train,
                                 " samples is too small for " +
                                 std::to_string(world) + " ranks");
   }
+  const bool cuda = options.device == comm::DeviceType::kCuda;
+  if (pg && cuda != (pg->backend() == "nccl")) {
+    throw std::invalid_argument(
+        std::string("--device ") + (cuda ? "cuda" : "cpu") +
+        " all-reduces over the " + (cuda ? "nccl" : "gloo") +
+        " backend, but the group is '" + pg->backend() + "'; pass --backend " +
+        (cuda ? "nccl" : "gloo"));
+  }
   MlpShape shape;
   shape.in = static_cast<int>(train.dim);
   Mlp model(shape);
   model.init(options.seed);
-  SgdMomentum opt(model.num_params(), options.lr, options.momentum);
-  std::vector<float> grad(model.num_params());
+  ReplicaSetup setup;
+  setup.pg = pg;
+  setup.train = &train;
+  setup.test = &test;
+  setup.model = &model;
+  setup.lr = options.lr;
+  setup.momentum = options.momentum;
+  setup.per_parameter = options.per_parameter;
+  std::unique_ptr<Replica> replica =
+      cuda ? make_cuda_replica(setup) : make_cpu_replica(setup);
 
   // Resume: rank 0 reads the checkpoint and broadcasts it, so ranks on other
   // nodes need no shared file system. A bad checkpoint is reported to every
@@ -116,16 +250,14 @@ SgdResult train_sgd(comm::ProcessGroup* pg, const TrainData& train,
                 "; pass the same seed, or delete it to start over");
           }
           header = {1, c->epoch};
-          std::copy(c->params.begin(), c->params.end(), model.params().begin());
-          std::copy(c->momentum.begin(), c->momentum.end(),
-                    opt.buffer().begin());
+          replica->write_state(c->params, c->momentum);
         }
       } catch (const CheckpointError& e) {
         error = e;
         header = {-1, 0};
       }
     }
-    if (pg) pg->broadcast(Tensor::of(header), 0);
+    if (pg) host_collective(*pg, header, 0);
     if (header[0] < 0) {
       if (error) throw *error;
       throw CheckpointError(
@@ -133,8 +265,7 @@ SgdResult train_sgd(comm::ProcessGroup* pg, const TrainData& train,
     }
     if (header[0] == 1) {
       if (pg) {
-        pg->broadcast(Tensor::of(model.params()), 0);
-        pg->broadcast(Tensor::of(opt.buffer()), 0);
+        for (const Tensor& t : replica->state()) pg->broadcast(t, 0);
       }
       start_epoch = static_cast<int>(header[1]);
       if (rank == 0 && options.on_resume) options.on_resume(start_epoch);
@@ -142,53 +273,22 @@ SgdResult train_sgd(comm::ProcessGroup* pg, const TrainData& train,
   }
   result.resumed_epoch = start_epoch;
 
-  std::vector<float> xb(static_cast<size_t>(batch) * train.dim);
-  std::vector<uint8_t> yb(batch);
-  const float inv_world = 1.0f / static_cast<float>(world);
   for (int epoch = start_epoch; epoch < options.epochs; ++epoch) {
     std::vector<uint32_t> order =
         options.order ? options.order(epoch)
                       : epoch_order(train.n, options.seed, epoch, rank, world);
     auto t0 = std::chrono::steady_clock::now();
-    double loss_sum = 0;
-    size_t steps = 0;
-    for (size_t start = 0; start < order.size(); start += batch) {
-      int b = static_cast<int>(
-          std::min(order.size() - start, static_cast<size_t>(batch)));
-      for (int i = 0; i < b; ++i) {
-        const float* src = &train.x[order[start + i] * train.dim];
-        std::copy(src, src + train.dim, &xb[i * train.dim]);
-        yb[i] = train.y[order[start + i]];
-      }
-      loss_sum += model.forward_backward(xb.data(), yb.data(), b, grad);
-      if (pg && world > 1) {
-        if (options.per_parameter) {
-          for (const ParamSlice& s : model.slices()) {
-            pg->all_reduce(Tensor::of(grad.data() + s.offset, s.size));
-          }
-        } else {
-          pg->all_reduce(Tensor::of(grad));
-        }
-        for (float& g : grad) g *= inv_world;
-      }
-      opt.step(model.params(), grad);
-      ++steps;
-    }
+    EpochLoss loss = replica->train_epoch(order, batch);
     double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
             .count();
 
     // Evaluate this rank's share of the test split, then sum over ranks.
     size_t lo = test.n * rank / world, hi = test.n * (rank + 1) / world;
-    double correct = 0;
-    constexpr size_t kEvalBatch = 1000;
-    for (size_t s = lo; s < hi; s += kEvalBatch) {
-      int b = static_cast<int>(std::min(hi - s, kEvalBatch));
-      correct += model.count_correct(&test.x[s * test.dim], &test.y[s], b);
-    }
-    std::vector<double> sums = {loss_sum, static_cast<double>(steps), correct,
-                                static_cast<double>(order.size())};
-    if (pg && world > 1) pg->all_reduce(Tensor::of(sums));
+    const double correct = static_cast<double>(replica->count_correct(lo, hi));
+    std::vector<double> sums = {loss.sum, static_cast<double>(loss.steps),
+                                correct, static_cast<double>(order.size())};
+    if (pg && world > 1) host_collective(*pg, sums, -1);
 
     if (rank == 0 && !options.checkpoint_dir.empty()) {
       Checkpoint c;
@@ -196,8 +296,7 @@ SgdResult train_sgd(comm::ProcessGroup* pg, const TrainData& train,
       c.seed = options.seed;
       c.world_size = world;
       c.shape = shape;
-      c.params.assign(model.params().begin(), model.params().end());
-      c.momentum.assign(opt.buffer().begin(), opt.buffer().end());
+      replica->read_state(c.params, c.momentum);
       save_checkpoint(options.checkpoint_dir, c);
     }
     if (rank == 0) {
@@ -212,7 +311,8 @@ SgdResult train_sgd(comm::ProcessGroup* pg, const TrainData& train,
       if (options.on_epoch) options.on_epoch(st);
     }
   }
-  result.params.assign(model.params().begin(), model.params().end());
+  std::vector<float> momentum;
+  replica->read_state(result.params, momentum);
   return result;
 }
 

@@ -46,6 +46,9 @@ struct SgdOptions {
   float lr = 0.01f;        // learning rate; default 0.01
   float momentum = 0.5f;   // SGD momentum; default 0.5
   uint64_t seed = 1234;    // init and data order; default 1234
+  // Where the model trains: kCpu (OpenBLAS, gradients over gloo) or kCuda
+  // (cuBLAS on comm::default_device(), gradients over nccl). Default kCpu.
+  comm::DeviceType device = comm::DeviceType::kCpu;
   // One all-reduce per parameter tensor (the seeds' average_gradients)
   // instead of one over the flat buffer. Default false.
   bool per_parameter = false;
@@ -72,9 +75,11 @@ struct SgdResult {
 // single process). Each rank steps through its part of the data in batches
 // of global_batch / world, the flat gradient is averaged with one all-reduce
 // per step, and every rank applies the same update. The test split is
-// evaluated in parts and summed. Throws CommError from communication,
+// evaluated in parts and summed. With options.device kCuda the group must be
+// an nccl one (or none). Throws CommError from communication,
 // CheckpointError for an unusable checkpoint, std::invalid_argument for
-// options that do not fit the data or world.
+// options that do not fit the data, world or group, std::runtime_error
+// when CUDA training is unavailable (cuda_unavailable()).
 SgdResult train_sgd(comm::ProcessGroup* pg, const TrainData& train,
                     const TrainData& test, const SgdOptions& options);
 

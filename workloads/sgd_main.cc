@@ -7,9 +7,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <stdexcept>
+#include <string>
 
+#include "comm/device_buffer.h"
 #include "workloads/checkpoint.h"
 #include "workloads/idx.h"
+#include "workloads/replica.h"
 #include "workloads/sgd.h"
 #include "workloads/worker.h"
 
@@ -33,7 +37,8 @@ int main(int argc, char** argv) {
       "dl-sgd");
   SgdOptions opt;
   std::string data = kDefaultDataDir;
-  std::string backend = "gloo";
+  std::string device = "cpu";
+  std::string backend;  // empty: the device's (gloo for cpu, nccl for cuda)
   size_t limit_train = 0, limit_test = 0;
   std::string checkpoint_dir;
   bool no_checkpoint = false;
@@ -44,8 +49,13 @@ int main(int argc, char** argv) {
                  "folder with MNIST-format {train,t10k}-*-ubyte[.gz] files "
                  "(default " +
                      data + ")");
+  app.add_option("--device", device,
+                 "where to train: cpu (OpenBLAS, gradients over gloo) or cuda "
+                 "(cuBLAS on the rank's GPU, gradients over nccl; default cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--backend", backend,
-                 "comm backend: gloo or nccl (default gloo)");
+                 "comm backend: gloo or nccl (default: gloo with --device "
+                 "cpu, nccl with --device cuda)");
   app.add_option("--batch-size", opt.global_batch,
                  "global batch, split across ranks (default 128)")
       ->check(CLI::PositiveNumber);
@@ -70,8 +80,26 @@ int main(int argc, char** argv) {
                  "checkpointing epoch N, on the first start only "
                  "(TORCHELASTIC_RESTART_COUNT=0)");
   return run_main(app, argc, argv, [&]() -> int {
+    const bool cuda = device == "cuda";
+    const std::string device_backend = cuda ? "nccl" : "gloo";
+    const bool backend_given = !backend.empty();
+    if (!backend_given) backend = device_backend;
+    if (backend != device_backend && (backend == "gloo" || backend == "nccl")) {
+      throw std::invalid_argument(
+          "--device " + device + " all-reduces gradients over --backend " +
+          device_backend + ", not " + backend + "; drop --backend or pass " +
+          (cuda ? "--device cpu" : "--device cuda"));
+    }
+    if (cuda) {
+      opt.device = dlaunch::comm::DeviceType::kCuda;
+      // Before the group: init_process_group("nccl") would fail on its own,
+      // suggesting gloo, which does not train on a GPU.
+      if (std::string why = cuda_unavailable(); !why.empty()) {
+        throw std::runtime_error(why);
+      }
+    }
     std::unique_ptr<dlaunch::comm::ProcessGroup> pg;
-    if (launched_distributed() || backend != "gloo") {
+    if (launched_distributed() || (backend_given && backend != "gloo")) {
       pg = init_world(backend, "dl-sgd");
     }
     const int rank = pg ? pg->rank() : 0;
@@ -88,9 +116,12 @@ int main(int argc, char** argv) {
     TrainData test = prepare(load_mnist_split(data, "t10k"), limit_test);
     if (rank == 0) {
       std::printf(
-          "dl-sgd: %zu train / %zu test samples, %d rank(s), batch %d "
+          "dl-sgd: %zu train / %zu test samples, %d rank(s) on %s, batch %d "
           "per rank, %s all-reduce%s\n",
           train.n, test.n, pg ? pg->size() : 1,
+          cuda ? ("cuda:" + std::to_string(dlaunch::comm::default_device()))
+                     .c_str()
+               : "cpu",
           opt.global_batch / (pg ? pg->size() : 1),
           opt.per_parameter ? "per-parameter" : "flat",
           opt.checkpoint_dir.empty()

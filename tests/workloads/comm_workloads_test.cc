@@ -6,6 +6,7 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 
 #include "tests/comm/rank_threads.h"
 #include "tests/workloads/synthetic_data.h"
@@ -211,6 +212,24 @@ TEST(SgdEquivalenceTest, TwoRanksMatchOneRank) { check_equivalence(2, false); }
 TEST(SgdEquivalenceTest, FourRanksMatchOneRank) { check_equivalence(4, false); }
 TEST(SgdEquivalenceTest, PerParameterFourRanksMatchOneRank) {
   check_equivalence(4, true);
+}
+
+// --device cuda all-reduces over nccl: a gloo group is refused before any
+// device is touched, naming the flag that fixes it.
+TEST(SgdDeviceTest, CudaWithAGlooGroupNamesTheBackend) {
+  TrainData d = testing::synthetic(64, 20, 1);
+  SgdOptions o;
+  o.epochs = 1;
+  o.device = comm::DeviceType::kCuda;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    try {
+      train_sgd(&pg, d, d, o);
+      ADD_FAILURE() << "no exception";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_THAT(e.what(), HasSubstr("the group is 'gloo'"));
+      EXPECT_THAT(e.what(), HasSubstr("pass --backend nccl"));
+    }
+  });
 }
 
 }  // namespace

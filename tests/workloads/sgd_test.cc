@@ -11,6 +11,7 @@
 #include "tests/testing/temp_dir.h"
 #include "tests/workloads/synthetic_data.h"
 #include "workloads/checkpoint.h"
+#include "workloads/replica.h"
 
 namespace dlaunch::workloads {
 namespace {
@@ -126,6 +127,30 @@ TEST_F(SgdTest, ResumeWithOtherSeedIsAnError) {
   } catch (const CheckpointError& e) {
     EXPECT_THAT(e.what(), HasSubstr("--seed 1234"));
     EXPECT_THAT(e.what(), HasSubstr(checkpoint_path(dir_).string()));
+  }
+}
+
+// Without a device (or CUDA in the build) --device cuda fails at once,
+// saying why and naming --device cpu.
+TEST(SgdDeviceTest, CudaWithoutADeviceNamesTheFix) {
+  const std::string why = cuda_unavailable();
+  if (why.empty()) GTEST_SKIP() << "a CUDA device is visible (gpu tests)";
+#ifdef DLAUNCH_WITH_CUDA
+  EXPECT_THAT(why, HasSubstr("no CUDA device is visible"));
+  EXPECT_THAT(why, HasSubstr("cudaGetDeviceCount"));
+#else
+  EXPECT_THAT(why, HasSubstr("DLAUNCH_WITH_CUDA=OFF"));
+#endif
+  EXPECT_THAT(why, HasSubstr("--device cpu"));
+  TrainData d = synthetic(64, 20, 1);
+  SgdOptions o;
+  o.epochs = 1;
+  o.device = comm::DeviceType::kCuda;
+  try {
+    train_sgd(nullptr, d, d, o);
+    FAIL() << "no exception";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(e.what(), why);
   }
 }
 

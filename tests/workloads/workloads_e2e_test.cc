@@ -15,6 +15,7 @@
 #include "tests/testing/temp_dir.h"
 #include "workloads/checkpoint.h"
 #include "workloads/idx.h"
+#include "workloads/replica.h"
 
 namespace dlaunch::workloads {
 namespace {
@@ -187,7 +188,10 @@ TEST(WorkloadsAlone, BadFlagsExit2) {
         {bin("dl-bench"), "-d", "float32"},
         {bin("dl-bench"), "-o", "allreduce"},
         {bin("dl-sgd"), "--epochs", "0"},
-        {bin("dl-sgd"), "--backend", "mpi"}}) {
+        {bin("dl-sgd"), "--backend", "mpi"},
+        {bin("dl-sgd"), "--device", "tpu"},
+        {bin("dl-sgd"), "--device", "cuda", "--backend", "gloo"},
+        {bin("dl-sgd"), "--device", "cpu", "--backend", "nccl"}}) {
     testing::CommandOptions o;
     o.argv = argv;
     o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
@@ -207,6 +211,23 @@ TEST(WorkloadsAlone, SgdRunsInOneProcessAndNamesMissingData) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr((dir / "nothing").string()));
   EXPECT_THAT(r.err, HasSubstr("dataset-fashion-mnist"));
+}
+
+// dl-sgd --device cuda where it cannot train on a GPU (no device here, or
+// a build without CUDA): status 1 before any data is read, naming the fix.
+TEST(WorkloadsAlone, SgdOnCudaWithoutADeviceNamesTheFix) {
+  if (cuda_unavailable().empty()) GTEST_SKIP() << "a CUDA device is visible";
+  testing::TempDir dir("dl-sgd-cuda");
+  testing::CommandOptions o;
+  o.argv = {bin("dl-sgd"), "--device", "cuda", "--data",
+            (dir / "nothing").string()};
+  o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCHELASTIC_RUN_ID"};
+  auto r = testing::run_command(o, kTimeout);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("dl-sgd: error: --device cuda: "));
+  EXPECT_THAT(r.err, HasSubstr("--device cpu"));
+  EXPECT_THAT(r.err, Not(HasSubstr("nothing")));  // failed before the data
 }
 
 }  // namespace
