@@ -200,8 +200,8 @@ SgdResult train_sgd(comm::ProcessGroup* pg, const TrainData& train,
     throw std::invalid_argument(
         std::string("--device ") + (cuda ? "cuda" : "cpu") +
         " all-reduces over the " + (cuda ? "nccl" : "gloo") +
-        " backend, but the group is '" + pg->backend() + "'; pass --backend " +
-        (cuda ? "nccl" : "gloo"));
+        " backend, but the group is '" + std::string(pg->backend()) +
+        "'; pass --backend " + (cuda ? "nccl" : "gloo"));
   }
   MlpShape shape;
   shape.in = static_cast<int>(train.dim);

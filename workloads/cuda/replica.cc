@@ -1,6 +1,6 @@
-// The CUDA replica: the MLP's matrix products are cuBLAS SGEMM/SGEMV calls,
-// the rest the kernels of kernels.cu; both splits live on the device, so a
-// step moves no data between host and device.
+// The CUDA replica: the MLP's passes (mlp_passes.h) with cuBLAS SGEMM/SGEMV
+// for the products and kernels.cu for the rest; both splits live on the
+// device, so a step moves no data between host and device.
 //
 // Every kernel and cuBLAS call runs on the legacy default stream
 // (cudaStreamLegacy), which the nccl backend's internal stream (a blocking
@@ -20,6 +20,7 @@
 
 #include "comm/device_buffer.h"
 #include "workloads/cuda/kernels.h"
+#include "workloads/cuda/mlp_passes.h"
 
 namespace dlaunch::workloads {
 namespace {
@@ -61,6 +62,34 @@ class Blas {
 
  private:
   cublasHandle_t h_ = nullptr;
+};
+
+// mlp_passes.h's Ops on the device: cuBLAS and kernels.cu on kStream.
+struct DeviceOps {
+  cublasHandle_t blas;
+  const float* ones;  // at least as many ones as a pass has rows
+
+  void gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda,
+            const float* b, int ldb, float* c, int ldc) const {
+    const float one = 1.0f, zero = 0.0f;
+    check_blas(cublasSgemm(blas, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                           tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &one, a,
+                           lda, b, ldb, &zero, c, ldc),
+               "cublasSgemm");
+  }
+  void bias_relu(float* h, const float* b, int rows, int cols) const {
+    cuda::bias_relu(h, b, rows, cols, kStream);
+  }
+  // Row-major a (rows x cols) is column-major cols x rows: a times ones.
+  void column_sums(const float* a, int rows, int cols, float* out) const {
+    const float one = 1.0f, zero = 0.0f;
+    check_blas(cublasSgemv(blas, CUBLAS_OP_N, cols, rows, &one, a, cols, ones,
+                           1, &zero, out, 1),
+               "cublasSgemv");
+  }
+  void relu_mask(float* dh, const float* h, size_t n) const {
+    cuda::relu_mask(dh, h, n, kStream);
+  }
 };
 
 template <class T>
@@ -162,9 +191,7 @@ class CudaReplica final : public Replica {
   }
 
  private:
-  float* param(int i) const { return ptr<float>(params_, slices_[i].offset); }
-  float* gradient(int i) const { return ptr<float>(grad_, slices_[i].offset); }
-  float* b2() const { return param(3); }
+  const float* b2() const { return ptr<float>(params_, slices_[3].offset); }
   float* hidden() const { return ptr<float>(hidden_); }
   float* logits() const { return ptr<float>(logits_); }
 
@@ -182,57 +209,30 @@ class CudaReplica final : public Replica {
     rows_ = rows;
   }
 
-  // hidden = relu(x w1^T + b1) and logits = hidden w2^T (b2 not yet added:
-  // the kernels that read the logits add it). Row-major matrices are
-  // cuBLAS's column-major transposes, so each product is computed as its
-  // transpose: hidden^T = w1 x^T, and so on.
+  DeviceOps ops() const { return {blas_.get(), ptr<float>(ones_)}; }
+  cuda::MlpTensors<const float> weights() const {
+    return cuda::tensors<const float>(ptr<float>(params_), slices_);
+  }
+
   void forward(const float* x, int b) {
-    const int in = shape_.in, h = shape_.hidden, out = shape_.out;
-    const float one = 1.0f, zero = 0.0f;
-    check_blas(cublasSgemm(blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, h, b, in,
-                           &one, param(0), in, x, in, &zero, hidden(), h),
-               "cublasSgemm (fc1)");
-    cuda::bias_relu(hidden(), param(1), b, h, kStream);
-    check_blas(
-        cublasSgemm(blas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, out, b, h, &one,
-                    param(2), h, hidden(), h, &zero, logits(), out),
-        "cublasSgemm (fc2)");
+    DeviceOps o = ops();
+    cuda::forward(o, shape_, weights(), x, b, hidden(), logits());
   }
 
   // One step on the `b` training samples at device indices `idx`.
   void step(const uint32_t* idx, int b) {
-    const int in = shape_.in, h = shape_.hidden, out = shape_.out;
-    const float one = 1.0f, zero = 0.0f;
     float* x = ptr<float>(xb_);
     uint8_t* y = ptr<uint8_t>(yb_);
     cuda::gather_rows(ptr<float>(train_.x), ptr<uint8_t>(train_.y), idx, b,
                       static_cast<int>(train_dim_), x, y, kStream);
     forward(x, b);
     // logits become dlogits = (softmax - onehot) / b.
-    cuda::softmax_xent_grad(logits(), b2(), y, b, out, ptr<double>(sums_),
-                            kStream);
-    float* dh = ptr<float>(dhidden_);
-    const float* ones = ptr<float>(ones_);
-    // gw2 = dlogits^T hidden; gb2 = dlogits^T 1.
-    check_blas(
-        cublasSgemm(blas_.get(), CUBLAS_OP_N, CUBLAS_OP_T, h, out, b, &one,
-                    hidden(), h, logits(), out, &zero, gradient(2), h),
-        "cublasSgemm (fc2 weight gradient)");
-    check_blas(cublasSgemv(blas_.get(), CUBLAS_OP_N, out, b, &one, logits(),
-                           out, ones, 1, &zero, gradient(3), 1),
-               "cublasSgemv (fc2 bias gradient)");
-    // dhidden = dlogits w2, masked by the ReLU.
-    check_blas(cublasSgemm(blas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, h, b, out,
-                           &one, param(2), h, logits(), out, &zero, dh, h),
-               "cublasSgemm (hidden gradient)");
-    cuda::relu_mask(dh, hidden(), static_cast<size_t>(b) * h, kStream);
-    // gw1 = dhidden^T x; gb1 = dhidden^T 1.
-    check_blas(cublasSgemm(blas_.get(), CUBLAS_OP_N, CUBLAS_OP_T, in, h, b,
-                           &one, x, in, dh, h, &zero, gradient(0), in),
-               "cublasSgemm (fc1 weight gradient)");
-    check_blas(cublasSgemv(blas_.get(), CUBLAS_OP_N, h, b, &one, dh, h, ones, 1,
-                           &zero, gradient(1), 1),
-               "cublasSgemv (fc1 bias gradient)");
+    cuda::softmax_xent_grad(logits(), b2(), y, b, shape_.out,
+                            ptr<double>(sums_), kStream);
+    DeviceOps o = ops();
+    cuda::backward(o, shape_, weights(), x, b, hidden(), logits(),
+                   ptr<float>(dhidden_),
+                   cuda::tensors<float>(ptr<float>(grad_), slices_));
     all_reduce_gradient();
     cuda::sgd_update(ptr<float>(params_), ptr<float>(momentum_buf_),
                      ptr<float>(grad_), n_, lr_, momentum_, kStream);
@@ -309,12 +309,6 @@ std::string cuda_unavailable() {
 std::unique_ptr<Replica> make_cuda_replica(const ReplicaSetup& setup) {
   if (std::string why = cuda_unavailable(); !why.empty()) {
     throw std::runtime_error(why);
-  }
-  if (setup.pg && setup.pg->backend() != "nccl") {
-    throw std::invalid_argument(
-        "--device cuda all-reduces gradients over the nccl backend, but the "
-        "group is '" +
-        setup.pg->backend() + "'; pass --backend nccl");
   }
   const int device = comm::default_device();
   check_cuda(cudaSetDevice(device), "cudaSetDevice");
