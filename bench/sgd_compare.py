@@ -32,6 +32,13 @@ def run(cmd, env=None):
             for e, _, loss, acc, _, t in epochs]
 
 
+def print_run(i, name, epochs):
+    """One run's line: its epoch times and final test accuracy."""
+    print(f"run {i + 1} {name}: epoch times "
+          f"{' '.join(f'{t:.2f}' for *_, t in epochs)} s, final "
+          f"test_acc {epochs[-1][2]:.4f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--epochs", type=int, default=10)
@@ -53,10 +60,7 @@ def main():
                  "-t", "1", "--log_dir", d, "--nproc_per_node", "2",
                  torch_script, "--epochs", str(args.epochs)]))
         for name, runs in results.items():
-            ep = runs[-1]
-            print(f"run {i + 1} {name}: epoch times "
-                  f"{' '.join(f'{t:.2f}' for *_, t in ep)} s, final "
-                  f"test_acc {ep[-1][2]:.4f}", flush=True)
+            print_run(i, name, runs[-1])
     print()
     med = {}
     for name, runs in results.items():

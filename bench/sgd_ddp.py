@@ -23,21 +23,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from sgd_torch import DataPartitioner, load_split
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = nn.Linear(784, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        return self.fc2(F.relu(self.fc1(x)))
+from sgd_torch import DataPartitioner, Net, load_split
 
 
 def main():
@@ -46,12 +35,21 @@ def main():
     ap.add_argument("--data", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--batch-size", type=int, default=128,
                     help="global batch, split across ranks (default 128)")
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                    help="cpu (gloo): a smoke check of this script on a "
+                    "machine without a GPU")
     args = ap.parse_args()
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    torch.cuda.set_device(local_rank)
-    dev = torch.device("cuda", local_rank)
-    dist.init_process_group("nccl", device_id=dev)
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", device_id=dev)
+        sync = torch.cuda.synchronize
+    else:
+        dev = torch.device("cpu")
+        dist.init_process_group("gloo")
+        sync = lambda: None  # noqa: E731
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234)
     x, y = load_split(args.data, "train", 0)
@@ -61,12 +59,13 @@ def main():
     x, y = x.to(dev), y.to(dev)
     tx, ty = tx.to(dev), ty.to(dev)
     bsz = args.batch_size // size
-    model = DDP(Net().to(dev), device_ids=[local_rank])
+    model = DDP(Net().to(dev),
+                device_ids=[local_rank] if args.device == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
     gen = torch.Generator(device=dev)
     gen.manual_seed(1234 + rank)
     for epoch in range(args.epochs):
-        torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         order = mine[torch.randperm(len(mine), device=dev, generator=gen)]
         loss_sum = torch.zeros((), device=dev)
@@ -79,7 +78,7 @@ def main():
             optimizer.step()
             loss_sum += loss.detach()
             steps += 1
-        torch.cuda.synchronize()
+        sync()
         seconds = time.perf_counter() - t0
         with torch.no_grad():
             acc = (model(tx).argmax(1) == ty).float().mean().item()

@@ -18,7 +18,7 @@ import os
 import statistics
 import sys
 
-from sgd_compare import run
+from sgd_compare import print_run, run
 
 
 def epoch_median(epochs):
@@ -55,10 +55,7 @@ def main():
             [sys.executable, "-m", "torch.distributed.run", "--standalone",
              "--nproc-per-node", str(args.nproc), ddp] + common))
         for name, runs in results.items():
-            ep = runs[-1]
-            print(f"run {i + 1} {name}: epoch times "
-                  f"{' '.join(f'{t:.2f}' for *_, t in ep)} s, final "
-                  f"test_acc {ep[-1][2]:.4f}", flush=True)
+            print_run(i, name, runs[-1])
     print()
     med = {}
     for name, runs in results.items():

@@ -68,10 +68,11 @@ int main() {
       best_watched =
           std::min(best_watched, ns_per_call(*watched, barrier, kCalls));
     }
-    std::printf("%-10s unwatched %8.1f ns/call  watched %8.1f ns/call  "
-                "cost %+6.1f ns\n",
-                barrier ? "barrier" : "all_reduce", best_plain, best_watched,
-                best_watched - best_plain);
+    std::printf(
+        "%-10s unwatched %8.1f ns/call  watched %8.1f ns/call  "
+        "cost %+6.1f ns\n",
+        barrier ? "barrier" : "all_reduce", best_plain, best_watched,
+        best_watched - best_plain);
   }
   return 0;
 }
