@@ -818,6 +818,8 @@ void Agent::group_stopped() {
 }
 
 void Agent::give_up(const std::string& cause) {
+  // Nodes that come later learn the job is over (they do not wait).
+  rdzv_.report(rendezvous::NodeOutcome::kGaveUp);
   const WorkerRecord* root = result_.root_cause();
   if (!root) {
     result_.error = "dlaunch: " + (failure_.empty() ? cause : failure_) +

@@ -271,6 +271,13 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
           "the job '" + p_.run_id +
           "' already finished (its rendezvous is closed); nothing to do");
     }
+    if (store_->check({prefix_ + "gave_up"})) {
+      throw RendezvousError(
+          "the job '" + p_.run_id +
+          "' already failed: its nodes used every restart --max-restarts "
+          "allows and gave up, so this node has no group to join; start the "
+          "job again with a new --rdzv-id");
+    }
     int r = 0;
     // A re-formed round closes as soon as each node it expects (the
     // survivors of the previous round and the nodes that asked to join it)
@@ -679,6 +686,10 @@ void C10dRendezvous::report(NodeOutcome outcome) {
         break;
       case NodeOutcome::kLeaving:
         store_->append(ev, "left " + node_id_ + ";");
+        break;
+      case NodeOutcome::kGaveUp:
+        // For nodes that come later: the job is over, not waiting.
+        store_->set(prefix_ + "gave_up", "1");
         break;
     }
   } catch (const StoreError& e) {

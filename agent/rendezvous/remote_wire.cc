@@ -152,7 +152,7 @@ RoundEvent::Kind kind_from_wire(int v) {
 int to_wire(NodeOutcome outcome) { return static_cast<int>(outcome); }
 NodeOutcome outcome_from_wire(int v) {
   return static_cast<NodeOutcome>(
-      checked(v, static_cast<int>(NodeOutcome::kLeaving), "outcome"));
+      checked(v, static_cast<int>(NodeOutcome::kGaveUp), "outcome"));
 }
 
 }  // namespace dlaunch::agent::rendezvous::remote

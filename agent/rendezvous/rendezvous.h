@@ -95,6 +95,8 @@ enum class NodeOutcome {
   kSucceeded,  // its workers all exited 0: it enters the exit barrier
   kFailed,     // a worker failed: every node restarts (or gives up)
   kLeaving,    // stopped by a signal: the others go on without it
+  kGaveUp,     // past --max-restarts: every node stops; a node that comes
+               // later is told so (c10d) instead of waiting for a place
 };
 
 // The outcome of one rendezvous round: who this node is in the group and

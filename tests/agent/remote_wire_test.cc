@@ -52,8 +52,9 @@ TEST(RemoteWire, SettingsAndEnumsRoundTrip) {
   for (auto k : {RoundEvent::Kind::kSucceeded, RoundEvent::Kind::kFatal}) {
     EXPECT_EQ(kind_from_wire(to_wire(k)), k);
   }
-  EXPECT_EQ(outcome_from_wire(to_wire(NodeOutcome::kLeaving)),
-            NodeOutcome::kLeaving);
+  for (auto o : {NodeOutcome::kLeaving, NodeOutcome::kGaveUp}) {
+    EXPECT_EQ(outcome_from_wire(to_wire(o)), o);
+  }
 }
 
 TEST(RemoteWire, MalformedMessagesAreRefused) {

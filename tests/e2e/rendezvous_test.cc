@@ -443,6 +443,32 @@ TEST_F(Rendezvous, ANodeArrivingAfterTheJobFinishedExitsZero) {
   EXPECT_TRUE(env_lines(late.out).empty()) << late.out;
 }
 
+// A node that arrives after every node gave up past --max-restarts is
+// told so at once and fails, instead of waiting for a place until its
+// join timeout (60 s here; finish() would report a timeout first).
+TEST_F(Rendezvous, ANodeArrivingAfterTheJobGaveUpFailsSayingSo) {
+  Subprocess store({{DLAUNCH_BIN_DIR "/dl-store", "--host", "127.0.0.1",
+                     "--port", std::to_string(port_)},
+                    {},
+                    {},
+                    ""});
+  for (int i = 0; i < 2; ++i) {
+    start(i, {"--nnodes", "2", "--max-restarts", "0"}, "exit 3", "false");
+  }
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_NE(r.exit_code, 0) << r.out << r.err;
+  }
+  start(2, {"--nnodes", "2", "--max-restarts", "0"}, kShowEnv, "false");
+  CommandResult late = agents_[2]->wait(45s);
+  EXPECT_FALSE(late.timed_out) << "the late node waited for a place";
+  EXPECT_EQ(late.exit_code, 1) << late.err;
+  EXPECT_THAT(late.err, HasSubstr("already failed: its nodes used every "
+                                  "restart --max-restarts allows and gave "
+                                  "up"));
+  EXPECT_TRUE(env_lines(late.out).empty()) << late.out;
+}
+
 TEST_F(Rendezvous, ALateNodeScalesTheJobUp) {
   const std::string script =
       kShowEnv +

@@ -631,6 +631,9 @@ void EtcdRendezvous::report(NodeOutcome outcome) {
       case NodeOutcome::kLeaving:
         put_ev("left");
         break;
+      case NodeOutcome::kGaveUp:
+        // Every member gives up together; late nodes are not told here yet.
+        break;
     }
   } catch (const EtcdError& e) {
     p_.log(std::string("dlaunch: cannot tell the other nodes: ") + e.what() +
