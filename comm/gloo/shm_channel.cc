@@ -137,7 +137,7 @@ void ShmChannel::wait_rank(int j, uint32_t seq,
   Header* h = header(j);
   const int cpu = publish_cpu(header(rank_)->cpu);
   while (!reached(h->seq.load(std::memory_order_acquire), seq) &&
-         spin.once(h->cpu.load(std::memory_order_relaxed) == cpu)) {
+         spin.once(cpu >= 0 && h->cpu.load(std::memory_order_relaxed) == cpu)) {
   }
   if (reached(h->seq.load(std::memory_order_acquire), seq)) return;
   // Counted as a sleeper on `seq` for as long as this scope lasts.

@@ -647,7 +647,8 @@ bool ShmP2p::wait(Op& op, Clock::time_point until) {
     if (spinning) {
       while (seg_->bell.load(std::memory_order_acquire) == seen &&
              (spinning =
-                  spin.once(peer_cpu.load(std::memory_order_relaxed) == cpu))) {
+                  spin.once(cpu >= 0 &&
+                            peer_cpu.load(std::memory_order_relaxed) == cpu))) {
       }
       continue;
     }

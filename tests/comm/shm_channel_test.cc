@@ -155,5 +155,22 @@ TEST(ShmChannelTest, AProcessThatDiesWithoutClosingIsSeen) {
   EXPECT_TRUE(dlaunch::testing::wait_exit(child, std::chrono::seconds(10)));
 }
 
+// A waiter's spinning is bounded: SpinWait gives up (the caller then
+// sleeps on the futex) after its pause and yield budgets, with or without
+// a peer on its core, and reset() starts the budget over.
+TEST(SpinWaitTest, GivesUpAfterItsBudgetAndResetStartsOver) {
+  for (bool shares_core : {false, true}) {
+    SpinWait spin;
+    const auto start = Clock::now();
+    while (spin.once(shares_core)) {
+      ASSERT_LT(Clock::now() - start, std::chrono::seconds(30))
+          << "SpinWait never gave up";
+    }
+    EXPECT_FALSE(spin.once(shares_core));
+    spin.reset();
+    EXPECT_TRUE(spin.once(shares_core));
+  }
+}
+
 }  // namespace
 }  // namespace dlaunch::comm::gloo
