@@ -20,6 +20,7 @@
 #include "agent/posix_env.h"
 #include "agent/rendezvous/c10d_rendezvous.h"
 #include "agent/rendezvous/remote_rendezvous.h"
+#include "agent/rendezvous/remote_wire.h"
 #include "agent/rendezvous/static_rendezvous.h"
 #include "comm/store/resolve.h"
 #include "comm/store/server.h"
@@ -135,32 +136,10 @@ std::unique_ptr<agent::rendezvous::Rendezvous> etcd_rendezvous(
         " is missing (build dlaunch with gRPC, DLAUNCH_WITH_ETCD, or install "
         "it beside dlaunch)");
   }
-  auto ms = [](std::chrono::milliseconds d) {
-    return std::to_string(d.count());
-  };
-  std::string endpoints;
-  for (const std::string& e : r.etcd_endpoints) {
-    endpoints += (endpoints.empty() ? "" : ",") + e;
-  }
-  p.settings = {
-      {"run_id", o.agent.run_id.empty() ? "none" : o.agent.run_id},
-      {"node_addr", node_address(o)},
-      {"master_port", std::to_string(o.agent.master_port)},
-      {"endpoints", endpoints},
-      {"min_nodes", std::to_string(r.min_nodes)},
-      {"max_nodes", std::to_string(r.max_nodes)},
-      {"join_timeout_ms", ms(r.join_timeout)},
-      {"last_call_timeout_ms", ms(r.last_call_timeout)},
-      {"close_timeout_ms", ms(r.close_timeout)},
-      {"keep_alive_interval_ms", ms(r.keep_alive_interval)},
-      {"keep_alive_max_attempt", std::to_string(r.keep_alive_max_attempt)},
-      {"read_timeout_ms", ms(r.read_timeout)},
-      {"cacert", r.cacert},
-      {"cert", r.cert},
-      {"key", r.key},
-      {"user", r.user},
-      {"password_file", r.password_file},
-  };
+  p.settings = agent::rendezvous::remote::encode_options(r);
+  p.settings["run_id"] = o.agent.run_id.empty() ? "none" : o.agent.run_id;
+  p.settings["node_addr"] = node_address(o);
+  p.settings["master_port"] = std::to_string(o.agent.master_port);
   p.log = std::move(log);
   p.open_timeout = r.join_timeout + r.read_timeout;
   p.grace = r.read_timeout;

@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <charconv>
-#include <climits>
 #include <cmath>
 #include <set>
 #include <sstream>
 
+#include "agent/rendezvous/member.h"
 #include "comm/store/text.h"
 
 namespace dlaunch::agent::rendezvous {
@@ -32,19 +32,11 @@ int to_int(const std::string& s, int fallback = -1) {
   return ec == std::errc() ? v : fallback;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::string item;
-  std::istringstream in(s);
-  while (std::getline(in, item, sep)) out.push_back(item);
-  return out;
-}
-
 // The entries of a round's event text: "VERB NODE_ID;" each.
 std::vector<std::pair<std::string, std::string>> entries(
     const std::string& text) {
   std::vector<std::pair<std::string, std::string>> out;
-  for (const std::string& e : split(text, ';')) {
+  for (const std::string& e : split_list(text, ';')) {
     if (e.empty()) continue;
     size_t sp = e.find(' ');
     out.emplace_back(e.substr(0, sp),
@@ -62,7 +54,7 @@ std::string join_seqs(const std::vector<int>& seqs) {
 }
 std::vector<int> parse_seqs(const std::string& text) {
   std::vector<int> out;
-  for (const std::string& s : split(text, ',')) out.push_back(to_int(s));
+  for (const std::string& s : split_list(text, ',')) out.push_back(to_int(s));
   return out;
 }
 
@@ -73,36 +65,6 @@ struct SetOnExit {
 };
 
 }  // namespace
-
-// One node's join record for a round, as stored under r/R/node/SEQ.
-struct C10dRendezvous::Member {
-  std::string id;
-  std::string addr;
-  int nproc = 0;
-  int prev_round = -1;
-  int prev_rank = -1;
-  int restarts = 0;
-  int master_port = 0;
-  int node_rank = -1;
-  int seq = 0;
-
-  std::string encode() const {
-    return id + "\n" + addr + "\n" + std::to_string(nproc) + "\n" +
-           std::to_string(prev_round) + "\n" + std::to_string(prev_rank) +
-           "\n" + std::to_string(restarts) + "\n" +
-           std::to_string(master_port) + "\n" + std::to_string(node_rank);
-  }
-  static Member decode(const std::string& text, int seq) {
-    std::vector<std::string> f = split(text, '\n');
-    if (f.size() != 8) {
-      throw RendezvousError("malformed join record '" + text +
-                            "' in the store (another dlaunch version?)");
-    }
-    return Member{f[0],         f[1],         to_int(f[2]),
-                  to_int(f[3]), to_int(f[4]), to_int(f[5]),
-                  to_int(f[6]), to_int(f[7]), seq};
-  }
-};
 
 C10dRendezvous::C10dRendezvous(Params params)
     : p_(std::move(params)),
@@ -212,7 +174,8 @@ bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min) {
     }
     std::vector<std::string> vals = s.multi_get(keys);
     for (int i = 1; i <= n; ++i) {
-      if (!lost.contains(Member::decode(vals[i - 1], i).id)) live.push_back(i);
+      if (!lost.contains(MemberRecord::decode(vals[i - 1], i).id))
+        live.push_back(i);
     }
   }
   const int count = static_cast<int>(live.size());
@@ -342,16 +305,8 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
       }
       const int seq = static_cast<int>(store_->add(key(r, "n"), 1));
       const auto joined_at = Clock::now();
-      Member me;
-      me.id = node_id_;
-      me.addr = p_.node_addr;
-      me.nproc = local_world_size;
-      me.prev_round = round_;
-      me.prev_rank = group_rank_;
-      me.restarts = restarts;
-      me.master_port =
-          p_.master_port != 0 ? p_.master_port : p_.pick_port(p_.node_addr);
-      me.node_rank = o.node_rank;
+      const MemberRecord me = join_record(p_, node_id_, local_world_size,
+                                          round_, group_rank_, restarts);
       store_->set(key(r, "node/" + std::to_string(seq)), me.encode());
       if (awaited) store_->append(key(r, "in/" + node_id_), "joined;");
       std::vector<std::string> in_keys;
@@ -380,36 +335,24 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         if (last_call && now >= call_ends) try_close(*store_, r, true);
         if (now >= next_progress) {
           int n = static_cast<int>(store_->add(key(r, "n"), 0));
-          std::string line =
-              "dlaunch: waiting for nodes: " + std::to_string(n) + "/" +
-              std::to_string(target) + " joined (min " +
-              std::to_string(o.min_nodes) + ", max " +
-              std::to_string(o.max_nodes) + ")";
-          if (last_call && now < call_ends) {
-            line += ", last call ends in " +
-                    format_duration(std::chrono::duration_cast<milliseconds>(
-                        call_ends - now));
-          }
-          p_.log(line + "\n");
+          p_.log(waiting_line(
+              n, target, o,
+              last_call && now < call_ends
+                  ? std::chrono::duration_cast<milliseconds>(call_ends - now)
+                  : milliseconds(-1)));
           next_progress = now + kProgressEvery;
         }
         if (now >= deadline) {
           stop_watcher();
           int n = static_cast<int>(store_->add(key(r, "n"), 0));
-          std::string who;
+          std::vector<std::string> who;
           for (int i = 1; i <= n; ++i) {
             auto v = store_->multi_get({key(r, "node/" + std::to_string(i))});
-            who += (who.empty() ? "" : ", ") + Member::decode(v[0], i).addr;
+            who.push_back(MemberRecord::decode(v[0], i).addr);
           }
-          throw RendezvousError(
-              std::to_string(n) + "/" + std::to_string(o.min_nodes) +
-              " nodes joined round " + std::to_string(r) + " of job '" +
-              p_.run_id + "' at " + where + " after " +
-              format_duration(
-                  std::chrono::duration_cast<milliseconds>(now - start)) +
-              " (min " + std::to_string(o.min_nodes) + ", max " +
-              std::to_string(o.max_nodes) + "; joined: " + who +
-              "); start the missing nodes or lower --nnodes");
+          throw RendezvousError(too_few_message(
+              n, r, p_.run_id, where,
+              std::chrono::duration_cast<milliseconds>(now - start), o, who));
         }
         auto until =
             std::min({deadline, next_progress,
@@ -439,10 +382,7 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         }
         awaited = count < o.max_nodes;
         if (awaited) store_->append(key(r, "ev"), "joined " + node_id_ + ";");
-        p_.log("dlaunch: round " + std::to_string(r) + " is running with " +
-               std::to_string(count) + " nodes" +
-               (awaited ? "; it restarts to take this node in\n"
-                        : " (the most allowed); waiting for a place\n"));
+        p_.log(late_line(r, count, o.max_nodes));
         auto left =
             std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
         std::string ev = wait_event(r, std::max(left, milliseconds(1)));
@@ -466,55 +406,13 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
       std::vector<std::string> keys;
       for (int i : seqs) keys.push_back(key(r, "node/" + std::to_string(i)));
       std::vector<std::string> vals = store_->multi_get(keys);
-      std::vector<Member> ms;
+      std::vector<MemberRecord> ms;
       for (int i = 0; i < count; ++i) {
-        ms.push_back(Member::decode(vals[i], seqs[i]));
+        ms.push_back(MemberRecord::decode(vals[i], seqs[i]));
       }
-      if (fixed) {
-        std::sort(ms.begin(), ms.end(), [](const Member& a, const Member& b) {
-          return a.node_rank < b.node_rank;
-        });
-        for (int i = 0; i < count; ++i) {
-          if (ms[i].node_rank != i) {
-            throw RendezvousError(
-                "the static backend needs --node-rank 0.." +
-                std::to_string(count - 1) + " once each; got " +
-                std::to_string(ms[i].node_rank) + " from " + ms[i].addr +
-                (i > 0 ? " after " + ms[i - 1].addr : std::string()));
-          }
-        }
-      } else {
-        // Stable ranks: members of the previous round keep their order.
-        auto order = [r](const Member& m) {
-          return std::make_pair(
-              m.prev_round == r - 1 && m.prev_rank >= 0 ? m.prev_rank : INT_MAX,
-              m.seq);
-        };
-        std::stable_sort(ms.begin(), ms.end(),
-                         [&](const Member& a, const Member& b) {
-                           return order(a) < order(b);
-                         });
-      }
-
-      RendezvousResult res;
-      res.round = r;
-      res.group_world_size = count;
-      res.reason = reason;
-      res.world_size = 0;
-      res.restart_count = 0;
+      RendezvousResult res = form_round(r, ms, node_id_, reason, fixed);
       std::vector<std::string> ids;
-      for (int i = 0; i < count; ++i) {
-        if (ms[i].id == node_id_) {
-          res.group_rank = i;
-          res.rank_offset = res.world_size;
-        }
-        res.world_size += ms[i].nproc;
-        res.restart_count = std::max(res.restart_count, ms[i].restarts);
-        res.members.push_back(ms[i].addr);
-        ids.push_back(ms[i].id);
-      }
-      res.master_addr = ms[0].addr;
-      res.master_port = ms[0].master_port;
+      for (const MemberRecord& m : ms) ids.push_back(m.id);
       if (round_ >= 0 && res.restart_count > restart_count_) {
         // Spent on every member, whatever each saw end the last round.
         res.reason = RoundReason::kFailure;
@@ -537,15 +435,7 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
       member_addrs_ = res.members;
       restart_count_ = res.restart_count;
       reported_ = false;
-      std::string names;
-      for (const std::string& m : res.members) {
-        names += (names.empty() ? "" : ", ") + m;
-      }
-      p_.log("dlaunch: round " + std::to_string(r) + " (" +
-             reason_name(res.reason) + "): " + std::to_string(count) +
-             " nodes [" + names + "], this node is group rank " +
-             std::to_string(res.group_rank) + ", " +
-             std::to_string(res.world_size) + " workers\n");
+      p_.log(round_line(res));
       return res;
     }
   } catch (const StoreError& e) {
@@ -651,7 +541,7 @@ std::vector<std::string> C10dRendezvous::unfinished_nodes() {
   try {
     if (store_->check({key(round_, "done_by")})) {
       for (const std::string& id :
-           split(store_->get(key(round_, "done_by")), ';')) {
+           split_list(store_->get(key(round_, "done_by")), ';')) {
         done.insert(id);
       }
     }

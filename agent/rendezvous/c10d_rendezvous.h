@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/rendezvous/member.h"
 #include "agent/rendezvous/rendezvous.h"
 #include "comm/store/client.h"
 
@@ -27,21 +28,12 @@ namespace dlaunch::agent::rendezvous {
 // watcher thread waits on the round's event key, a keep-alive thread pings.
 class C10dRendezvous : public Rendezvous {
  public:
-  using PortPicker = std::function<int(const std::string& host)>;
-  using MessageSink = std::function<void(const std::string&)>;
-
-  struct Params {
-    RendezvousOptions options;
-    std::string run_id;      // keys live under dlaunch/rdzv/RUN_ID/
+  // The node and its job (run_id: keys live under dlaunch/rdzv/RUN_ID/),
+  // and the agents' store.
+  struct Params : NodeParams {
     std::string store_host;  // where the agents' store listens
     int store_port = 0;
-    std::string token;      // the job's store token; empty: none
-    std::string node_addr;  // this node's address (MASTER_ADDR if rank 0)
-    int master_port = 0;    // fixed MASTER_PORT; 0: a free port each round
-    PortPicker pick_port;   // a free port on node_addr
-    // Progress lines ("waiting for nodes: ..."), called on the agent's
-    // thread; must not block (dlaunch queues them for its console).
-    MessageSink log;
+    std::string token;  // the job's store token; empty: none
   };
 
   // Connects to the store on the first next_round(), retrying until
@@ -64,7 +56,6 @@ class C10dRendezvous : public Rendezvous {
   void interrupt() override;
 
  private:
-  struct Member;
   std::string key(int round, const std::string& name) const;
   // Closes round `r` (compare_set of r/R/closed) when it may close now: its
   // live joiners (those not lost since) reach max_nodes, or min_nodes when

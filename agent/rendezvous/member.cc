@@ -26,11 +26,16 @@ std::string MemberRecord::encode() const {
          std::to_string(node_rank);
 }
 
-MemberRecord MemberRecord::decode(const std::string& text, int seq) {
-  std::vector<std::string> f;
+std::vector<std::string> split_list(const std::string& text, char sep) {
+  std::vector<std::string> out;
   std::string item;
   std::istringstream in(text);
-  while (std::getline(in, item, '\n')) f.push_back(item);
+  while (std::getline(in, item, sep)) out.push_back(item);
+  return out;
+}
+
+MemberRecord MemberRecord::decode(const std::string& text, int seq) {
+  std::vector<std::string> f = split_list(text, '\n');
   if (f.size() != 8) {
     throw RendezvousError("malformed join record '" + text +
                           "' in the store (another dlaunch version?)");
@@ -40,7 +45,22 @@ MemberRecord MemberRecord::decode(const std::string& text, int seq) {
                       to_int(f[6]), to_int(f[7]), seq};
 }
 
-RendezvousResult form_round(int round, std::vector<MemberRecord> ms,
+MemberRecord join_record(const NodeParams& p, const std::string& id, int nproc,
+                         int prev_round, int prev_rank, int restarts) {
+  MemberRecord me;
+  me.id = id;
+  me.addr = p.node_addr;
+  me.nproc = nproc;
+  me.prev_round = prev_round;
+  me.prev_rank = prev_rank;
+  me.restarts = restarts;
+  me.master_port =
+      p.master_port != 0 ? p.master_port : p.pick_port(p.node_addr);
+  me.node_rank = p.options.node_rank;
+  return me;
+}
+
+RendezvousResult form_round(int round, std::vector<MemberRecord>& ms,
                             const std::string& self_id, RoundReason reason,
                             bool fixed) {
   const int n = static_cast<int>(ms.size());

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,14 +29,40 @@ struct MemberRecord {
   static MemberRecord decode(const std::string& text, int seq);
 };
 
-// Orders the closed round's members and says where this node (`self_id`)
-// stands: with `fixed` (the static backend) by --node-rank, which must be
-// 0..N-1 once each (else RendezvousError); otherwise members of the
-// previous round keep their order and newcomers follow in join order. The
-// restart count is the largest proposed.
-RendezvousResult form_round(int round, std::vector<MemberRecord> members,
+// What both elastic backends (c10d, etcd) know of this node and its job;
+// each backend's Params adds where its store is. Plain data.
+struct NodeParams {
+  using PortPicker = std::function<int(const std::string& host)>;
+  using MessageSink = std::function<void(const std::string&)>;
+
+  RendezvousOptions options;
+  std::string run_id;     // the job: its keys live under a prefix of it
+  std::string node_addr;  // this node's address (MASTER_ADDR if rank 0)
+  int master_port = 0;    // fixed MASTER_PORT; 0: a free port each round
+  PortPicker pick_port;   // a free port on node_addr
+  // Progress lines ("waiting for nodes: ..."); must not block (dlaunch
+  // queues them for its console).
+  MessageSink log;
+};
+
+// This node's join record (`id`) for a round, with `nproc` workers, its
+// place in the previous round (-1, -1: none) and the restart count it
+// proposes; its master port is p.master_port or a fresh free one.
+MemberRecord join_record(const NodeParams& p, const std::string& id, int nproc,
+                         int prev_round, int prev_rank, int restarts);
+
+// Orders the closed round's members by group rank, in place, and says
+// where this node (`self_id`) stands: with `fixed` (the static backend) by
+// --node-rank, which must be 0..N-1 once each (else RendezvousError);
+// otherwise members of the previous round keep their order and newcomers
+// follow in join order. The restart count is the largest proposed.
+RendezvousResult form_round(int round, std::vector<MemberRecord>& members,
                             const std::string& self_id, RoundReason reason,
                             bool fixed);
+
+// The pieces of `text` between `sep`s, as the elastic backends' stored
+// lists hold them ("a;b;" -> {"a", "b"}: a trailing `sep` adds none).
+std::vector<std::string> split_list(const std::string& text, char sep);
 
 // "dlaunch: round 1 (node lost): 2 nodes [a, b], this node is group rank
 // 0, 4 workers\n".

@@ -200,6 +200,11 @@ void RemoteRendezvous::report(NodeOutcome outcome) {
   send({"report", std::to_string(remote::to_wire(outcome))});
 }
 
+bool RemoteRendezvous::cut_off(milliseconds d) {
+  send({"cut", std::to_string(d.count())});
+  return true;
+}
+
 void RemoteRendezvous::read_loop() {
   std::string buf;
   char chunk[4096];

@@ -55,6 +55,9 @@ class RemoteRendezvous : public Rendezvous {
                               std::chrono::milliseconds timeout) override;
   void watch(EventCallback on_event) override;
   void report(NodeOutcome outcome) override;
+  // Passes the cut fault on to the helper, which stops renewing this
+  // node's liveness there for `d`.
+  bool cut_off(std::chrono::milliseconds d) override;
   // The helper's barrier does not say who it waits for.
   std::vector<std::string> unfinished_nodes() override { return {}; }
   bool may_wait() const override { return true; }

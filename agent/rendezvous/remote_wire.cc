@@ -1,6 +1,7 @@
 #include "agent/rendezvous/remote_wire.h"
 
 #include <charconv>
+#include <sstream>
 #include <stdexcept>
 
 namespace dlaunch::agent::rendezvous::remote {
@@ -137,6 +138,73 @@ std::map<std::string, std::string> decode_settings(
     out[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   return out;
+}
+
+std::map<std::string, std::string> encode_options(const RendezvousOptions& o) {
+  auto ms = [](std::chrono::milliseconds d) {
+    return std::to_string(d.count());
+  };
+  std::string endpoints;
+  for (const std::string& e : o.etcd_endpoints) {
+    endpoints += (endpoints.empty() ? "" : ",") + e;
+  }
+  return {
+      {"backend", o.backend},
+      {"min_nodes", std::to_string(o.min_nodes)},
+      {"max_nodes", std::to_string(o.max_nodes)},
+      {"node_rank", std::to_string(o.node_rank)},
+      {"endpoints", endpoints},
+      {"cacert", o.cacert},
+      {"cert", o.cert},
+      {"key", o.key},
+      {"user", o.user},
+      {"password_file", o.password_file},
+      {"join_timeout_ms", ms(o.join_timeout)},
+      {"last_call_timeout_ms", ms(o.last_call_timeout)},
+      {"close_timeout_ms", ms(o.close_timeout)},
+      {"keep_alive_interval_ms", ms(o.keep_alive_interval)},
+      {"keep_alive_max_attempt", std::to_string(o.keep_alive_max_attempt)},
+      {"read_timeout_ms", ms(o.read_timeout)},
+  };
+}
+
+RendezvousOptions decode_options(const std::map<std::string, std::string>& s) {
+  auto text = [&s](const std::string& key) {
+    auto it = s.find(key);
+    return it == s.end() ? std::string() : it->second;
+  };
+  auto number = [&](const std::string& key) {
+    auto it = s.find(key);
+    if (it == s.end()) {
+      throw std::invalid_argument("the setting '" + key + "' is missing");
+    }
+    return wire_int(it->second);
+  };
+  auto ms = [&](const std::string& key) {
+    return std::chrono::milliseconds(number(key));
+  };
+  RendezvousOptions o;
+  o.backend = text("backend");
+  o.min_nodes = number("min_nodes");
+  o.max_nodes = number("max_nodes");
+  o.node_rank = number("node_rank");
+  std::string item;
+  std::istringstream in(text("endpoints"));
+  while (std::getline(in, item, ',')) {
+    if (!item.empty()) o.etcd_endpoints.push_back(item);
+  }
+  o.cacert = text("cacert");
+  o.cert = text("cert");
+  o.key = text("key");
+  o.user = text("user");
+  o.password_file = text("password_file");
+  o.join_timeout = ms("join_timeout_ms");
+  o.last_call_timeout = ms("last_call_timeout_ms");
+  o.close_timeout = ms("close_timeout_ms");
+  o.keep_alive_interval = ms("keep_alive_interval_ms");
+  o.keep_alive_max_attempt = number("keep_alive_max_attempt");
+  o.read_timeout = ms("read_timeout_ms");
+  return o;
 }
 
 int to_wire(RoundReason reason) { return static_cast<int>(reason); }

@@ -13,12 +13,13 @@ namespace dlaunch::agent::rendezvous::remote {
 // spaces, each field escaped ("%25" "%20" "%0A" "%0D" for % space LF CR),
 // the first field the message's verb:
 //   agent -> helper: open K=V...; next NPROC REASON TIMEOUT_MS; watch;
-//                    report OUTCOME; end-of-file: leave (revoke, exit)
+//                    report OUTCOME; cut MS (the cut fault, no answer);
+//                    end-of-file: leave (revoke, exit)
 //   helper -> agent: ready; round FIELDS... (encode_result);
 //                    error closed|error TEXT; event KIND ROUND DETAIL; log TEXT
-// Version: the open message carries protocol=1; a helper that does not
-// speak it answers with an error.
-inline constexpr int kProtocolVersion = 1;
+// Version: the open message carries protocol=2 (2 added cut); a helper
+// that does not speak it answers with an error.
+inline constexpr int kProtocolVersion = 2;
 
 // "a b\n" from {"a", "b"}.
 std::string encode_line(const std::vector<std::string>& fields);
@@ -36,6 +37,13 @@ std::vector<std::string> encode_settings(
     const std::map<std::string, std::string>& settings);
 std::map<std::string, std::string> decode_settings(
     const std::vector<std::string>& fields);
+
+// The rendezvous options a helper needs, as "open" settings (durations
+// in ms, etcd_endpoints comma-separated), and back; decode_options throws
+// std::invalid_argument for a missing or malformed number.
+std::map<std::string, std::string> encode_options(const RendezvousOptions& o);
+RendezvousOptions decode_options(
+    const std::map<std::string, std::string>& settings);
 
 // A whole decimal number; throws std::invalid_argument.
 int wire_int(const std::string& s);

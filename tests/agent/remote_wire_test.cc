@@ -57,6 +57,47 @@ TEST(RemoteWire, SettingsAndEnumsRoundTrip) {
   }
 }
 
+// The options the agent sends the helper come back as they were.
+TEST(RemoteWire, OptionsRoundTrip) {
+  RendezvousOptions o;
+  o.backend = "etcd";
+  o.min_nodes = 2;
+  o.max_nodes = 5;
+  o.etcd_endpoints = {"10.0.0.1:2379", "10.0.0.2:2379"};
+  o.cacert = "/ca path.pem";
+  o.cert = "c.pem";
+  o.key = "k.pem";
+  o.user = "root";
+  o.password_file = "/run/pw";
+  o.join_timeout = std::chrono::milliseconds(12345);
+  o.last_call_timeout = std::chrono::milliseconds(1500);
+  o.close_timeout = std::chrono::milliseconds(2000);
+  o.keep_alive_interval = std::chrono::milliseconds(250);
+  o.keep_alive_max_attempt = 7;
+  o.read_timeout = std::chrono::milliseconds(9000);
+  RendezvousOptions b =
+      decode_options(decode_settings(encode_settings(encode_options(o))));
+  EXPECT_EQ(b.backend, o.backend);
+  EXPECT_EQ(b.min_nodes, 2);
+  EXPECT_EQ(b.max_nodes, 5);
+  EXPECT_EQ(b.node_rank, -1);
+  EXPECT_EQ(b.etcd_endpoints, o.etcd_endpoints);
+  EXPECT_EQ(b.cacert, o.cacert);
+  EXPECT_EQ(b.cert, o.cert);
+  EXPECT_EQ(b.key, o.key);
+  EXPECT_EQ(b.user, o.user);
+  EXPECT_EQ(b.password_file, o.password_file);
+  EXPECT_EQ(b.join_timeout, o.join_timeout);
+  EXPECT_EQ(b.last_call_timeout, o.last_call_timeout);
+  EXPECT_EQ(b.close_timeout, o.close_timeout);
+  EXPECT_EQ(b.keep_alive_interval, o.keep_alive_interval);
+  EXPECT_EQ(b.keep_alive_max_attempt, 7);
+  EXPECT_EQ(b.read_timeout, o.read_timeout);
+  auto s = encode_options(o);
+  s.erase("max_nodes");
+  EXPECT_THROW(decode_options(s), std::invalid_argument);
+}
+
 TEST(RemoteWire, MalformedMessagesAreRefused) {
   EXPECT_THROW(decode_line("a%2"), std::invalid_argument);
   EXPECT_THROW(decode_line("a%zz"), std::invalid_argument);

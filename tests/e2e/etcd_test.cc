@@ -461,6 +461,46 @@ TEST_F(EtcdRendezvous, AnAgentCutOffFromEtcdStopsItsWorkers) {
   }
 }
 
+// The cut fault (--fault cut:node=N:for=S), as the c10d backend has it:
+// the node's helper stops renewing its lease; past the TTL (3 s) etcd
+// drops its keys, the others re-form without it, and it stops its workers
+// and exits 1 instead of running on.
+TEST_F(EtcdRendezvous, TheCutFaultDropsTheNodeAndTheOthersGoOn) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  const std::string fault = "cut:node=2:for=30:after=0.3";
+  for (int i = 0; i < 3; ++i) {
+    start(i, etcd.endpoint(0), {"--nnodes", "2:3", "--fault", fault},
+          kBlockWhileThree);
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+        << agents_[i]->out() << agents_[i]->err();
+  }
+  // Group rank 2 follows the join order.
+  int cut = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (env_lines(agents_[i]->out()).back().gr == 2) cut = i;
+  }
+  ASSERT_GE(cut, 0);
+  std::vector<int> survivors;
+  for (int i = 0; i < 3; ++i) {
+    if (i != cut) survivors.push_back(i);
+  }
+  std::vector<pid_t> workers = testing::descendants(agents_[cut]->pid());
+  expect_two_finish(survivors);
+  CommandResult r = agents_[cut]->wait(60s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("fault injected: " + fault));
+  EXPECT_THAT(r.err, HasSubstr("lease"));
+  EXPECT_EQ(env_lines(r.out).back().gws, 3) << r.out;
+  for (pid_t p : workers) {
+    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 10s))
+        << "process " << p << " of the cut-off agent survived";
+  }
+}
+
 TEST_F(EtcdRendezvous, TwoJobsStayApartAndLeaveNoKeys) {
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.healthy());

@@ -46,18 +46,6 @@ bool starts_with(const std::string& s, const std::string& p) {
   return s.compare(0, p.size(), p) == 0;
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t from = 0;
-  while (from <= s.size() && !s.empty()) {
-    size_t to = s.find(sep, from);
-    if (to == std::string::npos) to = s.size();
-    out.push_back(s.substr(from, to - from));
-    from = to + 1;
-  }
-  return out;
-}
-
 }  // namespace
 
 // What a node forming round R knows of it: the joiners (by id, with the
@@ -179,7 +167,9 @@ void EtcdRendezvous::keep_alive_loop() {
                    [this] { return stopping_; });
     if (stopping_) return;
     std::string why;
-    if (Clock::now() < expires) {
+    const auto now = Clock::now();
+    if (now < expires && now < silent_until_) continue;  // cut off
+    if (now < expires) {
       lock.unlock();
       const auto sent = Clock::now();
       int64_t left = 0;
@@ -201,6 +191,9 @@ void EtcdRendezvous::keep_alive_loop() {
       if (why.find("expired") == std::string::npos && Clock::now() < expires) {
         continue;  // not renewed yet; try again until it expires
       }
+    } else if (now < silent_until_) {
+      why = "the cut fault kept its keep-alives from etcd for its TTL of " +
+            format_duration(ttl);
     } else {
       why = "no keep-alive got through for " + format_duration(ttl);
     }
@@ -213,6 +206,12 @@ void EtcdRendezvous::keep_alive_loop() {
     p_.log("dlaunch: this node's etcd lease expired (" + why + ")\n");
     return;
   }
+}
+
+bool EtcdRendezvous::cut_off(milliseconds d) {
+  std::lock_guard<std::mutex> lock(mu_);
+  silent_until_ = Clock::now() + d;
+  return true;
 }
 
 int EtcdRendezvous::newest_round() {
@@ -362,16 +361,8 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
 
     while (true) {
       const std::string rp = round_prefix(r);
-      MemberRecord me;
-      me.id = node_id_;
-      me.addr = p_.node_addr;
-      me.nproc = local_world_size;
-      me.prev_round = round_;
-      me.prev_rank = group_rank_;
-      me.restarts = restarts;
-      me.master_port =
-          p_.master_port != 0 ? p_.master_port : p_.pick_port(p_.node_addr);
-      me.node_rank = o.node_rank;
+      const MemberRecord me = join_record(p_, node_id_, local_world_size,
+                                         round_, group_rank_, restarts);
       etcdserverpb::PutRequest put;
       put.set_key(rp + "node/" + node_id_);
       put.set_value(me.encode());
@@ -432,7 +423,7 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       std::vector<MemberRecord> ms;
       int seq = 0;
       bool member = false;
-      for (const std::string& rec : split(st.records, kRecordSep)) {
+      for (const std::string& rec : split_list(st.records, kRecordSep)) {
         ms.push_back(MemberRecord::decode(rec, ++seq));
         member = member || ms.back().id == node_id_;
       }
@@ -449,8 +440,7 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       }
       members_.clear();
       for (const MemberRecord& m : ms) members_.push_back(m.id);
-      RendezvousResult res =
-          form_round(r, std::move(ms), node_id_, reason, false);
+      RendezvousResult res = form_round(r, ms, node_id_, reason, false);
       if (round_ >= 0 && res.restart_count > restart_count_) {
         // A failure anywhere in the last round spends the restart on every
         // member, whatever each saw end that round.

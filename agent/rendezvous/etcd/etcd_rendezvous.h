@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "agent/rendezvous/etcd/client.h"
+#include "agent/rendezvous/member.h"
 #include "agent/rendezvous/rendezvous.h"
 
 namespace dlaunch::agent::rendezvous::etcd {
@@ -24,17 +25,10 @@ namespace dlaunch::agent::rendezvous::etcd {
 // for the round's end, a keep-alive thread renews the lease.
 class EtcdRendezvous : public Rendezvous {
  public:
-  using PortPicker = std::function<int(const std::string& host)>;
-  using MessageSink = std::function<void(const std::string&)>;
-
-  struct Params {
-    RendezvousOptions options;
+  // The node and its job (run_id: keys live under /dlaunch/RUN_ID/), and
+  // how to reach etcd.
+  struct Params : NodeParams {
     ClientOptions client;
-    std::string run_id;     // keys live under /dlaunch/RUN_ID/
-    std::string node_addr;  // this node's address (MASTER_ADDR if rank 0)
-    int master_port = 0;    // fixed MASTER_PORT; 0: a free port each round
-    PortPicker pick_port;   // a free port on node_addr
-    MessageSink log;        // progress lines ("waiting for nodes: ...")
   };
 
   // Grants this agent's lease (TTL keep_alive_interval x
@@ -49,6 +43,10 @@ class EtcdRendezvous : public Rendezvous {
                               std::chrono::milliseconds timeout) override;
   void watch(EventCallback on_event) override;
   void report(NodeOutcome outcome) override;
+  // Stops renewing the lease for `d` (the cut fault): past its TTL etcd
+  // drops this node's keys, the others go on without it, and this node
+  // sees its own loss (kFatal). Any thread.
+  bool cut_off(std::chrono::milliseconds d) override;
   // Its agent (RemoteRendezvous) names nobody and stops it by closing the
   // helper's socket.
   std::vector<std::string> unfinished_nodes() override { return {}; }
@@ -101,6 +99,7 @@ class EtcdRendezvous : public Rendezvous {
   bool stopping_ = false;
   bool watcher_stop_ = false;
   Watch* active_ = nullptr;  // the watch a lease loss must wake
+  std::chrono::steady_clock::time_point silent_until_{};  // cut_off()
   std::atomic<bool> lease_lost_{false};
 };
 

@@ -15,7 +15,6 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "agent/rendezvous/etcd/etcd_rendezvous.h"
@@ -50,22 +49,6 @@ std::string setting(const std::map<std::string, std::string>& s,
   return it == s.end() ? "" : it->second;
 }
 
-milliseconds ms_setting(const std::map<std::string, std::string>& s,
-                        const std::string& key, milliseconds fallback) {
-  std::string v = setting(s, key);
-  return v.empty() ? fallback : milliseconds(remote::wire_int(v));
-}
-
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> out;
-  std::string item;
-  std::istringstream in(s);
-  while (std::getline(in, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
-
 // The password: the file's first line (a trailing newline is no part of
 // it). The agent passes the path only, so the password is in no argv.
 std::string read_password(const std::string& path) {
@@ -89,26 +72,15 @@ etcd::EtcdRendezvous::Params make_params(
                           "; install matching dlaunch programs");
   }
   etcd::EtcdRendezvous::Params p;
-  RendezvousOptions& o = p.options;
-  o.backend = "etcd";
-  o.min_nodes = remote::wire_int(setting(s, "min_nodes"));
-  o.max_nodes = remote::wire_int(setting(s, "max_nodes"));
-  o.join_timeout = ms_setting(s, "join_timeout_ms", o.join_timeout);
-  o.last_call_timeout =
-      ms_setting(s, "last_call_timeout_ms", o.last_call_timeout);
-  o.close_timeout = ms_setting(s, "close_timeout_ms", o.close_timeout);
-  o.keep_alive_interval =
-      ms_setting(s, "keep_alive_interval_ms", o.keep_alive_interval);
-  o.keep_alive_max_attempt =
-      remote::wire_int(setting(s, "keep_alive_max_attempt"));
-  o.read_timeout = ms_setting(s, "read_timeout_ms", o.read_timeout);
-  p.client.endpoints = split_commas(setting(s, "endpoints"));
-  p.client.cacert = setting(s, "cacert");
-  p.client.cert = setting(s, "cert");
-  p.client.key = setting(s, "key");
-  p.client.user = setting(s, "user");
-  if (std::string f = setting(s, "password_file"); !f.empty()) {
-    p.client.password = read_password(f);
+  p.options = remote::decode_options(s);
+  const RendezvousOptions& o = p.options;
+  p.client.endpoints = o.etcd_endpoints;
+  p.client.cacert = o.cacert;
+  p.client.cert = o.cert;
+  p.client.key = o.key;
+  p.client.user = o.user;
+  if (!o.password_file.empty()) {
+    p.client.password = read_password(o.password_file);
   }
   p.client.timeout = o.read_timeout;
   p.run_id = setting(s, "run_id");
@@ -202,6 +174,8 @@ class Executor {
           send({"event", std::to_string(remote::to_wire(e.kind)),
                 std::to_string(e.round), e.detail});
         });
+      } else if (verb == "cut" && req.size() == 2) {
+        rdzv_->cut_off(milliseconds(remote::wire_int(req[1])));
       } else if (verb == "report" && req.size() == 2) {
         rdzv_->report(remote::outcome_from_wire(remote::wire_int(req[1])));
       } else {
