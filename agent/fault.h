@@ -17,8 +17,9 @@ namespace dlaunch::agent {
 //   stop:rank=R                 freeze rank R (SIGSTOP: a hang)
 //   kill-agent:node=N[:signal=KILL]  the agent of group rank N kills itself
 //   cut:node=N:for=SECONDS      node N's agent falls silent to the agents'
-//                               store for that long (its keep-alives stop,
-//                               as in a network partition)
+//                               store for that long (its keep-alives, or
+//                               its etcd lease renewals, stop, as in a
+//                               network partition)
 // each with [:after=SECONDS] (after its group started; default 0) and
 // [:attempt=K] (the group start whose restart count is K; default 0).
 // A fault fires at most once per agent. Plain data.

@@ -36,8 +36,8 @@ def children_cpu():
     return ru.ru_utime + ru.ru_stime
 
 
-def settings(n, endpoint, run_id, i):
-    s = {"protocol": "2", "backend": "etcd", "min_nodes": n, "max_nodes": n,
+def settings(n, endpoint, run_id, i, protocol):
+    s = {"protocol": protocol, "backend": "etcd", "min_nodes": n, "max_nodes": n,
          "node_rank": -1, "endpoints": endpoint, "cacert": "", "cert": "",
          "key": "", "user": "", "password_file": "",
          "join_timeout_ms": 60000, "last_call_timeout_ms": 1000,
@@ -80,7 +80,7 @@ def wait_all(socks, verb, timeout=120):
     return time.perf_counter()
 
 
-def profile(helper, n, endpoint, etcd_pid, run_id):
+def profile(helper, n, endpoint, etcd_pid, run_id, protocol):
     row = {}
     c0, e0 = children_cpu(), cpu_of(etcd_pid)
     t0 = time.perf_counter()
@@ -90,7 +90,7 @@ def profile(helper, n, endpoint, etcd_pid, run_id):
         procs.append(subprocess.Popen([helper], stdin=b, stdout=b,
                                       start_new_session=True))
         b.close()
-        a.sendall(settings(n, endpoint, run_id, i))
+        a.sendall(settings(n, endpoint, run_id, i, protocol))
         socks.append(a)
     t_spawned = time.perf_counter()
     t1 = wait_all(socks, "ready")
@@ -123,6 +123,9 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--counts", default="1,16,64")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--protocol", default="2",
+                    help="the helper's protocol version (1 before the cut "
+                    "fault)")
     args = ap.parse_args()
     helper = os.path.abspath(f"{args.build}/bin/dlaunch-rdzv-etcd")
     tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -132,7 +135,8 @@ def main():
         try:
             for n in [int(c) for c in args.counts.split(",") if c]:
                 for k in range(args.repeat):
-                    profile(helper, n, endpoint, etcd.pid, f"p{n}_{k}")
+                    profile(helper, n, endpoint, etcd.pid, f"p{n}_{k}",
+                            args.protocol)
         finally:
             etcd.kill()
             etcd.wait()

@@ -55,17 +55,19 @@ RemoteRendezvous::RemoteRendezvous(Params params) : p_(std::move(params)) {
   settings["protocol"] = std::to_string(remote::kProtocolVersion);
   std::vector<std::string> open = {"open"};
   for (std::string& kv : remote::encode_settings(settings)) open.push_back(kv);
-  try {
-    send(open);
-    auto a = answer(p_.open_timeout, "to connect");
-    if (a[0] != "ready") {
-      throw RendezvousError("the rendezvous helper " + p_.program +
-                            " answered '" + a[0] + "' to open");
-    }
-  } catch (...) {
-    close();
-    throw;
+  // Its answer is read by the first next_round(): the helper starts and
+  // connects while the agent gets ready.
+  send(open);
+}
+
+void RemoteRendezvous::await_open() {
+  if (opened_) return;
+  auto a = answer(p_.open_timeout, "to connect");
+  if (a[0] != "ready") {
+    throw RendezvousError("the rendezvous helper " + p_.program +
+                          " answered '" + a[0] + "' to open");
   }
+  opened_ = true;
 }
 
 RemoteRendezvous::~RemoteRendezvous() { close(); }
@@ -169,6 +171,7 @@ RendezvousResult RemoteRendezvous::next_round(int local_world_size,
     on_event_ = nullptr;  // the old round's event no longer matters
     watched_round_ = -1;
   }
+  await_open();
   send({"next", std::to_string(local_world_size),
         std::to_string(remote::to_wire(reason)),
         std::to_string(timeout.count())});

@@ -44,8 +44,10 @@ class RemoteRendezvous : public Rendezvous {
   };
 
   // Starts the helper (in a process group of its own: a Ctrl-C for the
-  // agent does not reach it) and waits until it is connected. Throws
-  // RendezvousError with the helper's message.
+  // agent does not reach it) and sends it the settings; the helper
+  // connects meanwhile, and the first next_round() waits for it (at most
+  // open_timeout) and throws RendezvousError with its message. Throws
+  // RendezvousError when the helper cannot start.
   explicit RemoteRendezvous(Params params);
   // Closes the socket (the helper leaves and exits) and reaps the helper,
   // SIGKILLing it after close_timeout.
@@ -65,6 +67,8 @@ class RemoteRendezvous : public Rendezvous {
 
  private:
   void send(const std::vector<std::string>& fields);
+  // Waits for the helper's answer to "open", once.
+  void await_open();
   // Waits for the helper's answer (ready, round or error).
   std::vector<std::string> answer(std::chrono::milliseconds timeout,
                                   const std::string& waiting_for);
@@ -79,7 +83,8 @@ class RemoteRendezvous : public Rendezvous {
   int fd_ = -1;
   pid_t pid_ = -1;
   std::thread reader_;
-  std::mutex mu_;  // guards everything below
+  bool opened_ = false;  // the helper answered "ready" (agent's thread)
+  std::mutex mu_;        // guards everything below
   std::condition_variable cv_;
   std::optional<std::vector<std::string>> answer_;
   std::vector<std::string> logs_;  // the helper's lines, not yet written

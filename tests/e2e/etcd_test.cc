@@ -461,6 +461,69 @@ TEST_F(EtcdRendezvous, AnAgentCutOffFromEtcdStopsItsWorkers) {
   }
 }
 
+// Scale up: a node that comes while a round of two runs asks to join; the
+// round re-forms with three, spending no restart, and the first two keep
+// their group ranks.
+TEST_F(EtcdRendezvous, ALateNodeJoinsARunningJobAndRanksStayStable) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  const std::string script =
+      kShowEnv +
+      "; if [ $GROUP_WORLD_SIZE = 2 ]; then echo RUNNING; exec sleep 300; fi";
+  for (int i = 0; i < 2; ++i) {
+    start(i, etcd.endpoint(0), {"--nnodes", "2:3"}, script);
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+        << agents_[i]->out() << agents_[i]->err();
+  }
+  start(2, etcd.endpoint(0), {"--nnodes", "2:3"}, script);
+  std::set<int> ranks;
+  for (int i = 0; i < 3; ++i) {
+    CommandResult r = agents_[i]->wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_FALSE(lines.empty()) << r.out << r.err;
+    EXPECT_EQ(lines.back().gws, 3) << r.out;
+    EXPECT_EQ(lines.back().ws, 3);
+    EXPECT_EQ(lines.back().rc, 0);
+    ranks.insert(lines.back().gr);
+    if (i < 2) {
+      ASSERT_EQ(lines.size(), 2u) << r.out;
+      EXPECT_EQ(lines[0].gr, lines[1].gr) << r.out;
+    } else {
+      EXPECT_EQ(lines.back().gr, 2) << r.out;
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+}
+
+// The restart budget is the job's: a worker failing on one node restarts
+// the group on every node, one restart each time, and past --max-restarts
+// every node gives up.
+TEST_F(EtcdRendezvous, AFailureRestartsEveryNodeUntilTheBudgetIsSpent) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  const std::string script =
+      kShowEnv + "; if [ $NODE = 1 ]; then exit 3; fi; exec sleep 300";
+  for (int i = 0; i < 2; ++i) {
+    start(i, etcd.endpoint(0), {"--nnodes", "2", "--max-restarts", "1"},
+          script);
+  }
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = agents_[i]->wait(120s);
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_NE(r.exit_code, 0) << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_EQ(lines.size(), 2u) << r.out << r.err;
+    EXPECT_EQ(lines[0].rc, 0);
+    EXPECT_EQ(lines[1].rc, 1);
+    EXPECT_EQ(lines[0].gr, lines[1].gr) << r.out;
+    EXPECT_THAT(r.err, HasSubstr("no restarts left"));
+  }
+  EXPECT_THAT(agents_[0]->err(), HasSubstr("a worker on node 127.0.0.2/"));
+}
+
 // The cut fault (--fault cut:node=N:for=S), as the c10d backend has it:
 // the node's helper stops renewing its lease; past the TTL (3 s) etcd
 // drops its keys, the others re-form without it, and it stops its workers

@@ -48,39 +48,17 @@ bool starts_with(const std::string& s, const std::string& p) {
 
 }  // namespace
 
-// What a node forming round R knows of it: the joiners (by id, with the
-// revision that created their key and their record) and, once closed,
-// the member records.
+// What a node forming round R knows of it: how many have joined and,
+// once closed, the member records.
 struct EtcdRendezvous::RoundState {
-  std::map<std::string, std::pair<int64_t, std::string>> nodes;
+  int joined = 0;  // live joiners, this node included
+  // Their records by the revision that created them, when read at
+  // `revision` and not used since (else empty).
+  std::vector<std::pair<int64_t, std::string>> fresh;
   bool closed = false;
   std::string records;  // the "closed" value
   int64_t closed_rev = 0;
-
-  void apply(const mvccpb::KeyValue& kv, bool deleted, const std::string& rp) {
-    const std::string name = kv.key().substr(rp.size());
-    if (starts_with(name, "node/")) {
-      const std::string id = name.substr(5);
-      if (deleted) {
-        nodes.erase(id);
-      } else {
-        nodes[id] = {kv.create_revision(), kv.value()};
-      }
-    } else if (name == "closed" && !deleted && !closed) {
-      closed = true;
-      records = kv.value();
-      closed_rev = kv.mod_revision();
-    }
-  }
-  // Joiners' records in join order.
-  std::vector<std::string> ordered() const {
-    std::vector<std::pair<int64_t, std::string>> v;
-    for (const auto& [id, n] : nodes) v.push_back(n);
-    std::sort(v.begin(), v.end());
-    std::vector<std::string> out;
-    for (auto& [rev, rec] : v) out.push_back(std::move(rec));
-    return out;
-  }
+  int64_t revision = 0;  // of the last read
 };
 
 EtcdRendezvous::EtcdRendezvous(Params params)
@@ -214,18 +192,6 @@ bool EtcdRendezvous::cut_off(milliseconds d) {
   return true;
 }
 
-int EtcdRendezvous::newest_round() {
-  etcdserverpb::RangeRequest req = prefix_range(prefix_ + "r/");
-  req.set_sort_order(etcdserverpb::RangeRequest::DESCEND);
-  req.set_sort_target(etcdserverpb::RangeRequest::KEY);
-  req.set_limit(1);
-  req.set_keys_only(true);
-  auto resp = client_->range(req);
-  if (resp.kvs_size() == 0) return -1;
-  const std::string& k = resp.kvs(0).key();
-  return std::atoi(k.substr(prefix_.size() + 2, 8).c_str());
-}
-
 bool EtcdRendezvous::finished() {
   etcdserverpb::RangeRequest req;
   req.set_key(prefix_ + "finished");
@@ -233,42 +199,68 @@ bool EtcdRendezvous::finished() {
   return client_->range(req).count() > 0;
 }
 
-void EtcdRendezvous::try_close(int round, RoundState& st) {
+etcdserverpb::RangeRequest EtcdRendezvous::joiners(int round,
+                                                   bool count_only) const {
+  etcdserverpb::RangeRequest req = prefix_range(round_prefix(round) + "node/");
+  req.set_count_only(count_only);
+  return req;
+}
+
+void EtcdRendezvous::try_close(int round, int need, RoundState& st) {
   const std::string rp = round_prefix(round);
-  std::vector<std::string> recs = st.ordered();
-  recs.resize(std::min<size_t>(recs.size(), p_.options.max_nodes));
-  std::string value;
-  for (size_t i = 0; i < recs.size(); ++i) {
-    value += (i ? std::string(1, kRecordSep) : std::string()) + recs[i];
+  // The joiners' records in join order, the first max_nodes of them.
+  std::vector<std::pair<int64_t, std::string>> by_rev;
+  by_rev.swap(st.fresh);
+  if (by_rev.empty()) {
+    const auto now = client_->range(joiners(round, false));
+    for (const auto& kv : now.kvs()) {
+      by_rev.emplace_back(kv.create_revision(), kv.value());
+    }
+    st.revision = now.header().revision();
   }
+  std::sort(by_rev.begin(), by_rev.end());
+  st.joined = static_cast<int>(by_rev.size());
+  if (st.joined < need) return;  // some left meanwhile
+  by_rev.resize(std::min<size_t>(by_rev.size(), p_.options.max_nodes));
+  std::string value;
+  for (size_t i = 0; i < by_rev.size(); ++i) {
+    value +=
+        (i ? std::string(1, kRecordSep) : std::string()) + by_rev[i].second;
+  }
+  // Closed once, with exactly the joiners read: the transaction fails
+  // when another closed it or a joiner came or went since the read.
   etcdserverpb::TxnRequest t;
   auto* c = t.add_compare();
   c->set_key(rp + "closed");
   c->set_target(etcdserverpb::Compare::CREATE);
   c->set_result(etcdserverpb::Compare::EQUAL);
   c->set_create_revision(0);
+  auto* same = t.add_compare();
+  same->set_key(rp + "node/");
+  same->set_range_end(prefix_end(rp + "node/"));
+  same->set_target(etcdserverpb::Compare::MOD);
+  same->set_result(etcdserverpb::Compare::LESS);
+  same->set_mod_revision(st.revision + 1);
   auto* put = t.add_success()->mutable_request_put();
   put->set_key(rp + "closed");
   put->set_value(value);
   put->set_lease(lease_);
   t.add_failure()->mutable_request_range()->set_key(rp + "closed");
   auto resp = client_->txn(t);
-  st.closed = true;
   if (resp.succeeded()) {
+    st.closed = true;
     st.records = value;
     st.closed_rev = resp.header().revision();
     return;
   }
   const auto& kvs = resp.responses(0).response_range().kvs();
-  if (kvs.empty()) {
-    // Closed, and its closer is gone already: this node is no member; the
-    // members see the closer gone and open the next round.
-    st.records.clear();
-    st.closed_rev = resp.header().revision();
-  } else {
+  if (!kvs.empty()) {
+    st.closed = true;
     st.records = kvs[0].value();
     st.closed_rev = kvs[0].mod_revision();
   }
+  // Else the joiners changed (or a closer's key vanished with it, which
+  // its members see): the caller looks again.
 }
 
 bool EtcdRendezvous::wait_next_round(int round, Clock::time_point deadline) {
@@ -308,6 +300,61 @@ bool EtcdRendezvous::wait_next_round(int round, Clock::time_point deadline) {
   }
 }
 
+std::optional<int> EtcdRendezvous::join(int round, const MemberRecord& me,
+                                        bool guess, RoundState& st) {
+  const std::string rp = round_prefix(round);
+  const std::string rounds = prefix_ + "r/";
+  etcdserverpb::TxnRequest t;
+  auto* fin = t.add_compare();
+  fin->set_key(prefix_ + "finished");
+  fin->set_target(etcdserverpb::Compare::CREATE);
+  fin->set_result(etcdserverpb::Compare::EQUAL);
+  fin->set_create_revision(0);
+  if (guess) {
+    // No round after this one exists.
+    auto* later = t.add_compare();
+    later->set_key(rounds + pad(round + 1));
+    later->set_range_end(prefix_end(rounds));
+    later->set_target(etcdserverpb::Compare::CREATE);
+    later->set_result(etcdserverpb::Compare::EQUAL);
+    later->set_create_revision(0);
+  }
+  auto* put = t.add_success()->mutable_request_put();
+  put->set_key(rp + "node/" + node_id_);
+  put->set_value(me.encode());
+  put->set_lease(lease_);
+  *t.add_success()->mutable_request_range() = joiners(round, false);
+  t.add_success()->mutable_request_range()->set_key(rp + "closed");
+  auto* finished = t.add_failure()->mutable_request_range();
+  finished->set_key(prefix_ + "finished");
+  finished->set_count_only(true);
+  auto* newest = t.add_failure()->mutable_request_range();
+  *newest = prefix_range(rounds);
+  newest->set_sort_order(etcdserverpb::RangeRequest::DESCEND);
+  newest->set_sort_target(etcdserverpb::RangeRequest::KEY);
+  newest->set_limit(1);
+  newest->set_keys_only(true);
+  const auto resp = client_->txn(t);
+  st.revision = resp.header().revision();
+  if (!resp.succeeded()) {
+    if (resp.responses(0).response_range().count() > 0) return std::nullopt;
+    const auto& kvs = resp.responses(1).response_range().kvs();
+    if (kvs.empty()) return round;  // raced with the last round's end
+    return std::atoi(kvs[0].key().substr(rounds.size(), 8).c_str());
+  }
+  for (const auto& kv : resp.responses(1).response_range().kvs()) {
+    st.fresh.emplace_back(kv.create_revision(), kv.value());
+  }
+  st.joined = static_cast<int>(st.fresh.size());
+  const auto& closed = resp.responses(2).response_range().kvs();
+  if (!closed.empty()) {
+    st.closed = true;
+    st.records = closed[0].value();
+    st.closed_rev = closed[0].mod_revision();
+  }
+  return round;
+}
+
 RendezvousResult EtcdRendezvous::next_round(int local_world_size,
                                             RoundReason reason,
                                             milliseconds timeout) {
@@ -317,16 +364,12 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   try {
-    if (finished()) {
-      throw RendezvousClosed(
-          "the job '" + p_.run_id +
-          "' already finished (its rendezvous is closed); nothing to do");
-    }
+    // A first join tries round 0, the usual case, in one transaction; a
+    // later round, or a finished job, shows in its failure.
     int r = 0;
+    bool guess = round_ < 0;
     int target = o.max_nodes;
-    if (round_ < 0) {
-      r = std::max(0, newest_round());
-    } else {
+    if (round_ >= 0) {
       r = round_ + 1;
       // A re-formed round closes as soon as every survivor and every node
       // that asked to join is back: no last call.
@@ -362,19 +405,27 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
     while (true) {
       const std::string rp = round_prefix(r);
       const MemberRecord me = join_record(p_, node_id_, local_world_size,
-                                         round_, group_rank_, restarts);
-      etcdserverpb::PutRequest put;
-      put.set_key(rp + "node/" + node_id_);
-      put.set_value(me.encode());
-      put.set_lease(lease_);
-      client_->put(put);
-      const auto joined_at = Clock::now();
-
+                                          round_, group_rank_, restarts);
       RoundState st;
-      auto snap = client_->range(prefix_range(rp));
-      for (const auto& kv : snap.kvs()) st.apply(kv, false, rp);
-      auto w = client_->watch(rp, prefix_end(rp), snap.header().revision() + 1);
-      set_active(w.get());
+      const auto joined = join(r, me, guess, st);
+      if (!joined) {
+        throw RendezvousClosed(
+            "the job '" + p_.run_id +
+            "' already finished (its rendezvous is closed); nothing to do");
+      }
+      if (*joined != r) {
+        r = *joined;  // a later round is the newest: join that one
+        continue;
+      }
+      guess = false;
+      const auto joined_at = Clock::now();
+      // Only the round's "closed" key is watched: with every joiner
+      // watching every join, a round of N would send N*N events.
+      std::unique_ptr<Watch> w;
+      if (!st.closed) {
+        w = client_->watch(rp + "closed", "", st.revision + 1);
+        set_active(w.get());
+      }
       // When the last call ends; none (max) until min_nodes joined.
       constexpr auto kNone = Clock::time_point::max();
       auto call_ends = kNone;
@@ -382,39 +433,51 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       while (!st.closed) {
         check_lease();
         const auto now = Clock::now();
-        const int n = static_cast<int>(st.nodes.size());
-        if (n >= target) {
-          try_close(r, st);
-          continue;
-        }
+        const int n = st.joined;
         if (n >= o.min_nodes && call_ends == kNone) {
           call_ends = now + o.last_call_timeout;
         }
         if (n < o.min_nodes) call_ends = kNone;
-        if (now >= call_ends) {
-          try_close(r, st);
-          continue;
+        if (n >= target || now >= call_ends) {
+          try_close(r, n >= target ? target : o.min_nodes, st);
+          if (st.closed) continue;
+          // Some left (wait for more), or one came since the read: it
+          // closes the round, else this node tries again.
+          if (st.joined < o.min_nodes) call_ends = kNone;
         }
         if (now >= next_progress) {
+          // The joiners that came since, and the progress line.
+          st.joined =
+              static_cast<int>(client_->range(joiners(r, true)).count());
+          st.fresh.clear();
           p_.log(waiting_line(
-              n, target, o,
+              st.joined, target, o,
               call_ends != kNone
                   ? std::chrono::duration_cast<milliseconds>(call_ends - now)
                   : milliseconds(-1)));
           next_progress = now + kProgressEvery;
+          continue;
         }
         if (now >= deadline) {
-          std::vector<std::string> who;
-          for (const std::string& rec : st.ordered()) {
-            who.push_back(MemberRecord::decode(rec, 0).addr);
+          std::vector<std::pair<int64_t, std::string>> by_rev;
+          for (const auto& kv : client_->range(joiners(r, false)).kvs()) {
+            by_rev.emplace_back(kv.create_revision(),
+                                MemberRecord::decode(kv.value(), 0).addr);
           }
+          std::sort(by_rev.begin(), by_rev.end());
+          std::vector<std::string> who;
+          for (auto& [rev, addr] : by_rev) who.push_back(std::move(addr));
           throw RendezvousError(too_few_message(
-              n, r, p_.run_id, "etcd " + client_->endpoints_text(),
+              static_cast<int>(who.size()), r, p_.run_id,
+              "etcd " + client_->endpoints_text(),
               std::chrono::duration_cast<milliseconds>(now - start), o, who));
         }
+        st.fresh.clear();  // stale once time passes: joiners may leave
         auto until = std::min({deadline, next_progress, call_ends});
-        if (auto ev = w->next(until)) {
-          st.apply(ev->kv(), ev->type() == mvccpb::Event::DELETE, rp);
+        if (auto ev = w->next(until); ev && ev->type() == mvccpb::Event::PUT) {
+          st.closed = true;
+          st.records = ev->kv().value();
+          st.closed_rev = ev->kv().mod_revision();
         }
       }
       set_active(nullptr);
@@ -489,7 +552,9 @@ RoundEvent EtcdRendezvous::wait_round_end() {
   // Who was there when the round closed: a member already gone then, or
   // a node that came too late for it, ends the round at once.
   std::set<std::string> present;
-  const auto at_close = client_->range(prefix_range(rp, closed_rev_));
+  etcdserverpb::RangeRequest at = prefix_range(rp + "node/", closed_rev_);
+  at.set_keys_only(true);
+  const auto at_close = client_->range(at);
   for (const auto& kv : at_close.kvs()) {
     const std::string name = kv.key().substr(rp.size());
     if (starts_with(name, "node/")) present.insert(name.substr(5));

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,10 +60,20 @@ class EtcdRendezvous : public Rendezvous {
  private:
   struct RoundState;
   std::string round_prefix(int round) const;
-  int newest_round();
+  // Round `round`'s joiners (their records, or just their number).
+  etcdserverpb::RangeRequest joiners(int round, bool count_only) const;
+  // Puts this node's record `me` into round `round` and reads, in the same
+  // transaction, who joined and whether it closed (into st). With
+  // `guess`, only when no later round exists. Returns the round joined, a
+  // later one to join instead (nothing put), or nullopt once the job
+  // finished.
+  std::optional<int> join(int round, const MemberRecord& me, bool guess,
+                          RoundState& st);
   bool finished();
-  // Closes round r with its first nodes, unless another did; fills st.
-  void try_close(int round, RoundState& st);
+  // Closes round r with its first max_nodes joiners when at least `need`
+  // are there, unless another node closed it (st then holds its
+  // records); st.joined says how many were there.
+  void try_close(int round, int need, RoundState& st);
   // What ends round_ (the watcher thread's work).
   RoundEvent wait_round_end();
   // Waits (bounded) until a round after r opens or the job finished;
