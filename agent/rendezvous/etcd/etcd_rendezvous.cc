@@ -460,7 +460,8 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
         }
         if (now >= deadline) {
           std::vector<std::pair<int64_t, std::string>> by_rev;
-          for (const auto& kv : client_->range(joiners(r, false)).kvs()) {
+          const auto all = client_->range(joiners(r, false));
+          for (const auto& kv : all.kvs()) {
             by_rev.emplace_back(kv.create_revision(),
                                 MemberRecord::decode(kv.value(), 0).addr);
           }
