@@ -358,6 +358,23 @@ class EtcdRendezvous : public ::testing::Test {
     }
   }
 
+  // The agent whose last round gave it group rank `gr` (-1: none).
+  int with_group_rank(int gr) {
+    for (const auto& [i, a] : agents_) {
+      auto lines = env_lines(a->out());
+      if (!lines.empty() && lines.back().gr == gr) return i;
+    }
+    return -1;
+  }
+  // The started agents other than `i`.
+  std::vector<int> all_but(int i) const {
+    std::vector<int> out;
+    for (const auto& [k, a] : agents_) {
+      if (k != i) out.push_back(k);
+    }
+    return out;
+  }
+
   std::string id_ = "etcd" + std::to_string(::getpid());
   std::map<int, std::unique_ptr<Subprocess>> agents_;
 };
@@ -374,15 +391,9 @@ TEST_F(EtcdRendezvous, TheFirstAgentIsKilledAndTheOthersFinish) {
   }
   // The first node, group rank 0, holds MASTER_ADDR; with c10d it would
   // host the store and its loss would end the job.
-  int first = -1;
-  for (int i = 0; i < 3; ++i) {
-    if (env_lines(agents_[i]->out()).back().gr == 0) first = i;
-  }
+  const int first = with_group_rank(0);
   ASSERT_GE(first, 0);
-  std::vector<int> survivors;
-  for (int i = 0; i < 3; ++i) {
-    if (i != first) survivors.push_back(i);
-  }
+  const std::vector<int> survivors = all_but(first);
   std::vector<pid_t> left = testing::descendants(agents_[first]->pid());
   ASSERT_FALSE(left.empty());
   agents_[first]->signal(SIGKILL);
@@ -542,17 +553,10 @@ TEST_F(EtcdRendezvous, TheCutFaultDropsTheNodeAndTheOthersGoOn) {
         << agents_[i]->out() << agents_[i]->err();
   }
   // Group rank 2 follows the join order.
-  int cut = -1;
-  for (int i = 0; i < 3; ++i) {
-    if (env_lines(agents_[i]->out()).back().gr == 2) cut = i;
-  }
+  const int cut = with_group_rank(2);
   ASSERT_GE(cut, 0);
-  std::vector<int> survivors;
-  for (int i = 0; i < 3; ++i) {
-    if (i != cut) survivors.push_back(i);
-  }
   std::vector<pid_t> workers = testing::descendants(agents_[cut]->pid());
-  expect_two_finish(survivors);
+  expect_two_finish(all_but(cut));
   CommandResult r = agents_[cut]->wait(60s);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 1) << r.err;

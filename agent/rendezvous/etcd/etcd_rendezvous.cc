@@ -42,6 +42,18 @@ etcdserverpb::RangeRequest prefix_range(const std::string& prefix,
   return req;
 }
 
+// Makes transaction t succeed only while no key in [key, range_end)
+// exists (etcd compares an empty range as one absent key).
+void require_absent(etcdserverpb::TxnRequest& t, const std::string& key,
+                    const std::string& range_end = "") {
+  auto* c = t.add_compare();
+  c->set_key(key);
+  c->set_range_end(range_end);
+  c->set_target(etcdserverpb::Compare::CREATE);
+  c->set_result(etcdserverpb::Compare::EQUAL);
+  c->set_create_revision(0);
+}
+
 bool starts_with(const std::string& s, const std::string& p) {
   return s.compare(0, p.size(), p) == 0;
 }
@@ -230,11 +242,7 @@ void EtcdRendezvous::try_close(int round, int need, RoundState& st) {
   // Closed once, with exactly the joiners read: the transaction fails
   // when another closed it or a joiner came or went since the read.
   etcdserverpb::TxnRequest t;
-  auto* c = t.add_compare();
-  c->set_key(rp + "closed");
-  c->set_target(etcdserverpb::Compare::CREATE);
-  c->set_result(etcdserverpb::Compare::EQUAL);
-  c->set_create_revision(0);
+  require_absent(t, rp + "closed");
   auto* same = t.add_compare();
   same->set_key(rp + "node/");
   same->set_range_end(prefix_end(rp + "node/"));
@@ -305,19 +313,10 @@ std::optional<int> EtcdRendezvous::join(int round, const MemberRecord& me,
   const std::string rp = round_prefix(round);
   const std::string rounds = prefix_ + "r/";
   etcdserverpb::TxnRequest t;
-  auto* fin = t.add_compare();
-  fin->set_key(prefix_ + "finished");
-  fin->set_target(etcdserverpb::Compare::CREATE);
-  fin->set_result(etcdserverpb::Compare::EQUAL);
-  fin->set_create_revision(0);
+  require_absent(t, prefix_ + "finished");
   if (guess) {
     // No round after this one exists.
-    auto* later = t.add_compare();
-    later->set_key(rounds + pad(round + 1));
-    later->set_range_end(prefix_end(rounds));
-    later->set_target(etcdserverpb::Compare::CREATE);
-    later->set_result(etcdserverpb::Compare::EQUAL);
-    later->set_create_revision(0);
+    require_absent(t, rounds + pad(round + 1), prefix_end(rounds));
   }
   auto* put = t.add_success()->mutable_request_put();
   put->set_key(rp + "node/" + node_id_);
