@@ -157,18 +157,24 @@ void GlooProcessGroup::fail(const char* op, const std::string& what,
   } else {
     msg += "transport error";
   }
-  const std::string abort_key = g_->name + "/abort";
+  // The first failure, for every rank to report (the root cause, where
+  // later failures are ranks leaving because of it). Ranks sharing a
+  // host keep it in the channel, which outlives the store: a rank 0 that
+  // saw a peer die and left took its store down with it.
+  const std::string mine = "rank " + std::to_string(rank()) + ": " + msg;
   std::string cause;
-  try {
-    std::lock_guard lock(g_->store->mu);
-    auto& s = *g_->store->store;
-    if (s.check({abort_key})) cause = s.get(abort_key);
-    if (cause.empty()) {
-      s.compare_set(abort_key, "",
-                    "rank " + std::to_string(rank()) + ": " + msg);
+  if (channel_) {
+    if (!channel_->record_failure(mine)) cause = channel_->first_failure();
+  } else {
+    const std::string abort_key = g_->name + "/abort";
+    try {
+      std::lock_guard lock(g_->store->mu);
+      auto& s = *g_->store->store;
+      if (s.check({abort_key})) cause = s.get(abort_key);
+      if (cause.empty()) s.compare_set(abort_key, "", mine);
+    } catch (const std::exception&) {
+      // The store may have died with the failed peer; the message stands.
     }
-  } catch (const std::exception&) {
-    // The store may have died with the failed peer; the message stands.
   }
   if (!cause.empty()) msg += " (first failure, " + cause + ")";
   msg += " [gloo: " + what + "]";

@@ -14,7 +14,12 @@
 namespace dlaunch::comm::gloo {
 namespace {
 
-constexpr size_t kHeaderBytes = 64;
+constexpr size_t kHeaderBytes = 512;
+
+// Header::failure_state.
+constexpr uint32_t kNoFailure = 0;
+constexpr uint32_t kWritingFailure = 1;
+constexpr uint32_t kFailureWritten = 2;
 
 // Whether call `seq` has been posted by a rank whose counter reads `v`
 // (counters wrap after 2^32 calls).
@@ -32,6 +37,10 @@ struct ShmChannel::Header {
   std::atomic<int32_t> cpu;       // where the owner last posted or waited
   int32_t pid;                    // the owner's process
   uint64_t pid_ns;                // ... in this pid namespace
+  // Rank 0's alone: the group's first failure (record_failure()).
+  std::atomic<uint32_t> failure_state;  // kNoFailure, kWritingFailure, ...
+  uint32_t failure_bytes;
+  char failure[kFailureBytes];
 };
 
 ShmChannel::ShmChannel(const std::string& base, int rank, int size,
@@ -149,11 +158,20 @@ void ShmChannel::wait_rank(int j, uint32_t seq,
   while (true) {
     const uint32_t v = h->seq.load(std::memory_order_seq_cst);
     if (reached(v, seq)) return;
-    const bool left = gone(j);
+    // Any peer, not only `j`: one that failed stops the call for all, and
+    // naming every one that left names the rank that failed first too (a
+    // root that left after seeing it fail is not the only one gone).
+    std::vector<int> gone_ranks = left();
+    if (!gone_ranks.empty()) {
+      // A peer that finished this call may leave, but only after `j`
+      // posted it: look again before blaming anyone.
+      if (reached(h->seq.load(std::memory_order_seq_cst), seq)) return;
+      throw WaitError{std::move(gone_ranks), false};
+    }
     const auto now = std::chrono::steady_clock::now();
-    if (left || now >= deadline) {
-      if (all) throw missing(!left);
-      throw WaitError{{j}, !left};
+    if (now >= deadline) {
+      if (all) throw missing();
+      throw WaitError{{j}, true};
     }
     futex_wait(
         &h->seq, v,
@@ -161,16 +179,23 @@ void ShmChannel::wait_rank(int j, uint32_t seq,
   }
 }
 
-ShmChannel::WaitError ShmChannel::missing(bool timed_out) const {
+ShmChannel::WaitError ShmChannel::missing() const {
   WaitError e;
-  e.timed_out = timed_out;
+  e.timed_out = true;
   for (int k = 0; k < size_; ++k) {
-    if (k != rank_ && !reached(header(k)->seq.load(), seq_) &&
-        (timed_out || gone(k))) {
+    if (k != rank_ && !reached(header(k)->seq.load(), seq_)) {
       e.ranks.push_back(k);
     }
   }
   return e;
+}
+
+std::vector<int> ShmChannel::left() const {
+  std::vector<int> out;
+  for (int k = 0; k < size_; ++k) {
+    if (k != rank_ && gone(k)) out.push_back(k);
+  }
+  return out;
 }
 
 void ShmChannel::close() {
@@ -179,6 +204,30 @@ void ShmChannel::close() {
   Header* h = header(rank_);
   h->closed.store(1, std::memory_order_seq_cst);
   futex_wake(&h->seq);
+}
+
+bool ShmChannel::record_failure(std::string_view cause) {
+  if (segment(0) == nullptr) return false;  // rank 0's not mapped here
+  Header* h = header(0);
+  uint32_t none = kNoFailure;
+  if (!h->failure_state.compare_exchange_strong(none, kWritingFailure,
+                                                std::memory_order_acq_rel)) {
+    return false;
+  }
+  const size_t n = std::min(cause.size(), kFailureBytes);
+  std::memcpy(h->failure, cause.data(), n);
+  h->failure_bytes = static_cast<uint32_t>(n);
+  h->failure_state.store(kFailureWritten, std::memory_order_release);
+  return true;
+}
+
+std::string ShmChannel::first_failure() const {
+  if (segment(0) == nullptr) return "";
+  const Header* h = header(0);
+  if (h->failure_state.load(std::memory_order_acquire) != kFailureWritten) {
+    return "";
+  }
+  return std::string(h->failure, h->failure_bytes);
 }
 
 }  // namespace dlaunch::comm::gloo

@@ -6,6 +6,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/gloo/shm_segment.h"
@@ -56,10 +57,14 @@ class ShmChannel {
                   std::span<const std::span<const char>> parts);
   // Waits until every peer has posted the current call, at most until
   // `deadline`; throws WaitError otherwise. Between futex sleeps of at
-  // most 100 ms it checks whether a rank it waits for has left.
+  // most 100 ms it checks whether any peer has left: every rank takes part
+  // in every call, so one that left fails the call even while this rank
+  // waits for another (a stopped or slow one). WaitError then names every
+  // peer that has left; at the deadline, every peer missing from the call.
   void wait(std::chrono::steady_clock::time_point deadline);
   // Waits until rank `j` alone has posted call number `seq` (pipelined
-  // steps wait for the ranks they read from); WaitError names only `j`.
+  // steps wait for the ranks they read from); fails as wait() does, except
+  // that a timeout names only `j`.
   void wait_for(int j, uint32_t seq,
                 std::chrono::steady_clock::time_point deadline);
   // The number of this rank's current call (its count of posts).
@@ -70,20 +75,34 @@ class ShmChannel {
   // so that they fail at once instead of at their timeout.
   void close();
 
+  // The group's first failure, written once for every rank to read: it
+  // lives in rank 0's segment, which stays mapped while any rank runs, so
+  // it outlives the store (rank 0 may host it and take it down when it
+  // leaves) and the rank that wrote it. Records `cause` (cut to
+  // kFailureBytes) unless a failure is recorded already; returns whether
+  // it did. Call it before close(), so that a peer that sees this rank
+  // leave finds the cause. Any thread, any rank.
+  bool record_failure(std::string_view cause);
+  // The recorded first failure, or "" when none is (or its writer died
+  // while writing it).
+  std::string first_failure() const;
+  static constexpr size_t kFailureBytes = 448;
+
  private:
   struct Header;
   char* segment(int j) const;  // rank j's mapping (this rank's own too)
   Header* header(int j) const;
   bool gone(int j) const;
   // Waits for rank j to reach call `seq`, spending what is left of `spin`
-  // before it sleeps; on failure names every rank missing from the current
-  // call (`all`) or `j` alone.
+  // before it sleeps; fails as wait() and wait_for() say (`all`: a
+  // timeout names every rank missing from the current call, else `j`).
   void wait_rank(int j, uint32_t seq,
                  std::chrono::steady_clock::time_point deadline, bool all,
                  SpinWait& spin);
-  // The ranks that have not posted the current call: every one when
-  // `timed_out`, else those that left.
-  WaitError missing(bool timed_out) const;
+  // Every peer missing from the current call (at the deadline).
+  WaitError missing() const;
+  // Every peer that has left.
+  std::vector<int> left() const;
 
   std::string base_;
   int rank_;

@@ -373,6 +373,28 @@ void expect_no_new_shm(const std::set<std::string>& before) {
   for (const auto& n : left) ADD_FAILURE() << "left in /dev/shm: " << n;
 }
 
+// The op-loop job on 3 ranks (timeout 60 s, DLAUNCH_COMM_CMA=`cma`),
+// running `op` on `bytes` until it fails; returned once every rank has done
+// one (empty if one never did, a failure added).
+std::vector<std::unique_ptr<Subprocess>> start_op_loop(const char* op,
+                                                       const char* bytes,
+                                                       const char* cma = "") {
+  auto procs = start_workers(3, {"op-loop", op, bytes},
+                             {{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", std::to_string(free_port())},
+                              {"DLAUNCH_COMM_TIMEOUT", "60"},
+                              {"DLAUNCH_COMM_CMA", cma}});
+  for (int r = 0; r < 3; ++r) {
+    if (!procs[r]->wait_for_output("rank " + std::to_string(r) + " ready",
+                                   seconds(30))) {
+      ADD_FAILURE() << op << " of " << bytes << " bytes, rank " << r
+                    << " never ready: " << procs[r]->err();
+      return {};
+    }
+  }
+  return procs;
+}
+
 // Each collective on shared memory, its data with the check (4 KiB) and in
 // segment steps (8 MiB), and the data-moving ones in single copy
 // (DLAUNCH_COMM_CMA=on; all_to_all here is in place, so it takes the
@@ -383,16 +405,8 @@ TEST(MultiProcessTest, PeerKilledMidEachSharedMemoryOperationFailsTheOthers) {
   auto kill_mid = [](const char* op, const char* bytes, const char* cma) {
     const std::string what =
         std::string(op) + " of " + bytes + " bytes, single copy '" + cma + "'";
-    auto procs = start_workers(3, {"op-loop", op, bytes},
-                               {{"MASTER_ADDR", "127.0.0.1"},
-                                {"MASTER_PORT", std::to_string(free_port())},
-                                {"DLAUNCH_COMM_TIMEOUT", "60"},
-                                {"DLAUNCH_COMM_CMA", cma}});
-    for (int r = 0; r < 3; ++r) {
-      ASSERT_TRUE(procs[r]->wait_for_output(
-          "rank " + std::to_string(r) + " ready", seconds(30)))
-          << what << ", rank " << r << ": " << procs[r]->err();
-    }
+    auto procs = start_op_loop(op, bytes, cma);
+    ASSERT_FALSE(procs.empty()) << what;
     procs[1]->signal(SIGKILL);
     for (int r : {0, 2}) {
       CommandResult res = procs[r]->wait(seconds(15));
@@ -410,6 +424,42 @@ TEST(MultiProcessTest, PeerKilledMidEachSharedMemoryOperationFailsTheOthers) {
   }
   for (const char* op : {"broadcast", "scatter", "gather", "all_gather"}) {
     kill_mid(op, "8388608", "on");
+  }
+  expect_no_new_shm(before);
+}
+
+// Rank 1 is SIGKILLed while rank 2 is stopped: rank 0 sees it leave (also
+// while it waits for the stopped rank), fails and exits, taking the store
+// it hosts with it. Rank 2, resumed, finds ranks 0 and 1 gone and must
+// still report rank 0's failure as the group's first: it comes from
+// shared memory, not from the dead store. Under load this was a race (rank
+// 2 reading the store before or after rank 0 exited); stopping rank 2
+// makes it the losing case every time.
+TEST(MultiProcessTest, TheFirstFailureOutlivesTheRankHostingTheStore) {
+  const std::set<std::string> before = shm_names();
+  for (const char* op : {"broadcast", "all_reduce"}) {
+    for (const char* bytes : {"4096", "8388608"}) {
+      const std::string what = std::string(op) + " of " + bytes + " bytes";
+      auto procs = start_op_loop(op, bytes);
+      ASSERT_FALSE(procs.empty()) << what;
+      procs[2]->signal(SIGSTOP);
+      ASSERT_TRUE(eventually(
+          [&] { return process_state(procs[2]->pid()) == 'T'; }, seconds(10)));
+      procs[1]->signal(SIGKILL);
+      CommandResult r0 = procs[0]->wait(seconds(30));
+      EXPECT_FALSE(r0.timed_out) << what << ": rank 0 waited for rank 2";
+      EXPECT_EQ(r0.exit_code, 3) << what << ": " << r0.err;
+      const std::string first = std::string(op) +
+                                " on group 'world' (rank 0 of 3) failed: "
+                                "rank 1 has left the group";
+      EXPECT_THAT(r0.err, HasSubstr(first)) << what;
+      procs[2]->signal(SIGCONT);
+      CommandResult r2 = procs[2]->wait(seconds(30));
+      EXPECT_FALSE(r2.timed_out) << what << ": rank 2 hung";
+      EXPECT_EQ(r2.exit_code, 3) << what << ": " << r2.err;
+      EXPECT_THAT(r2.err, HasSubstr("(first failure, rank 0: " + first))
+          << what;
+    }
   }
   expect_no_new_shm(before);
 }

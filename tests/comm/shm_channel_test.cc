@@ -172,5 +172,67 @@ TEST(SpinWaitTest, GivesUpAfterItsBudgetAndResetStartsOver) {
   }
 }
 
+// Every rank takes part in every call: a peer that left fails the call
+// even while this rank still waits for another one (stopped, or slow),
+// not at the deadline.
+TEST(ShmChannelTest, APeerThatLeavesFailsAWaitForAnother) {
+  auto chans = make_group(unique_base(), 3, 64);
+  chans[0]->post({}, {});
+  chans[2]->post({}, {});
+  chans[2]->close();  // rank 1 never posts
+  try {
+    chans[0]->wait(Clock::now() + std::chrono::seconds(20));
+    ADD_FAILURE() << "wait returned without rank 1";
+  } catch (const ShmChannel::WaitError& e) {
+    EXPECT_FALSE(e.timed_out) << "waited for rank 1 until the deadline";
+    EXPECT_EQ(e.ranks, std::vector<int>{2});
+  }
+}
+
+// A pipelined step waits for one rank; when it fails it names every rank
+// that left, so that the one that failed first is among them.
+TEST(ShmChannelTest, AWaitForOneRankNamesEveryPeerThatLeft) {
+  auto chans = make_group(unique_base(), 3, 64);
+  chans[1]->close();  // failed first
+  chans[2]->close();  // left because of it
+  try {
+    chans[0]->wait_for(2, 1, Clock::now() + std::chrono::seconds(20));
+    ADD_FAILURE() << "wait_for returned without rank 2";
+  } catch (const ShmChannel::WaitError& e) {
+    EXPECT_FALSE(e.timed_out);
+    EXPECT_EQ(e.ranks, (std::vector<int>{1, 2}));
+  }
+}
+
+// A peer that finished the call may leave at once; a waiter that sees it
+// gone first must still take the post it waits for.
+TEST(ShmChannelTest, APeerLeavingAfterTheCallFailsNobody) {
+  auto chans = make_group(unique_base(), 3, 64);
+  for (auto& c : chans) c->post({}, {});
+  chans[2]->close();
+  EXPECT_NO_THROW(chans[0]->wait(Clock::now() + std::chrono::seconds(20)));
+  EXPECT_NO_THROW(
+      chans[1]->wait_for(0, 1, Clock::now() + std::chrono::seconds(20)));
+}
+
+// The first failure recorded is the one every rank reads, also after its
+// writer and rank 0 (whose segment holds it) have gone; later ones and
+// over-long ones do not overwrite or overrun it.
+TEST(ShmChannelTest, TheFirstFailureOutlivesItsWriterAndRankZero) {
+  auto chans = make_group(unique_base(), 3, 64);
+  EXPECT_EQ(chans[2]->first_failure(), "");
+  EXPECT_TRUE(chans[1]->record_failure("rank 1: the root cause"));
+  EXPECT_FALSE(chans[0]->record_failure("rank 0: rank 1 has left"));
+  EXPECT_FALSE(chans[2]->record_failure(std::string(10000, 'x')));
+  chans[1].reset();
+  chans[0].reset();
+  EXPECT_EQ(chans[2]->first_failure(), "rank 1: the root cause");
+
+  auto other = make_group(unique_base(), 2, 64);
+  EXPECT_TRUE(other[1]->record_failure(std::string(10000, 'y')));
+  EXPECT_EQ(other[0]->first_failure(),
+            std::string(ShmChannel::kFailureBytes, 'y'));
+}
+
 }  // namespace
 }  // namespace dlaunch::comm::gloo

@@ -83,14 +83,19 @@ TEST(Robustness, AStalledConsoleDelaysNeitherSignalsNorTheExit) {
   const std::string marker = (dir / "got-term-").string();
   Subprocess p({{kDlaunch, "--nproc-per-node", "2", "--log-dir",
                  dir.path().string(), "--run-id", "s", "-t", "1", "sh", "-c",
-                 "yes line-$LOCAL_RANK-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx & "
-                 "trap 'touch " +
-                     marker + "$LOCAL_RANK; exit 0' TERM; wait"},
+                 // The trap first: a worker's output in its log then
+                 // proves the trap is set (set after `yes` started, a
+                 // slow shell could get SIGTERM before it and die).
+                 "trap 'touch " + marker +
+                     "$LOCAL_RANK; exit 0' TERM; "
+                     "yes line-$LOCAL_RANK-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx & "
+                     "wait"},
                 {},
                 {},
                 "",
                 console.writer()});
-  // Both workers are writing and the console is full.
+  // Both workers are writing (so both have their trap set) and the
+  // console is full.
   const auto log0 = dir / "s/attempt_0/0/stdout.log";
   const auto log1 = dir / "s/attempt_0/1/stdout.log";
   ASSERT_TRUE(eventually(
