@@ -68,6 +68,12 @@ struct AgentCommand {
   // Its output lines start with "HOST: " (pdsh): the head takes the host
   // from there. Otherwise every line is hosts[0]'s.
   bool host_prefixed_lines = false;
+  // Its output lines start with "N: " (srun --label, spaces before N
+  // allowed): they are hosts[N]'s.
+  bool task_labelled_lines = false;
+  // It runs in a process group of its own, out of reach of the signals a
+  // terminal sends the head's group (Ctrl-C): the head stops it.
+  bool own_process_group = false;
   // Files the head writes first (pdsh's exec module runs on this machine:
   // its job file is placed directly), path -> contents, mode 0600.
   std::map<std::filesystem::path, std::string> local_files;
@@ -103,9 +109,15 @@ class AgentLauncher {
   virtual std::vector<AgentCommand> ship_commands(const LaunchPlan&) const {
     return {};
   }
+  // Whether the head runs its own machine's agent in-process when that
+  // machine is one of the hosts (ssh, pdsh, local); false: the backend
+  // starts every host's agent, the head's machine's too (slurm: each
+  // agent is a task of the allocation, on its resources).
+  virtual bool head_agent_in_process() const = 0;
 };
 
-// The backend called `name` ("ssh", "pdsh", "local"); nullptr for none.
+// The backend called `name` ("ssh", "pdsh", "slurm", "local"); nullptr
+// for none.
 std::unique_ptr<AgentLauncher> make_agent_launcher(std::string_view name);
 
 // The names make_agent_launcher() knows, for messages.

@@ -25,6 +25,7 @@
 #include "comm/fault_spec.h"
 #include "launcher/flags.h"
 #include "launcher/job_file.h"
+#include "launcher/multi_host.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -366,7 +367,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   if (has("print-config")) o.mode = LaunchOptions::Mode::kPrintConfig;
   try {
     check_rendezvous(o);
-    check_hosts(o);
+    check_hosts(o, env);
   } catch (const BadValue& b) {
     return UsageError{"dlaunch: " + b.message};
   }
@@ -386,9 +387,22 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   // when each round forms.
   if (o.rdzv.min_nodes == o.rdzv.max_nodes &&
       o.nproc_per_node_unresolved.empty()) {
-    const int nodes = o.rdzv.max_nodes;
-    const int world = nodes * o.agent.nproc_per_node;
+    int nodes = o.rdzv.max_nodes;
+    int world = nodes * o.agent.nproc_per_node;
+    if (!o.hosts.empty()) {
+      // The head of a multi-host job: one node per host, each with its
+      // slots or GPUs; a host that resolves cpu, gpu or auto itself leaves
+      // the check to the agents.
+      nodes = static_cast<int>(o.hosts.size());
+      world = 0;
+      for (const Host& h : o.hosts) {
+        int n = 0;
+        world =
+            world >= 0 && parse_number(workers_on(o, h), n) ? world + n : -1;
+      }
+    }
     for (const agent::Fault& f : o.agent.faults) {
+      if (world < 0) break;
       std::string why = agent::fault_out_of_range(f, world, nodes);
       if (!why.empty()) {
         return UsageError{"dlaunch: fault '" + f.spec + "': " + why};

@@ -15,6 +15,7 @@
 #include <boost/process/v2/process.hpp>
 #include <boost/process/v2/stdio.hpp>
 #include <cerrno>
+#include <charconv>
 #include <csignal>
 #include <cstring>
 #include <fstream>
@@ -35,9 +36,11 @@ namespace bp = boost::process::v2;
 // their stdin end).
 struct DieWithParent {
   pid_t parent = ::getpid();
+  bool own_group = false;  // AgentCommand::own_process_group
   template <typename Launcher, typename Path>
   boost::system::error_code on_exec_setup(Launcher&, const Path&,
                                           const char* const*) {
+    if (own_group) ::setpgid(0, 0);
     agent::die_with_parent(parent);
     return {};
   }
@@ -79,7 +82,15 @@ struct CommandRunner::Impl {
       size_t nl = text.find('\n', pos);
       std::string_view line(text.data() + pos, nl - pos);
       pos = nl + 1;
-      if (c.cmd->host_prefixed_lines) {
+      if (c.cmd->task_labelled_lines) {
+        // srun's "N: line" (or "  N: line") becomes "HOST line".
+        int task = -1;
+        std::string_view rest = task_label(line, task);
+        if (task >= 0 && static_cast<size_t>(task) < c.cmd->hosts.size()) {
+          out += c.cmd->hosts[static_cast<size_t>(task)] + " ";
+        }
+        out += rest;
+      } else if (c.cmd->host_prefixed_lines) {
         // pdsh's "HOST: line" becomes "HOST line".
         bool mine = false;
         for (const std::string& h : c.cmd->hosts) {
@@ -209,11 +220,13 @@ struct CommandRunner::Impl {
       if (c.in) {
         c.proc = std::make_unique<bp::process>(
             io, exe, args, bp::process_stdio{*c.in, *c.out, *c.err},
-            bp::process_environment(env_list), DieWithParent{});
+            bp::process_environment(env_list),
+            DieWithParent{.own_group = cmd.own_process_group});
       } else {
         c.proc = std::make_unique<bp::process>(
             io, exe, args, bp::process_stdio{nullptr, *c.out, *c.err},
-            bp::process_environment(env_list), DieWithParent{});
+            bp::process_environment(env_list),
+            DieWithParent{.own_group = cmd.own_process_group});
       }
     } catch (const std::exception& e) {
       c.result.out = "cannot start " + exe + ": " + e.what();
@@ -238,6 +251,21 @@ struct CommandRunner::Impl {
     }
   }
 };
+
+std::string_view task_label(std::string_view line, int& task) {
+  task = -1;
+  size_t start = line.find_first_not_of(' ');
+  size_t colon = line.find(": ");
+  if (start == std::string_view::npos || colon == std::string_view::npos ||
+      colon <= start || colon - start > 9) {
+    return line;
+  }
+  int n = 0;
+  auto [p, ec] = std::from_chars(line.data() + start, line.data() + colon, n);
+  if (ec != std::errc() || p != line.data() + colon) return line;
+  task = n;
+  return line.substr(colon + 2);
+}
 
 CommandRunner::CommandRunner(std::vector<AgentCommand> commands,
                              CommandOutput output)

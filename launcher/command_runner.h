@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -63,5 +64,10 @@ class CommandRunner {
   std::vector<AgentCommand> commands_;
   std::unique_ptr<Impl> impl_;
 };
+
+// Splits srun --label's "N: " (spaces before N allowed) off `line`: sets
+// `task` to N and returns the rest; without a label sets -1 and returns
+// `line` whole.
+std::string_view task_label(std::string_view line, int& task);
 
 }  // namespace dlaunch::launcher

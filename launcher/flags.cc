@@ -13,6 +13,7 @@
 #include "comm/fault_spec.h"
 #include "launcher/cli.h"
 #include "launcher/hosts.h"
+#include "launcher/slurm.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -835,16 +836,19 @@ std::vector<FlagSpec> make_table() {
          return std::nullopt;  // applied to `hosts`
        }},
       {.name = "launcher",
-       .placeholder = "ssh|pdsh|local",
+       .placeholder = "ssh|pdsh|slurm|local",
        .key = "launcher",
        .default_text = "ssh",
        .help = "How the head starts an agent on each host other than "
                "itself: ssh (one connection per host, carrying the job, its "
                "environment and token on stdin), pdsh (pdsh -S -b over all "
-               "hosts; PDSH_RCMD_TYPE respected), local (a process on this "
-               "machine per host, for loopback addresses 127.0.0.x).",
+               "hosts; PDSH_RCMD_TYPE respected), slurm (inside a Slurm "
+               "allocation: one srun task per node, every node an agent, "
+               "the hosts the allocation's nodes unless --hosts names some "
+               "of them), local (a process on this machine per host, for "
+               "loopback addresses 127.0.0.x).",
        .section = "HOSTS",
-       .choices = {"ssh", "pdsh", "local"},
+       .choices = {"ssh", "pdsh", "slurm", "local"},
        .apply = [](const FlagSpec& f, const std::string& v, Options& o,
                    const agent::EnvMap&) { o.remote.launcher = one_of(f, v); },
        .print = [](const Options& o) -> std::optional<std::string> {
@@ -1299,10 +1303,18 @@ void check_rendezvous(LaunchOptions& o) {
   if (r.endpoint_host.empty()) o.standalone = true;
 }
 
-void check_hosts(LaunchOptions& o) {
+void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {
   RemoteOptions& r = o.remote;
   if (!r.hosts_text.empty() && !r.hostfile.empty()) {
     throw BadValue{"--hosts and --hostfile both name the hosts; keep one"};
+  }
+  if (r.launcher == "slurm") {
+    // The allocation's nodes, or the given ones that are in it.
+    try {
+      o.hosts = slurm_hosts(read_slurm_allocation(env), o.hosts);
+    } catch (const HostsError& e) {
+      throw BadValue{e.what()};
+    }
   }
   if ((!r.include.empty() || !r.exclude.empty()) && o.hosts.empty()) {
     throw BadValue{std::string(r.include.empty() ? "--exclude" : "--include") +

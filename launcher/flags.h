@@ -132,9 +132,10 @@ std::chrono::milliseconds parse_duration(const FlagSpec& flag,
 void check_rendezvous(LaunchOptions& options);
 
 // Checks the HOSTS flags together once every flag is applied: one host
-// source, --include/--exclude over it, launcher settings that need hosts.
-// Throws BadValue with the whole message.
-void check_hosts(LaunchOptions& options);
+// source, --include/--exclude over it, launcher settings that need hosts;
+// with --launcher slurm the hosts come from the allocation in `env`
+// (slurm.h). Throws BadValue with the whole message.
+void check_hosts(LaunchOptions& options, const agent::EnvMap& env);
 
 // Splits `text` into words as a POSIX shell would ("-o 'A B'" is two
 // words), without expansions. Throws BadValue for an unclosed quote.

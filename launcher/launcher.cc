@@ -296,10 +296,7 @@ int main(int argc, char** argv) {
   LaunchOptions here = options;
   if (!options.hosts.empty()) {
     const Host& h = options.hosts[0];
-    if (options.hosts.size() > 1 ||
-        !is_head_host(h.name, options.rdzv.local_addr)) {
-      return launch_hosts(options);
-    }
+    if (needs_head(options)) return launch_hosts(options);
     if (h.gpus.empty() && !options.nproc_per_node_unresolved.empty()) {
       write_stderr("dlaunch: --nproc-per-node " + options.nproc_per_node_spec +
                    ": " + options.nproc_per_node_unresolved + "\n");

@@ -57,6 +57,9 @@ bool forwarded_by_default(const std::string& name) {
       name == "DLAUNCH_RDZV_TOKEN") {
     return false;
   }
+  // The head's faults (these included) travel as --fault in each agent's
+  // arguments: forwarded too, each would be given twice.
+  if (name == "DLAUNCH_FAULTS") return false;
   for (const char* p :
        {"NCCL_", "CUDA_", "GLOO_", "OMP_", "PYTHON", "DLAUNCH_", "TORCH"}) {
     if (name.starts_with(p)) return true;
@@ -74,19 +77,24 @@ bool head_decides(std::string_view name) {
   return false;
 }
 
-// A host's worker count: its GPUs or slots unless --nproc-per-node was
-// given; as text, since cpu, gpu and auto are the host's to resolve.
-std::string workers_on(const LaunchOptions& o, const Host& h) {
-  if (!h.gpus.empty()) return std::to_string(h.gpus.size());
-  if (h.slots > 0 && !o.nproc_per_node_given) return std::to_string(h.slots);
-  if (!o.nproc_per_node_spec.empty()) return o.nproc_per_node_spec;
-  return std::to_string(o.agent.nproc_per_node);
-}
-
 std::string gpu_list(const std::vector<int>& gpus) {
   std::string out;
   for (int g : gpus) out += (out.empty() ? "" : ",") + std::to_string(g);
   return out;
+}
+
+// Whether `program` is a path or a name found in `env`'s PATH.
+bool in_path(const std::string& program, const agent::EnvMap& env) {
+  if (program.find('/') != std::string::npos) return true;
+  auto path = env.find("PATH");
+  std::istringstream dirs(path == env.end() ? "" : path->second);
+  for (std::string d; std::getline(dirs, d, ':');) {
+    if (::access((fs::path(d.empty() ? "." : d) / program).c_str(), X_OK) ==
+        0) {
+      return true;
+    }
+  }
+  return false;
 }
 
 // The pre-flight table: one line per host that failed, all at once.
@@ -137,7 +145,15 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
       if (at == std::string::npos) continue;
       std::string host = c.hosts.empty() ? "" : c.hosts[0];
       if (c.host_prefixed_lines && at >= 2) host = line.substr(0, at - 2);
-      if (!c.host_prefixed_lines && c.hosts.size() > 1) {
+      if (c.task_labelled_lines) {
+        int task = -1;
+        task_label(line, task);
+        if (task >= 0 && static_cast<size_t>(task) < c.hosts.size()) {
+          host = c.hosts[static_cast<size_t>(task)];
+        }
+      }
+      if (!c.host_prefixed_lines && !c.task_labelled_lines &&
+          c.hosts.size() > 1) {
         for (const std::string& h : c.hosts) answer[h] = line.substr(at);
       } else {
         answer[host] = line.substr(at);
@@ -210,6 +226,21 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
 
 }  // namespace
 
+bool needs_head(const LaunchOptions& o) {
+  if (o.hosts.empty()) return false;
+  std::unique_ptr<AgentLauncher> backend =
+      make_agent_launcher(o.remote.launcher);
+  return o.hosts.size() > 1 || !backend || !backend->head_agent_in_process() ||
+         !is_head_host(o.hosts[0].name, o.rdzv.local_addr);
+}
+
+std::string workers_on(const LaunchOptions& o, const Host& h) {
+  if (!h.gpus.empty()) return std::to_string(h.gpus.size());
+  if (h.slots > 0 && !o.nproc_per_node_given) return std::to_string(h.slots);
+  if (!o.nproc_per_node_spec.empty()) return o.nproc_per_node_spec;
+  return std::to_string(o.agent.nproc_per_node);
+}
+
 bool is_head_host(const std::string& host, const std::string& local_addr) {
   const std::string me = machine_name();
   return host == local_addr || host == me ||
@@ -263,6 +294,13 @@ std::map<std::string, std::string> remote_environment(
     }
   }
   for (const auto& [k, v] : o.env) env[k] = v;
+  // -x DLAUNCH_FAULTS: the head's own faults already travel as --fault.
+  auto faults = env.find("DLAUNCH_FAULTS");
+  auto mine = head_env.find("DLAUNCH_FAULTS");
+  if (faults != env.end() && mine != head_env.end() &&
+      faults->second == mine->second) {
+    env.erase(faults);
+  }
   return env;
 }
 
@@ -377,7 +415,8 @@ int launch_hosts(const LaunchOptions& job) {
   if (plan.remote_dlaunch.empty()) plan.remote_dlaunch = self.string();
   std::optional<Host> head_host;
   for (const Host& h : o.hosts) {
-    if (!head_host && is_head_host(h.name, o.rdzv.local_addr)) {
+    if (!head_host && backend->head_agent_in_process() &&
+        is_head_host(h.name, o.rdzv.local_addr)) {
       head_host = h;
       continue;
     }
@@ -410,6 +449,19 @@ int launch_hosts(const LaunchOptions& job) {
   } remove_staging{plan.staging_dir};
 
   if (!plan.jobs.empty()) {
+    // The backend's own tool (ssh, pdsh, srun) first: without it every
+    // host would fail the same way.
+    for (const AgentCommand& c : backend->check_commands(plan)) {
+      // (--launcher local runs dlaunch itself: the pre-flight checks it.)
+      if (c.argv[0] != plan.remote_dlaunch && !in_path(c.argv[0], head_env)) {
+        write_stderr("dlaunch: --launcher " + o.remote.launcher + " runs " +
+                     c.argv[0] +
+                     ", which is not in PATH; install it (scripts/setup "
+                     "installs openssh-client, pdsh and slurm-client) or add "
+                     "its folder to PATH\n");
+        return 1;
+      }
+    }
     std::vector<PreflightFailure> failures = preflight(*backend, plan);
     // dlaunch ships itself to the hosts that lack it.
     failures = ship_where_missing(

@@ -24,8 +24,9 @@ int launch_hosts(const LaunchOptions& options);
 // The variables every host's agent gets on top of its own environment:
 // PATH, LD_LIBRARY_PATH and the NCCL_ CUDA_ GLOO_ OMP_ PYTHON DLAUNCH_
 // TORCH variables of `head_env`, then --env-file's, then --export's, then
-// the job file's env map. Throws std::runtime_error for an unreadable or
-// bad --env-file (naming its line).
+// the job file's env map; never the head's DLAUNCH_FAULTS, whose faults
+// reach the agents as --fault (agent_args). Throws std::runtime_error for
+// an unreadable or bad --env-file (naming its line).
 std::map<std::string, std::string> remote_environment(
     const LaunchOptions& options, const agent::EnvMap& head_env);
 
@@ -38,6 +39,16 @@ std::vector<std::string> agent_args(const LaunchOptions& options,
                                     const Host& host,
                                     const std::string& endpoint,
                                     const std::string& run_id);
+
+// Whether `options` is the head's job (launch_hosts): more than one host,
+// a host other than this machine, or a backend that starts every host's
+// agent itself (slurm).
+bool needs_head(const LaunchOptions& options);
+
+// A host's worker count: its GPUs, else its slots unless --nproc-per-node
+// was given, else --nproc-per-node's; as text, since cpu, gpu and auto
+// are the host's to resolve.
+std::string workers_on(const LaunchOptions& options, const Host& host);
 
 // Whether `host` names the head's machine: its host name (full or short),
 // --local-addr, localhost, 127.0.0.1 or ::1. Other loopback addresses

@@ -6,6 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -73,10 +74,37 @@ RemoteJob pick_job(const std::vector<RemoteJob>& jobs, const std::string& host,
 RemoteJob load_job(const std::vector<std::string>& args, bool& from_stdin) {
   std::string file = option(args, "--job-file");
   from_stdin = file.empty();
-  if (from_stdin) {
-    // The head writes the whole job at once; a minute covers a slow link.
-    return read_remote_job(STDIN_FILENO, std::chrono::seconds(60));
+  // The head writes the whole job at once; a minute covers a slow link.
+  const std::chrono::seconds bound(60);
+  if (from_stdin &&
+      std::find(args.begin(), args.end(), "--slurm-task") != args.end()) {
+    // srun gives every task the same stdin, every node's job one after
+    // another: this node's is the one named by Slurm's name for it. The
+    // others are left to watch_head_connection(), which reads to the end.
+    const char* node = std::getenv("SLURMD_NODENAME");
+    if (node == nullptr || *node == '\0') {
+      throw RemoteJobError(
+          "--slurm-task: SLURMD_NODENAME is not set; this runs as a task "
+          "of `srun`, started by `dlaunch --launcher slurm`");
+    }
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    std::string seen;
+    while (true) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      RemoteJob job;
+      try {
+        job = read_remote_job(STDIN_FILENO,
+                              std::max(left, std::chrono::milliseconds(1)));
+      } catch (const RemoteJobError& e) {
+        throw RemoteJobError(std::string(e.what()) + "; no job for node '" +
+                             node + "' among those read (" + seen + ")");
+      }
+      if (job.host == node) return job;
+      seen += (seen.empty() ? "" : ", ") + job.host;
+    }
   }
+  if (from_stdin) return read_remote_job(STDIN_FILENO, bound);
   std::ifstream in(file);
   if (!in) {
     throw RemoteJobError("cannot read the job file " + file + ": " +
@@ -161,6 +189,11 @@ int remote_agent_main(const std::vector<std::string>& args) {
     write_stderr(std::string("dlaunch: --remote-agent: ") + e.what() + "\n");
     return 1;
   }
+  // The job's faults are in its arguments (--fault); the ones this process
+  // inherited (the head's own, with local, pdsh's exec module or srun)
+  // would be given twice.
+  ::unsetenv("DLAUNCH_FAULTS");
+  ::unsetenv("PET_FAULTS");
   for (const auto& [name, value] : job.env) {
     ::setenv(name.c_str(), value.c_str(), 1);
   }

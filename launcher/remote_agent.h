@@ -9,9 +9,10 @@ namespace dlaunch::launcher {
 // (agent_launcher.h); `dlaunch` dispatches to them when its first
 // argument is one of these flags. Each returns the process exit code.
 
-// `dlaunch --remote-agent --job-tag TAG [--job-file PATH [--host NAME]]`:
-// one host's
-// agent. Reads its RemoteJob from stdin (ssh, local), or its entry of a
+// `dlaunch --remote-agent --job-tag TAG [--job-file PATH [--host NAME]]
+// [--slurm-task]`: one host's agent. Reads its RemoteJob from stdin (ssh,
+// local; with --slurm-task, an srun task's stdin carrying every node's
+// job, its own the one for SLURMD_NODENAME), or its entry of a
 // 0600 job file (pdsh: by --host, else by this machine's names; the file
 // is removed once read); sets the job's environment and working folder
 // and runs the agent as `dlaunch ARGS` would. With stdin, the end of stdin

@@ -11,6 +11,7 @@ using Factory = std::unique_ptr<AgentLauncher> (*)();
 constexpr std::pair<std::string_view, Factory> kBackends[] = {
     {"ssh", backends::make_ssh},
     {"pdsh", backends::make_pdsh},
+    {"slurm", backends::make_slurm},
     {"local", backends::make_local},
 };
 

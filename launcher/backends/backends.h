@@ -12,6 +12,7 @@ namespace dlaunch::launcher::backends {
 std::unique_ptr<AgentLauncher> make_local();
 std::unique_ptr<AgentLauncher> make_ssh();
 std::unique_ptr<AgentLauncher> make_pdsh();
+std::unique_ptr<AgentLauncher> make_slurm();
 
 // ship_commands() for hosts that are this machine (--launcher local,
 // pdsh's exec module): one local `sh -c ship_script()` per copy.

@@ -62,6 +62,8 @@ class LocalLauncher : public AgentLauncher {
       const LaunchPlan& plan) const override {
     return local_ship_commands(plan);
   }
+
+  bool head_agent_in_process() const override { return true; }
 };
 
 }  // namespace

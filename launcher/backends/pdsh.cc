@@ -72,6 +72,8 @@ class PdshLauncher : public AgentLauncher {
     return local_ship_commands(plan);
   }
 
+  bool head_agent_in_process() const override { return true; }
+
  private:
   static bool exec_module(const LaunchPlan& plan) {
     auto it = plan.head_env.find("PDSH_RCMD_TYPE");

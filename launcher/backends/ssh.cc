@@ -57,6 +57,8 @@ class SshLauncher : public AgentLauncher {
     return out;
   }
 
+  bool head_agent_in_process() const override { return true; }
+
  private:
   static AgentCommand command(const LaunchPlan& plan, const std::string& host,
                               const std::vector<std::string>& remote) {

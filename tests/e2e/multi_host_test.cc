@@ -54,19 +54,29 @@ std::string unique_mark() {
   return "m" + std::to_string(rd()) + std::to_string(::getpid());
 }
 
-// The processes of this user whose environment holds DLT_MARK=`mark`.
+// The processes whose environment holds DLT_MARK=`mark`.
 std::vector<pid_t> marked(const std::string& mark) {
+  return testing::processes_with_env("DLT_MARK=" + mark);
+}
+
+// The live processes of job `tag`: agents (`--job-tag TAG` in their
+// command line) and workers (DLAUNCH_JOB_TAG=TAG in their environment).
+std::vector<pid_t> tagged(const std::string& tag) {
   std::vector<pid_t> out;
-  const std::string want = "DLT_MARK=" + mark;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(e.path() / "environ", std::ios::binary);
-    std::string env((std::istreambuf_iterator<char>(in)),
-                    std::istreambuf_iterator<char>());
-    // Zombies keep no environment; a match is a live process.
-    if (env.find(want + '\0') != std::string::npos || env.ends_with(want)) {
+    std::string text;
+    for (const char* f : {"cmdline", "environ"}) {
+      std::ifstream in(e.path() / f, std::ios::binary);
+      text.append(std::istreambuf_iterator<char>(in),
+                  std::istreambuf_iterator<char>());
+      text += '\0';
+    }
+    if (text.find(std::string("--job-tag") + '\0' + tag + '\0') !=
+            std::string::npos ||
+        text.find("DLAUNCH_JOB_TAG=" + tag + '\0') != std::string::npos) {
       out.push_back(std::stoi(name));
     }
   }
@@ -75,12 +85,7 @@ std::vector<pid_t> marked(const std::string& mark) {
 
 // Waits (bounded) until no process carries `mark`; true when none does.
 bool none_left(const std::string& mark, std::chrono::milliseconds bound) {
-  auto deadline = std::chrono::steady_clock::now() + bound;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (marked(mark).empty()) return true;
-    std::this_thread::sleep_for(50ms);  // polling observed state
-  }
-  return marked(mark).empty();
+  return testing::eventually([&] { return marked(mark).empty(); }, bound);
 }
 
 std::vector<std::string> head(const std::string& launcher,
@@ -229,6 +234,58 @@ TEST_P(MultiHost, SigintToTheHeadLeavesNothingOnAnyHost) {
   EXPECT_FALSE(r.timed_out) << r.err;
   EXPECT_NE(r.exit_code, 0);
   EXPECT_TRUE(none_left(mark, 30s)) << marked(mark).size() << " left";
+}
+
+// A SIGKILLed head cannot tear anything down: every agent must notice on
+// its own (its connection to the head, its link to the head's store) and
+// end its workers.
+TEST_P(MultiHost, SigkillToTheHeadLeavesNothingOnAnyHost) {
+  const std::string mark = unique_mark();
+  Subprocess job(cmd(head("127.0.0.[2-3]", mark,
+                          {"--nproc-per-node", "2", "sh", "-c",
+                           "echo up-$RANK-$DLAUNCH_JOB_TAG.; exec sleep 300"}),
+                     env_for(GetParam())));
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(job.wait_for_output("up-" + std::to_string(rank), 60s))
+        << job.out() << job.err();
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(job.out(), m,
+                                std::regex("up-0-(dlaunch-job-\\w+)\\.")));
+  const std::string tag = m[1];
+  // Both agents (--job-tag in their command line) and the four workers.
+  EXPECT_GE(tagged(tag).size(), 6u);
+  EXPECT_EQ(marked(mark).size(), 4u);
+  job.signal(SIGKILL);
+  EXPECT_EQ(job.wait(10s).signal, SIGKILL);
+  EXPECT_TRUE(none_left(mark, 60s)) << marked(mark).size() << " left";
+  EXPECT_TRUE(testing::eventually([&] { return tagged(tag).empty(); }, 30s))
+      << tagged(tag).size() << " left";
+}
+
+// The head's faults (--fault and DLAUNCH_FAULTS) reach the agents it
+// starts and fire on the host that runs their rank: each costs one
+// restart, and the job then finishes.
+TEST_P(MultiHost, FaultsFireOnTheHostsTheHeadStarted) {
+  const std::string mark = unique_mark();
+  auto env = env_for(GetParam());
+  env["DLAUNCH_FAULTS"] = "kill:rank=3";
+  CommandResult r = testing::run_command(
+      cmd(head("127.0.0.[2-3]", mark,
+               {"--nproc-per-node", "2", "--max-restarts", "2", "--fault",
+                "exit:rank=1:attempt=1:code=9", "sh", "-c",
+                "echo up-$RANK-$TORCHELASTIC_RESTART_COUNT; "
+                "if [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exec sleep "
+                "300; fi"}),
+          env),
+      120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("fault injected: kill:rank=3"));
+  EXPECT_THAT(r.err, HasSubstr("fault injected: exit:rank=1:code=9:attempt=1"));
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_THAT(r.out, HasSubstr("up-" + std::to_string(rank) + "-2")) << r.out;
+  }
+  EXPECT_TRUE(none_left(mark, 10s));
 }
 
 TEST_P(MultiHost, StoppingOneOfTwoJobsLeavesTheOther) {

@@ -9,8 +9,11 @@
 #include <thread>
 
 #include "launcher/agent_launcher.h"
+#include "launcher/command_runner.h"
+#include "launcher/hostfile.h"
 #include "launcher/remote_job.h"
 #include "launcher/ship.h"
+#include "launcher/slurm.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dlaunch::launcher {
@@ -282,6 +285,116 @@ TEST(ShipTest, ChecksumsDifferWithTheBytesAndStoredCopiesGo) {
   // Not a shipped copy: left alone.
   EXPECT_TRUE(std::filesystem::exists("/tmp/" + tag + "-h1.job"));
   std::filesystem::remove("/tmp/" + tag + "-h1.job");
+}
+
+TEST(BackendsTest, SlurmRunsOneSrunTaskPerNodeWithEveryJobOnStdin) {
+  auto slurm = make_agent_launcher("slurm");
+  LaunchPlan p = plan();
+  EXPECT_FALSE(slurm->head_agent_in_process());
+  auto start = slurm->start_commands(p);
+  ASSERT_EQ(start.size(), 1u);
+  EXPECT_THAT(start[0].argv,
+              ElementsAre("srun", "--input=all", "--nodes=2", "--ntasks=2",
+                          "--ntasks-per-node=1", "--nodelist=n1,n2",
+                          "--overlap", "--label", "--kill-on-bad-exit=0",
+                          "/opt/dl/dlaunch", "--remote-agent", "--job-tag",
+                          "dlaunch-job-0123456789abcdef", "--slurm-task"));
+  // Task N is hosts[N]; every node's job on the one stdin, none in argv.
+  EXPECT_EQ(start[0].hosts, (std::vector<std::string>{"n1", "n2"}));
+  EXPECT_TRUE(start[0].task_labelled_lines);
+  EXPECT_TRUE(start[0].own_process_group);
+  EXPECT_EQ(decode_remote_jobs(start[0].stdin_data), p.jobs);
+  for (const std::string& a : start[0].argv) {
+    EXPECT_EQ(a.find("secret"), std::string::npos);
+  }
+  auto check = slurm->check_commands(p);
+  ASSERT_EQ(check.size(), 1u);
+  EXPECT_THAT(check[0].argv,
+              ::testing::IsSupersetOf(
+                  {"--overlap", "--label", "--remote-check", "train.py"}));
+  auto stop = slurm->stop_commands(p);
+  ASSERT_EQ(stop.size(), 1u);
+  EXPECT_EQ(stop[0].argv.back(), "dlaunch-job-0123456789abcdef");
+  EXPECT_THAT(stop[0].argv, ::testing::Contains("--overlap"));
+}
+
+TEST(BackendsTest, SrunLabelsNameTheTask) {
+  int task = -1;
+  EXPECT_EQ(task_label("0: [default0]:hi", task), "[default0]:hi");
+  EXPECT_EQ(task, 0);
+  EXPECT_EQ(task_label(" 12: x: y", task), "x: y");
+  EXPECT_EQ(task, 12);
+  EXPECT_EQ(task_label("srun: error: n1: task 0", task),
+            "srun: error: n1: task 0");
+  EXPECT_EQ(task, -1);
+  EXPECT_EQ(task_label("no label", task), "no label");
+  EXPECT_EQ(task, -1);
+}
+
+agent::EnvMap allocation() {
+  return {{"SLURM_JOB_ID", "42"},
+          {"SLURM_JOB_NODELIST", "gpu[08-10],login"},
+          {"SLURM_JOB_NUM_NODES", "4"},
+          {"SLURM_TASKS_PER_NODE", "2(x3),1"}};
+}
+
+TEST(SlurmTest, TheAllocationComesFromSlurmsVariables) {
+  SlurmAllocation a = read_slurm_allocation(allocation());
+  EXPECT_EQ(a.job_id, "42");
+  EXPECT_THAT(a.nodes, ElementsAre("gpu08", "gpu09", "gpu10", "login"));
+  EXPECT_THAT(a.tasks_per_node, ElementsAre(2, 2, 2, 1));
+  // Older names, and no task counts.
+  a = read_slurm_allocation(
+      {{"SLURM_JOBID", "7"}, {"SLURM_NODELIST", "n1"}, {"SLURM_NNODES", "1"}});
+  EXPECT_EQ(a.job_id, "7");
+  EXPECT_THAT(a.nodes, ElementsAre("n1"));
+  EXPECT_TRUE(a.tasks_per_node.empty());
+}
+
+TEST(SlurmTest, ABadOrMissingAllocationIsAClearError) {
+  struct Case {
+    std::string name, value, words;
+  };
+  const std::vector<Case> cases = {
+      {"SLURM_JOB_ID", "", "SLURM_JOB_ID is not set; run dlaunch under salloc"},
+      {"SLURM_JOB_NODELIST", "", "SLURM_JOB_NODELIST is not set"},
+      {"SLURM_JOB_NODELIST", "gpu[3-1]", "SLURM_JOB_NODELIST='gpu[3-1]': "},
+      {"SLURM_JOB_NUM_NODES", "5", "SLURM_JOB_NUM_NODES=5 but"},
+      {"SLURM_TASKS_PER_NODE", "2(x3", "is not Slurm's N or N(xK) list"},
+      {"SLURM_TASKS_PER_NODE", "2(x2)", "counts 2 node(s) but"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name + "=" + c.value);
+    agent::EnvMap env = allocation();
+    env[c.name] = c.value;
+    try {
+      read_slurm_allocation(env);
+      ADD_FAILURE() << "no error";
+    } catch (const HostsError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(c.words));
+    }
+  }
+}
+
+TEST(SlurmTest, GivenHostsMustBeInTheAllocationAndKeepItsOrder) {
+  SlurmAllocation a = read_slurm_allocation(allocation());
+  std::vector<Host> all = slurm_hosts(a, {});
+  ASSERT_EQ(all.size(), 4u);
+  EXPECT_EQ(all[0], (Host{.name = "gpu08", .slots = 2}));
+  EXPECT_EQ(all[3], (Host{.name = "login", .slots = 1}));
+  // Some of them, in Slurm's order (srun's task order), own slots kept.
+  std::vector<Host> some = slurm_hosts(
+      a, {Host{.name = "login"}, Host{.name = "gpu09", .slots = 8}});
+  EXPECT_EQ(some, (std::vector<Host>{Host{.name = "gpu09", .slots = 8},
+                                     Host{.name = "login", .slots = 1}}));
+  try {
+    slurm_hosts(a, {Host{.name = "gpu11"}});
+    ADD_FAILURE() << "no error";
+  } catch (const HostsError& e) {
+    EXPECT_THAT(e.what(),
+                HasSubstr("host 'gpu11' is not in Slurm job 42's allocation "
+                          "(gpu08,gpu09,gpu10,login)"));
+  }
 }
 
 TEST(BackendsTest, ShellCommandQuotesOnlyWhatNeedsIt) {

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
+#include <thread>
 
 #include "comm/pidfd.h"
 
@@ -188,6 +189,35 @@ std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
   if (::waitpid(pid, &status, 0) != pid) return std::nullopt;
   if (!exited) return std::nullopt;
   return status;
+}
+
+std::vector<pid_t> processes_with_env(const std::string& entry) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "environ", std::ios::binary);
+    std::string env((std::istreambuf_iterator<char>(in)),
+                    std::istreambuf_iterator<char>());
+    // Zombies keep no environment; a match is a live process.
+    if (env.starts_with(entry + '\0') ||
+        env.find('\0' + entry + '\0') != std::string::npos || env == entry ||
+        env.ends_with('\0' + entry)) {
+      out.push_back(std::stoi(name));
+    }
+  }
+  return out;
+}
+
+bool eventually(const std::function<bool()>& done,
+                std::chrono::milliseconds bound) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return done();
 }
 
 bool process_alive(pid_t pid) {

@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -82,6 +83,17 @@ std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout);
 
 // True while `pid` exists (zombies count as gone).
 bool process_alive(pid_t pid);
+
+// The live processes whose environment (as they started) holds `entry`
+// ("NAME=VALUE"), read from /proc: a test marks a job's processes with a
+// variable of its own and finds them by it.
+std::vector<pid_t> processes_with_env(const std::string& entry);
+
+// Waits until `done()` holds, checking every 50 ms, for at most `bound`;
+// true when it does. For state no event announces (another process's
+// exit, a cluster's answer).
+bool eventually(const std::function<bool()>& done,
+                std::chrono::milliseconds bound);
 
 // The pids of `pid`'s live descendants (children, grandchildren, ...),
 // read from /proc.

@@ -1,0 +1,233 @@
+// --launcher slurm against a real one-node Slurm of the test's own
+// (munged, slurmctld and slurmd; tests/testing/slurm.h): dlaunch under
+// salloc runs its agents as srun tasks, the workers get torchrun's
+// environment inside the job step, and a head stopped by Ctrl-C or
+// SIGKILL leaves no step, agent or worker. The error cases need no
+// cluster. Processes are found by a marker variable in /proc; waits are
+// bounded and on observed state.
+#include "tests/testing/slurm.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <regex>
+#include <thread>
+
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+
+namespace dlaunch {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CommandResult;
+using ::testing::HasSubstr;
+using testing::Subprocess;
+using namespace std::chrono_literals;
+
+const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
+
+testing::CommandOptions cmd(std::vector<std::string> argv,
+                            std::map<std::string, std::string> env = {},
+                            std::vector<std::string> unset = {}) {
+  testing::CommandOptions o;
+  o.argv = std::move(argv);
+  o.env = std::move(env);
+  o.unset_env = std::move(unset);
+  return o;
+}
+
+std::string unique_mark() {
+  std::random_device rd;
+  return "s" + std::to_string(rd()) + std::to_string(::getpid());
+}
+
+// The live processes whose environment holds DLT_MARK=`mark`.
+std::vector<pid_t> marked(const std::string& mark) {
+  return testing::processes_with_env("DLT_MARK=" + mark);
+}
+
+// The variables of Slurm's that an allocation's shell would hold, with
+// any of the test's own removed.
+const std::vector<std::string> kSlurmVars = {
+    "SLURM_JOB_ID",         "SLURM_JOBID",         "SLURM_JOB_NODELIST",
+    "SLURM_NODELIST",       "SLURM_JOB_NUM_NODES", "SLURM_NNODES",
+    "SLURM_TASKS_PER_NODE", "SLURM_STEP_ID",       "SLURM_NTASKS"};
+
+class Slurm : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { slurm_ = new testing::TestSlurm(); }
+  static void TearDownTestSuite() {
+    delete slurm_;
+    slurm_ = nullptr;
+  }
+  void SetUp() override {
+    if (!slurm_->available()) GTEST_SKIP() << slurm_->why_not();
+  }
+
+  // An allocation of the one node with no shell (salloc --no-shell): the
+  // head then runs directly in it, as in an sbatch script.
+  std::map<std::string, std::string> allocate() {
+    CommandResult r = testing::run_command(
+        cmd({"salloc", "--no-shell", "-N1", "--job-name=dlaunch-test"},
+            slurm_->env()),
+        60s);
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(r.err, m,
+                                  std::regex("Granted job allocation (\\d+)")))
+        << r.err << slurm_->logs();
+    if (m.empty()) return {};
+    job_ = m[1];
+    auto env = slurm_->env();
+    env["SLURM_JOB_ID"] = job_;
+    env["SLURM_JOB_NODELIST"] = slurm_->node();
+    env["SLURM_JOB_NUM_NODES"] = "1";
+    return env;
+  }
+
+  // The head, run in a fresh allocation, of a job whose two workers sleep,
+  // once they run; its processes carry DLT_MARK=`mark`. nullptr (and a
+  // failure) when it does not get there.
+  std::unique_ptr<Subprocess> start_sleeping_job(const std::string& mark) {
+    auto env = allocate();
+    if (env.empty()) return nullptr;
+    env["DLT_MARK"] = mark;
+    auto head = std::make_unique<Subprocess>(cmd(
+        {kDlaunch, "--launcher", "slurm", "--local-addr", "127.0.0.1",
+         "--nproc-per-node", "2", "sh", "-c", "echo up-$RANK; exec sleep 300"},
+        env, kSlurmVars));
+    for (const char* up : {"up-0", "up-1"}) {
+      if (!head->wait_for_output(up, 60s)) {
+        ADD_FAILURE() << "no " << up << ":\n"
+                      << head->out() << head->err() << slurm_->logs();
+        return nullptr;
+      }
+    }
+    // The agent (srun passes the head's environment on) and its workers.
+    EXPECT_GE(marked(mark).size(), 3u);
+    return head;
+  }
+
+  // The steps of the allocation still known to Slurm.
+  std::string steps() const {
+    return testing::run_command(
+               cmd({"squeue", "-h", "-s", "-j", job_}, slurm_->env()), 20s)
+        .out;
+  }
+
+  void TearDown() override {
+    if (!job_.empty()) {
+      testing::run_command(cmd({"scancel", job_}, slurm_->env()), 20s);
+    }
+  }
+
+  static testing::TestSlurm* slurm_;
+  std::string job_;
+};
+
+testing::TestSlurm* Slurm::slurm_ = nullptr;
+
+TEST_F(Slurm, SallocRunsTheAgentsAsSrunTasksWithTorchrunsEnvironment) {
+  const std::string mark = unique_mark();
+  auto env = slurm_->env();
+  env["DLT_MARK"] = mark;
+  CommandResult r = testing::run_command(
+      cmd({"salloc", "-N1", kDlaunch, "--launcher", "slurm", "--local-addr",
+           "127.0.0.1", "--nproc-per-node", "2", "sh", "-c",
+           "echo ENV rank=$RANK ws=$WORLD_SIZE lr=$LOCAL_RANK "
+           "gr=$GROUP_RANK gws=$GROUP_WORLD_SIZE job=$SLURM_JOB_ID "
+           "step=$SLURM_STEP_ID node=$SLURMD_NODENAME "
+           "tok=${#DLAUNCH_RDZV_TOKEN}"},
+          env, kSlurmVars),
+      120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << slurm_->logs();
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_search(r.err, m, std::regex("Granted job allocation (\\d+)")))
+      << r.err;
+  const std::string job = m[1], node = slurm_->node();
+  for (int rank : {0, 1}) {
+    // The host before each line, RANK = LOCAL_RANK on the one node, in a
+    // step of the allocation (not its batch or extern step).
+    const std::string r_text = std::to_string(rank);
+    EXPECT_THAT(r.out,
+                ::testing::ContainsRegex(
+                    node + " \\[default" + r_text + "\\]:ENV rank=" + r_text +
+                    " ws=2 lr=" + r_text + " gr=0 gws=1 job=" + job +
+                    " step=[0-9]+ node=" + node + " tok=64"))
+        << r.out << r.err;
+  }
+  EXPECT_TRUE(testing::eventually([&] { return marked(mark).empty(); }, 30s));
+}
+
+TEST_F(Slurm, CtrlCOnTheHeadEndsTheStepAndEveryProcess) {
+  const std::string mark = unique_mark();
+  std::unique_ptr<Subprocess> head = start_sleeping_job(mark);
+  ASSERT_TRUE(head);
+  head->signal(SIGINT);
+  CommandResult r = head->wait(60s);
+  EXPECT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  EXPECT_TRUE(testing::eventually([&] { return marked(mark).empty(); }, 30s))
+      << marked(mark).size() << " left";
+  EXPECT_TRUE(testing::eventually([&] { return steps().empty(); }, 30s))
+      << steps();
+}
+
+// The head cannot stop anything: srun dies with it, and the agent, its
+// link to the head's store gone, stops its workers and ends the step.
+TEST_F(Slurm, SigkillToTheHeadLeavesNoAgentOrWorker) {
+  const std::string mark = unique_mark();
+  std::unique_ptr<Subprocess> head = start_sleeping_job(mark);
+  ASSERT_TRUE(head);
+  head->signal(SIGKILL);
+  EXPECT_EQ(head->wait(10s).signal, SIGKILL);
+  EXPECT_TRUE(testing::eventually([&] { return marked(mark).empty(); }, 60s))
+      << marked(mark).size() << " left";
+  EXPECT_TRUE(testing::eventually([&] { return steps().empty(); }, 60s))
+      << steps();
+}
+
+// Errors before anything starts; no cluster needed.
+TEST(SlurmErrors, OutsideAnAllocationOrWithForeignHostsOrWithoutSrun) {
+  CommandResult r = testing::run_command(
+      cmd({kDlaunch, "--launcher", "slurm", "true"}, {}, kSlurmVars));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("--launcher slurm runs inside a Slurm "
+                               "allocation, and SLURM_JOB_ID is not set; run "
+                               "dlaunch under salloc or in an sbatch script"));
+  const std::map<std::string, std::string> alloc = {
+      {"SLURM_JOB_ID", "5"},
+      {"SLURM_JOB_NODELIST", "n[1-2]"},
+      {"SLURM_JOB_NUM_NODES", "2"}};
+  r = testing::run_command(
+      cmd({kDlaunch, "--launcher", "slurm", "--hosts", "n2,n3", "true"}, alloc,
+          kSlurmVars));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("host 'n3' is not in Slurm job 5's "
+                               "allocation (n1,n2); name nodes of the "
+                               "allocation, or drop --hosts"));
+  // The plan names the allocation's nodes; no srun is needed for it.
+  auto no_srun = alloc;
+  testing::TempDir empty;
+  no_srun["PATH"] = empty.path().string();
+  r = testing::run_command(
+      cmd({kDlaunch, "--launcher", "slurm", "--dry-run", "true"}, no_srun,
+          kSlurmVars));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("hosts:     n1, n2 (one agent each, started "
+                               "with --launcher slurm"));
+  r = testing::run_command(
+      cmd({kDlaunch, "--launcher", "slurm", "/bin/true"}, no_srun, kSlurmVars));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--launcher slurm runs srun, which is not in "
+                               "PATH"));
+}
+
+}  // namespace
+}  // namespace dlaunch
