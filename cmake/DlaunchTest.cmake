@@ -2,7 +2,8 @@ include(GoogleTest)
 
 # dlaunch_add_test(NAME SOURCES... LIBS... LABEL unit|integration|gpu
 #                  [TIMEOUT seconds]): one GoogleTest binary; each of its tests
-# is registered with CTest under the given label.
+# is registered with CTest under the given label, and the binary is built by
+# the target tests-LABEL (tests/CMakeLists.txt).
 function(dlaunch_add_test name)
   cmake_parse_arguments(ARG "" "LABEL;TIMEOUT" "SOURCES;LIBS" ${ARGN})
   if(NOT ARG_LABEL MATCHES "^(unit|integration|gpu)$")
@@ -13,6 +14,7 @@ function(dlaunch_add_test name)
   endif()
   add_executable(${name} ${ARG_SOURCES})
   dlaunch_target_defaults(${name})
+  set_property(GLOBAL APPEND PROPERTY DLAUNCH_TESTS_${ARG_LABEL} ${name})
   set_target_properties(${name} PROPERTIES
     RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
   target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gmock GTest::gtest_main)
