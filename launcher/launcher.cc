@@ -4,6 +4,8 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -254,6 +256,10 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
 }
 
 int main(int argc, char** argv) {
+  // The store an agent hosts logs through spdlog, whose default logger
+  // writes to stdout: its warnings go to stderr with dlaunch's own, so that
+  // stdout carries only the workers' output (dl-store does the same).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("dlaunch"));
   std::vector<std::string> args(argv + 1, argv + argc);
   // The head's commands on its hosts (agent_launcher.h).
   if (!args.empty() && args[0] == "--remote-agent") {

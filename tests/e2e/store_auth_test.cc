@@ -175,6 +175,29 @@ TEST_F(StoreAuth, OnlyTheJobsTokenReadsOrWritesTheAgentsStore) {
   EXPECT_THAT(h.out + h.err, Not(HasSubstr(kToken)));
 }
 
+TEST_F(StoreAuth, TheHostedStoresWarningsGoToStderrNotStdout) {
+  // A refused client makes the agents' store (hosted in `dlaunch`) log a
+  // warning: it must land on dlaunch's stderr, never in stdout, which
+  // carries only the workers' output.
+  auto host = agent(0, {}, {{comm::store::kTokenEnv, kToken}},
+                    {"echo", "worker-output"});
+  ASSERT_TRUE(host->wait_for_output("waiting for nodes: 1/2", 30s))
+      << host->err();
+  EXPECT_THAT(refusal(port_, kToken + "-other"),
+              HasSubstr("refused this client: wrong token"));
+  ASSERT_TRUE(host->wait_for_output("closing connection from", 30s))
+      << host->err();
+  auto member = agent(1, {}, {{comm::store::kTokenEnv, kToken}}, {"true"});
+  EXPECT_EQ(member->wait(120s).exit_code, 0);
+  CommandResult h = host->wait(120s);
+  EXPECT_EQ(h.exit_code, 0) << h.out << h.err;
+  EXPECT_THAT(h.err, HasSubstr("store: closing connection from"));
+  EXPECT_THAT(h.err, HasSubstr("wrong token"));
+  EXPECT_THAT(h.out, Not(HasSubstr("store:")));
+  EXPECT_THAT(h.out, Not(HasSubstr("wrong token")));
+  EXPECT_THAT(h.out, HasSubstr("worker-output"));
+}
+
 TEST_F(StoreAuth, AWorkersEnvStoreRefusesClientsWithoutTheToken) {
   // One node, no token given: the agent makes one for its workers, whose
   // rank 0 store on MASTER_PORT then takes no stranger.
