@@ -86,11 +86,10 @@ ProgressSample ProgressFiles::sample(int i) {
   if (entered == 0) {
     out.operation = s.beats > 0 ? "heartbeat" : "no operation yet";
   } else if (entered != left) {
-    out.operation = std::string(comm::progress_op_name(op));
+    out.operation = std::string(comm::op_name(op));
   } else {
     out.operation =
-        "between operations (last: " + std::string(comm::progress_op_name(op)) +
-        ")";
+        "between operations (last: " + std::string(comm::op_name(op)) + ")";
   }
   return out;
 }

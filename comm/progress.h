@@ -9,43 +9,17 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <string_view>
+
+#include "comm/op.h"
 
 namespace dlaunch::comm {
-
-// The operations a record names; the values are the wire form.
-enum class ProgressOp : uint32_t {
-  kNone = 0,
-  kSend,
-  kRecv,
-  kBroadcast,
-  kReduce,
-  kAllReduce,
-  kScatter,
-  kGather,
-  kAllGather,
-  kReduceScatter,
-  kAllToAll,
-  kBarrier,
-  kWait,  // Work::wait of an asynchronous operation
-  kNewGroup,
-};
-
-// "all_reduce" (torch's names); "unknown" for other values.
-inline std::string_view progress_op_name(uint32_t op) {
-  constexpr std::string_view kNames[] = {
-      "none",       "send",    "recv",   "broadcast",  "reduce",
-      "all_reduce", "scatter", "gather", "all_gather", "reduce_scatter",
-      "all_to_all", "barrier", "wait",   "new_group"};
-  return op < std::size(kNames) ? kNames[op] : "unknown";
-}
 
 // The record at offset 0 of the file. A worker is inside an operation
 // while entered != left.
 struct ProgressRecord {
   std::atomic<uint64_t> entered;  // operations started
   std::atomic<uint64_t> left;     // operations finished or failed
-  std::atomic<uint32_t> op;       // ProgressOp of the last one started
+  std::atomic<uint32_t> op;       // Op of the last one started
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "the record is shared between processes");

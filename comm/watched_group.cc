@@ -14,19 +14,18 @@
 #include <vector>
 
 #include "comm/fault_spec.h"
+#include "comm/op.h"
 #include "comm/progress.h"
 
 namespace dlaunch::comm {
 
 namespace {
 
-constexpr size_t kOps = static_cast<size_t>(ProgressOp::kNewGroup) + 1;
-
 // One DLAUNCH_COMM_FAULTS entry that applies to this rank and attempt.
 struct CommFault {
   enum class Action { kFail, kExit, kKill, kStall };
   Action action = Action::kFail;
-  ProgressOp op = ProgressOp::kNone;
+  Op op = Op::kNone;
   uint64_t call = 1;  // 1-based
   int code = 1;
   int signal = SIGKILL;
@@ -34,10 +33,8 @@ struct CommFault {
   std::string spec;
 };
 
-ProgressOp op_by_name(const FaultSpec& s, const std::string& name) {
-  for (uint32_t i = 1; i < kOps; ++i) {
-    if (progress_op_name(i) == name) return static_cast<ProgressOp>(i);
-  }
+Op op_by_name(const FaultSpec& s, const std::string& name) {
+  if (std::optional<Op> op = op_from_name(name)) return *op;
   s.fail("op='" + name +
          "' is not an operation; use send, recv, broadcast, reduce, "
          "all_reduce, scatter, gather, all_gather, reduce_scatter, "
@@ -99,7 +96,7 @@ class WatchState {
 
   // Called as `op` starts: its fault (if this call has one), then the
   // record. Throws CommError for a fail fault.
-  void enter(ProgressOp op) {
+  void enter(Op op) {
     if (!faults_.empty()) check(op);
     if (record_ != nullptr) {
       record_->op.store(static_cast<uint32_t>(op), std::memory_order_relaxed);
@@ -113,7 +110,7 @@ class WatchState {
   }
 
  private:
-  void check(ProgressOp op) {
+  void check(Op op) {
     const CommFault* hit = nullptr;
     uint64_t n = 0;
     {
@@ -124,9 +121,9 @@ class WatchState {
       }
     }
     if (hit == nullptr) return;
-    const std::string where =
-        "fault injected: " + hit->spec + " (call " + std::to_string(n) +
-        " of " + std::string(progress_op_name(static_cast<uint32_t>(op))) + ")";
+    const std::string where = "fault injected: " + hit->spec + " (call " +
+                              std::to_string(n) + " of " +
+                              std::string(op_name(op)) + ")";
     switch (hit->action) {
       case CommFault::Action::kFail:
         say(where + ": failing it");
@@ -156,7 +153,7 @@ class WatchState {
   ProgressRecord* record_;
   std::vector<CommFault> faults_;
   std::mutex mu_;
-  std::array<uint64_t, kOps> calls_{};
+  std::array<uint64_t, kNumOps> calls_{};
 };
 
 namespace {
@@ -167,7 +164,7 @@ class WatchedWork : public Work {
   WatchedWork(std::unique_ptr<Work> inner, std::shared_ptr<WatchState> state)
       : inner_(std::move(inner)), state_(std::move(state)) {}
   void wait(std::chrono::milliseconds timeout) override {
-    state_->enter(ProgressOp::kWait);
+    state_->enter(Op::kWait);
     struct Leave {
       WatchState& s;
       ~Leave() { s.leave(); }
@@ -196,95 +193,87 @@ class WatchedGroup : public ProcessGroup {
   }
 
   std::unique_ptr<Work> isend(Tensor t, int dst, int tag) override {
-    return async(ProgressOp::kSend, [&] { return inner_->isend(t, dst, tag); });
+    return async(Op::kSend, [&] { return inner_->isend(t, dst, tag); });
   }
   std::unique_ptr<Work> irecv(Tensor t, int src, int tag) override {
-    return async(ProgressOp::kRecv, [&] { return inner_->irecv(t, src, tag); });
+    return async(Op::kRecv, [&] { return inner_->irecv(t, src, tag); });
   }
   void broadcast(Tensor t, int root) override {
-    run(ProgressOp::kBroadcast, [&] { inner_->broadcast(t, root); });
+    run(Op::kBroadcast, [&] { inner_->broadcast(t, root); });
   }
   void reduce(Tensor t, int root, ReduceOp op) override {
-    run(ProgressOp::kReduce, [&] { inner_->reduce(t, root, op); });
+    run(Op::kReduce, [&] { inner_->reduce(t, root, op); });
   }
   void all_reduce(Tensor t, ReduceOp op) override {
-    run(ProgressOp::kAllReduce, [&] { inner_->all_reduce(t, op); });
+    run(Op::kAllReduce, [&] { inner_->all_reduce(t, op); });
   }
   void scatter(Tensor out, std::span<const Tensor> in, int root) override {
-    run(ProgressOp::kScatter, [&] { inner_->scatter(out, in, root); });
+    run(Op::kScatter, [&] { inner_->scatter(out, in, root); });
   }
   void gather(Tensor in, std::span<const Tensor> out, int root) override {
-    run(ProgressOp::kGather, [&] { inner_->gather(in, out, root); });
+    run(Op::kGather, [&] { inner_->gather(in, out, root); });
   }
   void all_gather(std::span<const Tensor> out, Tensor in) override {
-    run(ProgressOp::kAllGather, [&] { inner_->all_gather(out, in); });
+    run(Op::kAllGather, [&] { inner_->all_gather(out, in); });
   }
   void reduce_scatter(Tensor out, std::span<const Tensor> in,
                       ReduceOp op) override {
-    run(ProgressOp::kReduceScatter,
-        [&] { inner_->reduce_scatter(out, in, op); });
+    run(Op::kReduceScatter, [&] { inner_->reduce_scatter(out, in, op); });
   }
   void all_to_all(std::span<const Tensor> out,
                   std::span<const Tensor> in) override {
-    run(ProgressOp::kAllToAll, [&] { inner_->all_to_all(out, in); });
+    run(Op::kAllToAll, [&] { inner_->all_to_all(out, in); });
   }
   void barrier() override {
-    run(ProgressOp::kBarrier, [&] { inner_->barrier(); });
+    run(Op::kBarrier, [&] { inner_->barrier(); });
   }
 
   std::unique_ptr<Work> ibroadcast(Tensor t, int root) override {
-    return async(ProgressOp::kBroadcast,
-                 [&] { return inner_->ibroadcast(t, root); });
+    return async(Op::kBroadcast, [&] { return inner_->ibroadcast(t, root); });
   }
   std::unique_ptr<Work> ireduce(Tensor t, int root, ReduceOp op) override {
-    return async(ProgressOp::kReduce,
-                 [&] { return inner_->ireduce(t, root, op); });
+    return async(Op::kReduce, [&] { return inner_->ireduce(t, root, op); });
   }
   std::unique_ptr<Work> iall_reduce(Tensor t, ReduceOp op) override {
-    return async(ProgressOp::kAllReduce,
-                 [&] { return inner_->iall_reduce(t, op); });
+    return async(Op::kAllReduce, [&] { return inner_->iall_reduce(t, op); });
   }
   std::unique_ptr<Work> iscatter(Tensor out, std::span<const Tensor> in,
                                  int root) override {
-    return async(ProgressOp::kScatter,
-                 [&] { return inner_->iscatter(out, in, root); });
+    return async(Op::kScatter, [&] { return inner_->iscatter(out, in, root); });
   }
   std::unique_ptr<Work> igather(Tensor in, std::span<const Tensor> out,
                                 int root) override {
-    return async(ProgressOp::kGather,
-                 [&] { return inner_->igather(in, out, root); });
+    return async(Op::kGather, [&] { return inner_->igather(in, out, root); });
   }
   std::unique_ptr<Work> iall_gather(std::span<const Tensor> out,
                                     Tensor in) override {
-    return async(ProgressOp::kAllGather,
-                 [&] { return inner_->iall_gather(out, in); });
+    return async(Op::kAllGather, [&] { return inner_->iall_gather(out, in); });
   }
   std::unique_ptr<Work> ireduce_scatter(Tensor out, std::span<const Tensor> in,
                                         ReduceOp op) override {
-    return async(ProgressOp::kReduceScatter,
+    return async(Op::kReduceScatter,
                  [&] { return inner_->ireduce_scatter(out, in, op); });
   }
   std::unique_ptr<Work> iall_to_all(std::span<const Tensor> out,
                                     std::span<const Tensor> in) override {
-    return async(ProgressOp::kAllToAll,
-                 [&] { return inner_->iall_to_all(out, in); });
+    return async(Op::kAllToAll, [&] { return inner_->iall_to_all(out, in); });
   }
   std::unique_ptr<Work> ibarrier() override {
-    return async(ProgressOp::kBarrier, [&] { return inner_->ibarrier(); });
+    return async(Op::kBarrier, [&] { return inner_->ibarrier(); });
   }
 
   std::unique_ptr<ProcessGroup> new_group(
       const std::vector<int>& ranks,
       std::chrono::milliseconds timeout) override {
     std::unique_ptr<ProcessGroup> g;
-    run(ProgressOp::kNewGroup, [&] { g = inner_->new_group(ranks, timeout); });
+    run(Op::kNewGroup, [&] { g = inner_->new_group(ranks, timeout); });
     if (!g) return g;
     return std::make_unique<WatchedGroup>(std::move(g), state_);
   }
 
  private:
   template <typename Fn>
-  void run(ProgressOp op, Fn&& fn) {
+  void run(Op op, Fn&& fn) {
     state_->enter(op);
     struct Leave {
       WatchState& s;
@@ -293,7 +282,7 @@ class WatchedGroup : public ProcessGroup {
     fn();
   }
   template <typename Fn>
-  std::unique_ptr<Work> async(ProgressOp op, Fn&& fn) {
+  std::unique_ptr<Work> async(Op op, Fn&& fn) {
     std::unique_ptr<Work> w;
     run(op, [&] { w = fn(); });
     return std::make_unique<WatchedWork>(std::move(w), state_);

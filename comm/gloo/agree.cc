@@ -11,40 +11,10 @@
 #include "comm/gloo/gloo_group.h"
 
 namespace dlaunch::comm::gloo {
-namespace {
-
-const char* kind_name(uint64_t k) {
-  switch (static_cast<Kind>(k)) {
-    case Kind::kBroadcast:
-      return "broadcast";
-    case Kind::kReduce:
-      return "reduce";
-    case Kind::kAllReduce:
-      return "all_reduce";
-    case Kind::kScatter:
-      return "scatter";
-    case Kind::kGather:
-      return "gather";
-    case Kind::kAllGather:
-      return "all_gather";
-    case Kind::kReduceScatter:
-      return "reduce_scatter";
-    case Kind::kAllToAll:
-      return "all_to_all";
-    case Kind::kBarrier:
-      return "barrier";
-    case Kind::kNewGroup:
-      return "new_group";
-  }
-  return "an unknown operation";
-}
-
-}  // namespace
 
 void GlooProcessGroup::barrier() {
   // The argument check is an all-gather: no rank leaves before all came.
-  agree("barrier",
-        make_call(Kind::kBarrier, DType::kF32, 0, -1, ReduceOp::kSum));
+  agree("barrier", make_call(Op::kBarrier, DType::kF32, 0, -1, ReduceOp::kSum));
 }
 
 std::string GlooProcessGroup::check_tensor(const Tensor& t,
@@ -137,7 +107,7 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
     const bool send =
         !offer.empty() && c.local_error.empty() &&
         offered <= fused_capacity() &&
-        (channel_ || (offer.size() == 1 && c.kind == Kind::kAllReduce));
+        (channel_ || (offer.size() == 1 && c.kind == Op::kAllReduce));
     if (channel_) {
       run(op, [&] {
         channel_exchange(mine, send ? offer : std::span<const Tensor>(), all);
@@ -154,8 +124,9 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
   for (size_t r = 0; r < n; ++r) {
     if (word(r, 0) != mine[0]) {
       throw CommError(prefix + "rank " + std::to_string(r) + " called " +
-                      kind_name(word(r, 0)) + " while rank " +
-                      std::to_string(rank()) + " called " + op +
+                      std::string(op_name(static_cast<uint32_t>(word(r, 0)))) +
+                      " while rank " + std::to_string(rank()) + " called " +
+                      op +
                       "; every member must call the same collectives in "
                       "the same order");
     }
@@ -195,7 +166,7 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
                       "member must pass the same sorted ranks");
     }
   }
-  if (c.kind == Kind::kAllToAll) {
+  if (c.kind == Op::kAllToAll) {
     for (size_t s = 0; s < n; ++s) {
       for (size_t d = 0; d < n; ++d) {
         uint64_t sent = word(s, kFixedWords + d);

@@ -30,6 +30,7 @@
 #include "comm/gloo/shm_p2p.h"
 #include "comm/gloo/shm_segment.h"
 #include "comm/gloo/store_adapter.h"
+#include "comm/op.h"
 #include "comm/process_group.h"
 #include "comm/store/text.h"
 #include "comm/work_queue.h"
@@ -200,24 +201,11 @@ struct RanksGone : std::runtime_error {
   std::vector<int> gone;
 };
 
-enum class Kind : uint64_t {
-  kBroadcast = 1,
-  kReduce,
-  kAllReduce,
-  kScatter,
-  kGather,
-  kAllGather,
-  kReduceScatter,
-  kAllToAll,
-  kBarrier,
-  kNewGroup,
-};
-
 // What one rank passed to a collective; exchanged before the data moves so
 // that every rank detects a mismatch identically (and Gloo never sees
 // buffers of different sizes, which it cannot survive).
 struct Call {
-  Kind kind = Kind::kBarrier;
+  Op kind = Op::kBarrier;
   DType dtype = DType::kF32;
   uint64_t numel = 0;
   int64_t root = -1;
@@ -228,7 +216,7 @@ struct Call {
   std::string local_error;            // bad arguments on this rank
 };
 
-inline Call make_call(Kind kind, DType dtype, uint64_t numel, int64_t root,
+inline Call make_call(Op kind, DType dtype, uint64_t numel, int64_t root,
                       ReduceOp op) {
   Call c;
   c.kind = kind;

@@ -95,7 +95,7 @@ std::unique_ptr<ProcessGroup> GlooProcessGroup::new_group(
     const std::vector<int>& ranks, milliseconds timeout) {
   const char* op = "new_group";
   Call c =
-      make_call(Kind::kNewGroup, DType::kF32, ranks.size(), -1, ReduceOp::kSum);
+      make_call(Op::kNewGroup, DType::kF32, ranks.size(), -1, ReduceOp::kSum);
   uint64_t h = 1469598103934665603ull;
   for (int r : ranks) h = (h ^ static_cast<uint64_t>(r)) * 1099511628211ull;
   c.extra = h;

@@ -17,7 +17,7 @@ namespace dlaunch::comm::gloo {
 
 void GlooProcessGroup::broadcast(Tensor t, int root) {
   const char* op = "broadcast";
-  Call c = make_call(Kind::kBroadcast, t.dtype, t.numel, root, ReduceOp::kSum);
+  Call c = make_call(Op::kBroadcast, t.dtype, t.numel, root, ReduceOp::kSum);
   c.local_error = check_tensor(t, "t") + check_root(root);
   agree(op, c, {&t, rank() == root ? 1u : 0u});
   if (size() == 1 || t.numel == 0) return took("local");
@@ -41,7 +41,7 @@ void GlooProcessGroup::broadcast(Tensor t, int root) {
 
 void GlooProcessGroup::reduce(Tensor t, int root, ReduceOp rop) {
   const char* op = "reduce";
-  Call c = make_call(Kind::kReduce, t.dtype, t.numel, root, rop);
+  Call c = make_call(Op::kReduce, t.dtype, t.numel, root, rop);
   c.local_error =
       check_tensor(t, "t") + check_root(root) + reduce_op_error(t.dtype, rop);
   agree(op, c, {&t, rank() == root ? 0u : 1u});
@@ -77,7 +77,7 @@ void GlooProcessGroup::reduce(Tensor t, int root, ReduceOp rop) {
 
 void GlooProcessGroup::all_reduce(Tensor t, ReduceOp rop) {
   const char* op = "all_reduce";
-  Call c = make_call(Kind::kAllReduce, t.dtype, t.numel, -1, rop);
+  Call c = make_call(Op::kAllReduce, t.dtype, t.numel, -1, rop);
   c.local_error = check_tensor(t, "t") + reduce_op_error(t.dtype, rop);
   agree(op, c, {&t, 1});
   if (size() == 1 || t.numel == 0) return took("local");
@@ -125,8 +125,7 @@ void GlooProcessGroup::all_reduce(Tensor t, ReduceOp rop) {
 void GlooProcessGroup::scatter(Tensor out, std::span<const Tensor> in,
                                int root) {
   const char* op = "scatter";
-  Call c =
-      make_call(Kind::kScatter, out.dtype, out.numel, root, ReduceOp::kSum);
+  Call c = make_call(Op::kScatter, out.dtype, out.numel, root, ReduceOp::kSum);
   c.local_error = check_tensor(out, "out") + check_root(root);
   if (rank() == root) c.local_error += check_list(in, "in", out);
   agree(op, c, rank() == root ? in : std::span<const Tensor>());
@@ -152,7 +151,7 @@ void GlooProcessGroup::scatter(Tensor out, std::span<const Tensor> in,
 void GlooProcessGroup::gather(Tensor in, std::span<const Tensor> out,
                               int root) {
   const char* op = "gather";
-  Call c = make_call(Kind::kGather, in.dtype, in.numel, root, ReduceOp::kSum);
+  Call c = make_call(Op::kGather, in.dtype, in.numel, root, ReduceOp::kSum);
   c.local_error = check_tensor(in, "in") + check_root(root);
   if (rank() == root) c.local_error += check_list(out, "out", in);
   agree(op, c, {&in, rank() == root ? 0u : 1u});
@@ -175,7 +174,7 @@ void GlooProcessGroup::gather(Tensor in, std::span<const Tensor> out,
 
 void GlooProcessGroup::all_gather(std::span<const Tensor> out, Tensor in) {
   const char* op = "all_gather";
-  Call c = make_call(Kind::kAllGather, in.dtype, in.numel, -1, ReduceOp::kSum);
+  Call c = make_call(Op::kAllGather, in.dtype, in.numel, -1, ReduceOp::kSum);
   c.local_error = check_tensor(in, "in") + check_list(out, "out", in);
   agree(op, c, {&in, 1});
   copy(out[rank()], in);
@@ -197,7 +196,7 @@ void GlooProcessGroup::all_gather(std::span<const Tensor> out, Tensor in) {
 void GlooProcessGroup::reduce_scatter(Tensor out, std::span<const Tensor> in,
                                       ReduceOp rop) {
   const char* op = "reduce_scatter";
-  Call c = make_call(Kind::kReduceScatter, out.dtype, out.numel, -1, rop);
+  Call c = make_call(Op::kReduceScatter, out.dtype, out.numel, -1, rop);
   c.local_error = check_tensor(out, "out") + check_list(in, "in", out) +
                   reduce_op_error(out.dtype, rop);
   agree(op, c, in);
@@ -218,7 +217,7 @@ void GlooProcessGroup::reduce_scatter(Tensor out, std::span<const Tensor> in,
 void GlooProcessGroup::all_to_all(std::span<const Tensor> out,
                                   std::span<const Tensor> in) {
   const char* op = "all_to_all";
-  Call c = make_call(Kind::kAllToAll, DType::kF32, 0, -1, ReduceOp::kSum);
+  Call c = make_call(Op::kAllToAll, DType::kF32, 0, -1, ReduceOp::kSum);
   DType dtype = in.empty() ? DType::kF32 : in[0].dtype;
   c.dtype = dtype;
   if (in.size() != static_cast<size_t>(size()) ||

@@ -22,6 +22,7 @@
 
 #include "comm/nccl/process_group.h"
 #include "comm/nccl/types.h"
+#include "comm/op.h"
 #include "comm/process_group.h"
 
 namespace dlaunch::comm::nccl {
@@ -204,7 +205,7 @@ class NcclProcessGroup : public ProcessGroup {
  private:
   // What one rank passed, for the debug argument check.
   struct Call {
-    int kind = 0;
+    Op kind = Op::kNone;
     DType dtype = DType::kF32;
     uint64_t numel = 0;
     int64_t root = -1;

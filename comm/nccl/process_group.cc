@@ -33,19 +33,6 @@ int env_int(const char* name, const char* hint) {
   return out;
 }
 
-enum Kind : int {
-  kBroadcast = 1,
-  kReduce,
-  kAllReduce,
-  kScatter,
-  kGather,
-  kAllGather,
-  kReduceScatter,
-  kAllToAll,
-  kBarrier,
-  kNewGroup,
-};
-
 // True when the tensors lie back to back in one allocation, as NCCL's
 // native all-gather, reduce-scatter, gather and scatter need.
 bool contiguous(std::span<const Tensor> list) {
@@ -248,13 +235,11 @@ void NcclProcessGroup::check(const std::string& what, const Call& c,
     return;
   }
   const int n = size();
-  std::vector<int64_t> mine = {c.kind,
-                               static_cast<int64_t>(c.dtype),
-                               static_cast<int64_t>(c.numel),
-                               c.root,
-                               static_cast<int64_t>(c.op),
-                               static_cast<int64_t>(c.extra),
-                               local_error.empty() ? 0 : 1};
+  std::vector<int64_t> mine = {
+      static_cast<int64_t>(c.kind),  static_cast<int64_t>(c.dtype),
+      static_cast<int64_t>(c.numel), c.root,
+      static_cast<int64_t>(c.op),    static_cast<int64_t>(c.extra),
+      local_error.empty() ? 0 : 1};
   std::vector<int64_t> all(mine.size() * n);
   std::vector<Tensor> out;
   for (int j = 0; j < n; ++j) {
@@ -311,7 +296,7 @@ std::unique_ptr<Work> NcclProcessGroup::enqueue(std::string what, F&& body) {
 
 std::unique_ptr<Work> NcclProcessGroup::iall_reduce(Tensor t, ReduceOp rop) {
   std::string what = name_op("all_reduce");
-  check(what, {kAllReduce, t.dtype, t.numel, -1, rop, 0},
+  check(what, {Op::kAllReduce, t.dtype, t.numel, -1, rop, 0},
         tensor_error(t, s_->device, "t") + reduce_op_error(rop));
   const ncclRedOp_t op = to_nccl(rop, what);
   return enqueue(std::move(what), [&](ncclComm_t c, cudaStream_t st) {
@@ -321,7 +306,7 @@ std::unique_ptr<Work> NcclProcessGroup::iall_reduce(Tensor t, ReduceOp rop) {
 
 std::unique_ptr<Work> NcclProcessGroup::ibroadcast(Tensor t, int root) {
   std::string what = name_op("broadcast");
-  check(what, {kBroadcast, t.dtype, t.numel, root, ReduceOp::kSum, 0},
+  check(what, {Op::kBroadcast, t.dtype, t.numel, root, ReduceOp::kSum, 0},
         tensor_error(t, s_->device, "t") + check_root(root));
   return enqueue(std::move(what), [&](ncclComm_t c, cudaStream_t st) {
     return ncclBroadcast(t.data, t.data, t.numel, to_nccl(t.dtype), root, c,
@@ -333,7 +318,7 @@ std::unique_ptr<Work> NcclProcessGroup::ibroadcast(Tensor t, int root) {
 std::unique_ptr<Work> NcclProcessGroup::ireduce(Tensor t, int root,
                                                 ReduceOp rop) {
   std::string what = name_op("reduce");
-  check(what, {kReduce, t.dtype, t.numel, root, rop, 0},
+  check(what, {Op::kReduce, t.dtype, t.numel, root, rop, 0},
         tensor_error(t, s_->device, "t") + check_root(root) +
             reduce_op_error(rop));
   const ncclRedOp_t op = to_nccl(rop, what);
@@ -400,7 +385,8 @@ std::unique_ptr<Work> NcclProcessGroup::iscatter(Tensor out,
   std::string err = tensor_error(out, s_->device, "out") + check_root(root);
   const bool is_root = rank() == root;
   if (is_root) err += check_list(in, "in", out);
-  check(what, {kScatter, out.dtype, out.numel, root, ReduceOp::kSum, 0}, err);
+  check(what, {Op::kScatter, out.dtype, out.numel, root, ReduceOp::kSum, 0},
+        err);
   std::vector<Tensor> list(in.begin(), in.end());
   if (!is_root) list.clear();
   return enqueue(std::move(what), [&](ncclComm_t c, cudaStream_t st) {
@@ -418,7 +404,7 @@ std::unique_ptr<Work> NcclProcessGroup::igather(Tensor in,
   std::string err = tensor_error(in, s_->device, "in") + check_root(root);
   const bool is_root = rank() == root;
   if (is_root) err += check_list(out, "out", in);
-  check(what, {kGather, in.dtype, in.numel, root, ReduceOp::kSum, 0}, err);
+  check(what, {Op::kGather, in.dtype, in.numel, root, ReduceOp::kSum, 0}, err);
   std::vector<Tensor> list(out.begin(), out.end());
   if (!is_root) list.clear();
   return enqueue(std::move(what), [&](ncclComm_t c, cudaStream_t st) {
@@ -432,7 +418,7 @@ std::unique_ptr<Work> NcclProcessGroup::igather(Tensor in,
 std::unique_ptr<Work> NcclProcessGroup::iall_gather(std::span<const Tensor> out,
                                                     Tensor in) {
   std::string what = name_op("all_gather");
-  check(what, {kAllGather, in.dtype, in.numel, -1, ReduceOp::kSum, 0},
+  check(what, {Op::kAllGather, in.dtype, in.numel, -1, ReduceOp::kSum, 0},
         tensor_error(in, s_->device, "in") + check_list(out, "out", in));
   return enqueue(std::move(what), [&](ncclComm_t c, cudaStream_t st) {
     return on_block(out, false, true, st, [&](void* base) {
@@ -444,7 +430,7 @@ std::unique_ptr<Work> NcclProcessGroup::iall_gather(std::span<const Tensor> out,
 std::unique_ptr<Work> NcclProcessGroup::ireduce_scatter(
     Tensor out, std::span<const Tensor> in, ReduceOp rop) {
   std::string what = name_op("reduce_scatter");
-  check(what, {kReduceScatter, out.dtype, out.numel, -1, rop, 0},
+  check(what, {Op::kReduceScatter, out.dtype, out.numel, -1, rop, 0},
         tensor_error(out, s_->device, "out") + check_list(in, "in", out) +
             reduce_op_error(rop));
   const ncclRedOp_t op = to_nccl(rop, what);
@@ -477,7 +463,7 @@ std::unique_ptr<Work> NcclProcessGroup::iall_to_all(
     }
   }
   const DType d = in.empty() ? DType::kF32 : in[0].dtype;
-  check(what, {kAllToAll, d, 0, -1, ReduceOp::kSum, 0}, err);
+  check(what, {Op::kAllToAll, d, 0, -1, ReduceOp::kSum, 0}, err);
   return enqueue(std::move(what), [&](ncclComm_t c, cudaStream_t st) {
     ncclResult_t r = ncclGroupStart();
     for (int j = 0; j < size() && r == ncclSuccess; ++j) {
@@ -494,7 +480,7 @@ std::unique_ptr<Work> NcclProcessGroup::iall_to_all(
 // An all-reduce of one element of a scratch buffer the group allocates once.
 std::unique_ptr<Work> NcclProcessGroup::ibarrier() {
   std::string what = name_op("barrier");
-  check(what, {kBarrier, DType::kI32, 0, -1, ReduceOp::kSum, 0}, {});
+  check(what, {Op::kBarrier, DType::kI32, 0, -1, ReduceOp::kSum, 0}, {});
   return enqueue(std::move(what), [&](ncclComm_t c, cudaStream_t st) {
     void*& buf = s_->barrier_buf;
     if (buf == nullptr && cudaMalloc(&buf, sizeof(int32_t)) != cudaSuccess) {
@@ -560,7 +546,8 @@ std::unique_ptr<ProcessGroup> NcclProcessGroup::new_group(
   }
   if (ranks.empty()) err = "ranks is empty. ";
   if (timeout.count() <= 0) err += "the timeout must be positive. ";
-  check(what, {kNewGroup, DType::kI32, ranks.size(), -1, ReduceOp::kSum, hash},
+  check(what,
+        {Op::kNewGroup, DType::kI32, ranks.size(), -1, ReduceOp::kSum, hash},
         err);
   auto it = std::find(ranks.begin(), ranks.end(), rank());
   const bool member = it != ranks.end();
