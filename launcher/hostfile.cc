@@ -59,6 +59,10 @@ std::vector<Host> parse_hostfile(const std::string& text,
     } catch (const HostlistError& e) {
       fail(e.what());
     }
+    if (hosts.size() + names.size() > kMaxHostlistHosts) {
+      fail("more than " + std::to_string(kMaxHostlistHosts) +
+           " hosts in all; list fewer hosts");
+    }
     for (std::string& h : names) {
       if (auto [it, fresh] = line_of.emplace(h, line_no); !fresh) {
         fail("'" + h + "' is listed twice (first on line " +

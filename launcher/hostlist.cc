@@ -85,6 +85,12 @@ void expand_item(std::string_view whole, std::string_view item, size_t base,
   // group[0] text[1] group[1] ... text[n].
   std::vector<std::string_view> texts;
   std::vector<Group> groups;
+  size_t total = 1;  // hosts the groups so far make
+  auto too_many = [&] {
+    return HostlistError(
+        quoted(whole) + ": more than " + std::to_string(max_hosts) + " hosts",
+        base);
+  };
   size_t pos = 0;
   size_t piece = 0;
   while (pos < item.size()) {
@@ -106,6 +112,12 @@ void expand_item(std::string_view whole, std::string_view item, size_t base,
       texts.push_back(item.substr(piece, pos - piece));
       groups.push_back(parse_group(whole, item.substr(pos + 1, close - pos - 1),
                                    base + pos + 1, max_hosts));
+      // Checked group by group: many large groups must fail at the second,
+      // not after every one of them was built.
+      if (groups.back().size() > (max_hosts - out.size()) / total) {
+        throw too_many();
+      }
+      total *= groups.back().size();
       pos = close + 1;
       piece = pos;
       continue;
@@ -130,15 +142,7 @@ void expand_item(std::string_view whole, std::string_view item, size_t base,
     ++pos;
   }
   texts.push_back(item.substr(piece));
-  size_t total = 1;
-  for (const Group& g : groups) {
-    total *= g.size();
-    if (total + out.size() > max_hosts) {
-      throw HostlistError(
-          quoted(whole) + ": more than " + std::to_string(max_hosts) + " hosts",
-          base);
-    }
-  }
+  if (out.size() + 1 > max_hosts) throw too_many();  // a name, no groups
   // Odometer over the groups, the last one fastest.
   std::vector<size_t> idx(groups.size(), 0);
   for (size_t n = 0; n < total; ++n) {

@@ -12,13 +12,23 @@ namespace {
 
 std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
 
-std::vector<std::string> expand(std::string_view whole, std::string_view name) {
+// `name` expanded, `so_far` hosts having come before it: each item is
+// capped on its own, so the whole text is held to the same cap here.
+std::vector<std::string> expand(std::string_view whole, std::string_view name,
+                                size_t so_far) {
+  std::vector<std::string> names;
   try {
-    return expand_hostlist(name);
+    names = expand_hostlist(name);
   } catch (const HostlistError& e) {
     throw HostsError(whole == name ? std::string(e.what())
                                    : quoted(whole) + ": " + e.what());
   }
+  if (so_far + names.size() > kMaxHostlistHosts) {
+    throw HostsError(quoted(whole) + ": more than " +
+                     std::to_string(kMaxHostlistHosts) +
+                     " hosts in all; name fewer hosts");
+  }
+  return names;
 }
 
 }  // namespace
@@ -47,7 +57,7 @@ std::vector<Host> parse_host_list(std::string_view text) {
                        ": an empty host name; name hosts like "
                        "node[01-04]:8,gpu7");
     }
-    for (std::string& h : expand(text, name)) {
+    for (std::string& h : expand(text, name, hosts.size())) {
       if (!seen.insert(h).second) {
         throw HostsError(quoted(text) + ": '" + h +
                          "' is listed twice; list each host once (give "
@@ -99,7 +109,7 @@ std::vector<HostFilter> parse_host_filter(std::string_view text) {
     if (name.empty()) {
       throw HostsError(quoted(entry) + ": no host name before ':'" + form);
     }
-    for (std::string& h : expand(text, name)) {
+    for (std::string& h : expand(text, name, out.size())) {
       out.push_back(HostFilter{std::move(h), gpus});
     }
     start = at + 1;

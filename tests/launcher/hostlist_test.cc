@@ -5,7 +5,12 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -85,6 +90,93 @@ TEST(HostlistTest, EveryBadFormIsAClearError) {
       EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos);
     }
   }
+}
+
+// The cap holds for every item: names without brackets count too (they
+// once went past it), and whole texts of --hosts, --include/--exclude and
+// hostfiles are held to it across their items and lines.
+TEST(HostlistTest, TheHostCapHoldsForEveryItemAndInAll) {
+  EXPECT_EQ(expand_hostlist("a,b", 2), (Names{"a", "b"}));
+  for (const char* text : {"a,b,c", "a[1-2],c", "c,a[1-2]"}) {
+    SCOPED_TRACE(text);
+    try {
+      expand_hostlist(text, 2);
+      ADD_FAILURE() << "no error";
+    } catch (const HostlistError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("more than 2 hosts"));
+    }
+  }
+  // 80000 hosts in two items or lines of 40000 each.
+  const std::string two = "a[1-40000],b[1-40000]";
+  try {
+    parse_host_list(two);
+    ADD_FAILURE() << "no error";
+  } catch (const HostsError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("more than 65536 hosts in all"));
+  }
+  try {
+    parse_host_filter("a[1-40000]@b[1-40000]");
+    ADD_FAILURE() << "no error";
+  } catch (const HostsError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("more than 65536 hosts in all"));
+  }
+  try {
+    parse_hostfile("a[1-40000]\nb[1-40000]\n", "hf");
+    ADD_FAILURE() << "no error";
+  } catch (const HostsError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("hf:2:1: hosts: more than 65536 hosts in "
+                                    "all"));
+  }
+  EXPECT_EQ(parse_host_list("a[1-30000],b[1-30000]").size(), 60000u);
+}
+
+// Many large bracket groups fail at the group that goes past the cap, not
+// after all of them were built: 400 groups of 65536 numbers would take
+// gigabytes. Checked in a child whose address space is capped (not under
+// AddressSanitizer, whose shadow memory needs more).
+TEST(HostlistTest, ManyLargeGroupsFailWithoutBuildingThem) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory needs an uncapped "
+                  "address space";
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  GTEST_SKIP() << "AddressSanitizer's shadow memory needs an uncapped "
+                  "address space";
+#endif
+#endif
+  std::string text = "n";
+  for (int i = 0; i < 400; ++i) text += "[0-65535]";
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // 256 MiB more than the child has now.
+    long pages = 0;
+    if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+      if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+      std::fclose(f);
+    }
+    rlim_t limit = static_cast<rlim_t>(pages) * ::sysconf(_SC_PAGESIZE) +
+                   (rlim_t{256} << 20);
+    rlimit rl{limit, limit};
+    if (pages == 0 || ::setrlimit(RLIMIT_AS, &rl) != 0) ::_exit(3);
+    try {
+      expand_hostlist(text);
+      ::_exit(1);
+    } catch (const HostlistError& e) {
+      ::_exit(std::string(e.what()).find("more than 65536 hosts") !=
+                      std::string::npos
+                  ? 0
+                  : 1);
+    } catch (const std::bad_alloc&) {
+      ::_exit(2);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "1: no error or another one; 2: out of memory building the groups; "
+         "3: could not cap the address space";
 }
 
 TEST(HostlistTest, SplitKeepsBracketedCommas) {
