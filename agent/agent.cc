@@ -104,7 +104,11 @@ RunResult Agent::run() {
   fitted_.assign(options_.faults.size(), false);
   try {
     if (!keep_dir) env_.remove_if_orphaned(result_.run_dir);
-    if (options_.hang_timeout.count() > 0) {
+    // The records also carry the comm faults that fired (the report and
+    // summary.json name them), so DLAUNCH_COMM_FAULTS asks for them too.
+    auto comm_faults = base_env_.find("DLAUNCH_COMM_FAULTS");
+    if (options_.hang_timeout.count() > 0 ||
+        (comm_faults != base_env_.end() && !comm_faults->second.empty())) {
       progress_ = std::make_unique<ProgressFiles>(result_.run_dir,
                                                   options_.nproc_per_node);
     }
@@ -382,6 +386,7 @@ void Agent::fire_fault(size_t k) {
   rec.pid = w.pid;
   result_.faults.push_back(rec);
   w.injected_fault = f.spec;
+  w.injected_by = "dlaunch";
   sink_("dlaunch: fault injected: " + f.spec + ": " + rec.action +
         " (local rank " + std::to_string(i) + ", pid " + std::to_string(w.pid) +
         ")\n");
@@ -410,8 +415,37 @@ void Agent::note_detected() {
   }
 }
 
+void Agent::note_comm_fault(size_t i) {
+  if (!progress_) return;
+  std::optional<CommFaultNote> note =
+      progress_->fired_fault(static_cast<int>(i));
+  if (!note) return;
+  WorkerRecord& w = attempt().workers[i];
+  const int a = static_cast<int>(result_.attempts.size()) - 1;
+  for (const FaultRecord& f : result_.faults) {
+    if (f.source == "comm" && f.attempt == a && f.pid == w.pid) return;
+  }
+  FaultRecord rec;
+  rec.spec = note->spec;
+  rec.action = note->action;
+  rec.source = "comm";
+  rec.attempt = a;
+  rec.pid = w.pid;
+  rec.fired = note->fired;
+  result_.faults.push_back(rec);
+  // A fault that fired but did not end its worker (a short stall, a
+  // failure the program caught) makes no failure of it.
+  if (w.injected_fault.empty() && w.failed_on_its_own()) {
+    w.injected_fault = note->spec;
+    w.injected_by = "comm";
+  }
+}
+
 void Agent::start_hang_watch() {
-  if (!progress_ || state_ != State::kRunning) return;
+  if (!progress_ || options_.hang_timeout.count() <= 0 ||
+      state_ != State::kRunning) {
+    return;
+  }
   using std::chrono::milliseconds;
   // Ticks of a tenth of the timeout (10 ms to 0.5 s): a hang is found
   // within the timeout plus one tick.
@@ -454,6 +488,7 @@ void Agent::on_hang_tick() {
     w.hung = true;
     w.progress = samples[j].count;
     w.operation = samples[j].operation;
+    note_comm_fault(j);
     if (attempt().root_cause < 0) attempt().root_cause = static_cast<int>(j);
     who += (who.empty() ? "" : ", ") + std::string("rank ") +
            std::to_string(w.rank) + " (local rank " + std::to_string(j) +
@@ -631,6 +666,7 @@ void Agent::on_exit(size_t i, ExitStatus status) {
   w.log_error = procs_[i]->log_error();
   --alive_;
   if (!status.ok()) w.error_message = read_error_file(w.error_file);
+  note_comm_fault(i);
   if (w.failed_on_its_own() && attempt().root_cause < 0) {
     attempt().root_cause = static_cast<int>(i);
   }

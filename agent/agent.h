@@ -85,6 +85,9 @@ class Agent {
   void fire_fault(size_t k);
   // The group is failing: fired faults of this attempt are detected.
   void note_detected();
+  // Records the DLAUNCH_COMM_FAULTS fault that fired in local rank `i`, if
+  // any (once per worker), marking the worker injected when it failed.
+  void note_comm_fault(size_t i);
   // Hang detection: one tick of the progress timer.
   void start_hang_watch();
   void on_hang_tick();
@@ -122,7 +125,8 @@ class Agent {
   std::vector<std::unique_ptr<Timer>> fault_timers_;
   std::vector<int> injected_exit_;
   int rank_offset_ = 0;  // RANK of local rank 0 in this round
-  // Hang detection (options_.hang_timeout > 0).
+  // Progress records: hang detection (options_.hang_timeout > 0) and the
+  // comm faults that fired (DLAUNCH_COMM_FAULTS in the workers' env).
   std::unique_ptr<ProgressFiles> progress_;
   std::unique_ptr<Timer> hang_timer_;
   std::chrono::milliseconds hang_tick_{0};

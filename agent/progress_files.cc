@@ -57,6 +57,7 @@ std::vector<std::string> ProgressFiles::reset(int i) {
   r.entered.store(0);
   r.left.store(0);
   r.op.store(0);
+  r.fault_time_ns.store(0);
   s.beats = 0;
   // The heartbeat counts from its first touch by this worker: an mtime
   // that changes from "absent" or from the previous worker's is a beat.
@@ -65,6 +66,21 @@ std::vector<std::string> ProgressFiles::reset(int i) {
   s.last_mtime_ns = 0;
   return {"DLAUNCH_PROGRESS_FILE=" + s.record_path.string(),
           "DLAUNCH_HEARTBEAT_FILE=" + s.heartbeat_path.string()};
+}
+
+std::optional<CommFaultNote> ProgressFiles::fired_fault(int i) const {
+  const ProgressRecord& r = record(slots_[static_cast<size_t>(i)].map);
+  const int64_t ns = r.fault_time_ns.load(std::memory_order_acquire);
+  if (ns == 0) return std::nullopt;
+  // The worker wrote the texts NUL-terminated; strnlen bounds a torn one.
+  auto text = [](const char* p) {
+    return std::string(p, ::strnlen(p, comm::kProgressFaultBytes));
+  };
+  return CommFaultNote{
+      text(r.fault_spec), text(r.fault_action),
+      std::chrono::system_clock::time_point(
+          std::chrono::duration_cast<std::chrono::system_clock::duration>(
+              std::chrono::nanoseconds(ns)))};
 }
 
 ProgressSample ProgressFiles::sample(int i) {

@@ -1,7 +1,9 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,11 +20,20 @@ struct ProgressSample {
   std::string operation;
 };
 
-// The per-worker files of hang detection, in the run folder: comm's shared
-// progress record (DLAUNCH_PROGRESS_FILE, mapped here) and the heartbeat
-// file programs without comm touch (DLAUNCH_HEARTBEAT_FILE, its mtime
-// read). One pair per local rank, zeroed and reused by every group start,
-// so restarts add no files. Owned by the agent; one thread.
+// A DLAUNCH_COMM_FAULTS fault that fired inside a worker, as comm recorded
+// it: its spec as written, what it did ("raising SIGKILL") and when.
+struct CommFaultNote {
+  std::string spec;
+  std::string action;
+  std::chrono::system_clock::time_point fired;
+};
+
+// The per-worker files of hang detection and comm's fault notes, in the
+// run folder: comm's shared progress record (DLAUNCH_PROGRESS_FILE, mapped
+// here) and the heartbeat file programs without comm touch
+// (DLAUNCH_HEARTBEAT_FILE, its mtime read). One pair per local rank, zeroed
+// and reused by every group start, so restarts add no files. Owned by the
+// agent; one thread.
 class ProgressFiles {
  public:
   // Throws std::system_error when a file cannot be made or mapped.
@@ -35,6 +46,9 @@ class ProgressFiles {
   // "NAME=VALUE" entries for its environment.
   std::vector<std::string> reset(int i);
   ProgressSample sample(int i);
+  // The last comm fault that fired in local rank `i` since its reset;
+  // nullopt when none did.
+  std::optional<CommFaultNote> fired_fault(int i) const;
 
  private:
   struct Slot {

@@ -91,6 +91,8 @@ nlohmann::json worker_json(const WorkerRecord& w) {
   j["injected_fault"] = w.injected_fault.empty()
                             ? nlohmann::json()
                             : nlohmann::json(w.injected_fault);
+  j["injected_by"] = w.injected_fault.empty() ? nlohmann::json()
+                                              : nlohmann::json(w.injected_by);
   j["hung"] = w.hung;
   if (w.hung) {
     j["progress"] = w.progress;
@@ -106,6 +108,7 @@ nlohmann::json fault_json(const FaultRecord& f) {
   nlohmann::json j;
   j["spec"] = f.spec;
   j["action"] = f.action;
+  j["source"] = f.source;
   j["attempt"] = f.attempt;
   j["pid"] = f.pid;
   j["fired"] = format_time(f.fired);
@@ -139,7 +142,10 @@ std::string failure_report(const RunResult& r) {
   o << "    pid        : " << root->pid << "\n";
   if (!root->injected_fault.empty()) {
     o << "    injected   : fault " << root->injected_fault
-      << " (dlaunch caused this failure on purpose)\n";
+      << (root->injected_by == "comm"
+              ? " (DLAUNCH_COMM_FAULTS: comm caused this failure on purpose)"
+              : " (dlaunch caused this failure on purpose)")
+      << "\n";
   }
   if (root->hung) o << "    hung       : " << hang_text(*root) << "\n";
   if (!root->error_message.empty()) {

@@ -32,8 +32,12 @@ struct WorkerRecord {
   // Why its log files are incomplete ("PATH: No space left on device");
   // empty when they hold everything it wrote.
   std::string log_error;
-  // The fault injected into it (its canonical spec), empty if none.
+  // The fault injected into it (its canonical spec; a comm fault's as
+  // written), empty if none, and what injected it: "dlaunch" (--fault,
+  // faults:, DLAUNCH_FAULTS) or "comm" (DLAUNCH_COMM_FAULTS, inside the
+  // worker).
   std::string injected_fault;
+  std::string injected_by;
   // Frozen by a stop fault: stopping the group SIGKILLs it (a stopped
   // process ignores SIGTERM until continued).
   bool frozen = false;
@@ -71,10 +75,13 @@ struct AttemptRecord {
 
 // One fault that fired (summary.json's "faults", the drill's table).
 struct FaultRecord {
-  std::string spec;    // canonical
-  std::string action;  // "SIGKILL to rank 1"
-  int attempt = 0;     // index in RunResult::attempts when it fired
-  int pid = -1;        // the process it hit
+  std::string spec;    // canonical (a comm fault's: as written)
+  std::string action;  // "SIGKILL to rank 1"; comm's: "raising SIGKILL"
+  // "dlaunch": the agent fired it; "comm": DLAUNCH_COMM_FAULTS fired it
+  // inside the worker, whose record told the agent.
+  std::string source = "dlaunch";
+  int attempt = 0;  // index in RunResult::attempts when it fired
+  int pid = -1;     // the process it hit
   WallTime fired{};
   // When the agent saw the group fail after it (the victim's exit, a hang
   // found); unset when nothing was noticed.

@@ -225,7 +225,7 @@ std::unique_ptr<ProcessGroup> create_backend(std::string_view backend,
 // or faults (comm/watched_group.h).
 std::unique_ptr<ProcessGroup> create(std::string_view backend,
                                      const gloo::GroupOptions& g) {
-  auto state = watch_state_from_env(g.rank);
+  auto state = watch_state_from_env(g.rank, g.size);
   return watch_group(create_backend(backend, g), std::move(state));
 }
 

@@ -4,8 +4,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -41,9 +43,10 @@ Op op_by_name(const FaultSpec& s, const std::string& name) {
          "all_to_all, barrier, wait or new_group");
 }
 
-// Parses `text`; nullopt when it is for another rank or attempt.
+// Parses `text`; nullopt when it is for another rank or attempt. A rank
+// outside a world of `size` is an error in the attempt the fault is for.
 std::optional<CommFault> parse_comm_fault(const std::string& text, int rank,
-                                          int attempt) {
+                                          int size, int attempt) {
   FaultSpec s(text);
   CommFault f;
   f.spec = text;
@@ -73,6 +76,11 @@ std::optional<CommFault> parse_comm_fault(const std::string& text, int rank,
   f.code = s.integer("code", 1, 255).value_or(1);
   f.signal = s.signal("signal").value_or(SIGKILL);
   f.stall = s.seconds("for");
+  if (want_attempt == attempt && want_rank >= size) {
+    s.fail("rank " + std::to_string(want_rank) +
+           " is out of range: " + std::to_string(size) + " workers (ranks 0.." +
+           std::to_string(size - 1) + "); give a rank of the job");
+  }
   if (want_rank != rank || want_attempt != attempt) return std::nullopt;
   return f;
 }
@@ -124,21 +132,35 @@ class WatchState {
     const std::string where = "fault injected: " + hit->spec + " (call " +
                               std::to_string(n) + " of " +
                               std::string(op_name(op)) + ")";
+    std::string action;
     switch (hit->action) {
       case CommFault::Action::kFail:
-        say(where + ": failing it");
+        action = "failing it";
+        break;
+      case CommFault::Action::kExit:
+        action = "exiting with " + std::to_string(hit->code);
+        break;
+      case CommFault::Action::kKill:
+        action = "raising SIG" + FaultSpec::signal_text(hit->signal);
+        break;
+      case CommFault::Action::kStall:
+        action = "stalling " +
+                 (hit->stall ? FaultSpec::seconds_text(*hit->stall) + " s"
+                             : std::string("for ever"));
+        break;
+    }
+    say(where + ": " + action);
+    // Before it acts: an exit or a kill leaves no later moment.
+    note_fired(hit->spec, action);
+    switch (hit->action) {
+      case CommFault::Action::kFail:
         throw CommError("DLAUNCH_COMM_FAULTS: " + where);
       case CommFault::Action::kExit:
-        say(where + ": exiting with " + std::to_string(hit->code));
         std::_Exit(hit->code);
       case CommFault::Action::kKill:
-        say(where + ": raising SIG" + FaultSpec::signal_text(hit->signal));
         ::kill(::getpid(), hit->signal);
         return;
       case CommFault::Action::kStall:
-        say(where + ": stalling " +
-            (hit->stall ? FaultSpec::seconds_text(*hit->stall) + " s"
-                        : std::string("for ever")));
         // The stall is the fault: this thread stops making progress as a
         // rank stuck in the operation would, signals still act on it.
         if (hit->stall) {
@@ -148,6 +170,24 @@ class WatchState {
         }
         return;
     }
+  }
+
+  // Tells the agent (through the record) which fault fired and what it
+  // did, for its failure report and summary.json.
+  void note_fired(const std::string& spec, const std::string& action) {
+    if (record_ == nullptr) return;
+    auto put = [](char* to, const std::string& text) {
+      const size_t n = std::min(text.size(), kProgressFaultBytes - 1);
+      std::memcpy(to, text.data(), n);
+      to[n] = '\0';
+    };
+    record_->fault_time_ns.store(0, std::memory_order_relaxed);
+    put(record_->fault_spec, spec);
+    put(record_->fault_action, action);
+    const auto now = std::chrono::system_clock::now().time_since_epoch();
+    record_->fault_time_ns.store(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now).count(),
+        std::memory_order_release);
   }
 
   ProgressRecord* record_;
@@ -294,7 +334,7 @@ class WatchedGroup : public ProcessGroup {
 
 }  // namespace
 
-std::shared_ptr<WatchState> watch_state_from_env(int rank) {
+std::shared_ptr<WatchState> watch_state_from_env(int rank, int size) {
   const char* progress = std::getenv("DLAUNCH_PROGRESS_FILE");
   const char* faults = std::getenv("DLAUNCH_COMM_FAULTS");
   if ((progress == nullptr || *progress == '\0') &&
@@ -309,7 +349,8 @@ std::shared_ptr<WatchState> watch_state_from_env(int rank) {
   if (faults != nullptr) {
     try {
       for (const std::string& t : split_fault_list(faults)) {
-        if (auto f = parse_comm_fault(t, rank, attempt)) parsed.push_back(*f);
+        if (auto f = parse_comm_fault(t, rank, size, attempt))
+          parsed.push_back(*f);
       }
     } catch (const FaultSpecError& e) {
       throw CommError(std::string("DLAUNCH_COMM_FAULTS: ") + e.what());

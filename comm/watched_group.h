@@ -15,8 +15,9 @@ class WatchState;
 
 // Reads the environment once per process: nullptr when neither variable
 // is set, so unwatched groups cost nothing. `rank` is the world rank the
-// faults' rank= is matched against. Throws CommError naming a bad spec.
-std::shared_ptr<WatchState> watch_state_from_env(int rank);
+// faults' rank= is matched against, `size` the world's size. Throws
+// CommError naming a bad spec or one whose rank is not in the world.
+std::shared_ptr<WatchState> watch_state_from_env(int rank, int size);
 
 // `inner` with every operation recorded and checked against the faults of
 // `state` (a decorator: the backend is unchanged).

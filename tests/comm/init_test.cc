@@ -2,10 +2,14 @@
 // group over a file store (which listens on a socket).
 #include "comm/init.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "comm/progress.h"
 #include "comm/store/hash_store.h"
 #include "tests/comm/rank_threads.h"
 #include "tests/testing/temp_dir.h"
@@ -155,6 +159,61 @@ TEST_F(InitTest, FileInitWithOneRankAndTimeoutFromTheEnvironment) {
     EXPECT_EQ(v[0], 3.0f);
   }
   unsetenv("DLAUNCH_GLOO_HOST");
+}
+
+// DLAUNCH_COMM_FAULTS in a one-rank group: the fault fires at its call and
+// is written into the progress record (spec, action, time) for the agent;
+// a rank outside the world is an error naming the spec.
+TEST_F(InitTest, ACommFaultIsNotedInTheProgressRecord) {
+  dlaunch::testing::TempDir dir("dlaunch-init");
+  const std::string record_path = dir / "progress_0";
+  int fd = ::open(record_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kProgressFileSize), 0);
+  void* m = ::mmap(nullptr, kProgressFileSize, PROT_READ | PROT_WRITE,
+                   MAP_SHARED, fd, 0);
+  ::close(fd);
+  ASSERT_NE(m, MAP_FAILED);
+  const auto& record = *static_cast<const ProgressRecord*>(m);
+  setenv("DLAUNCH_GLOO_HOST", "127.0.0.1", 1);
+  setenv("DLAUNCH_PROGRESS_FILE", record_path.c_str(), 1);
+  InitOptions o;
+  o.rank = 0;
+  o.world_size = 1;
+  o.timeout = std::chrono::seconds(10);
+
+  setenv("DLAUNCH_COMM_FAULTS", "fail:rank=0:op=all_reduce:call=2", 1);
+  o.init_method = "file://" + (dir / "store").string();
+  {
+    auto pg = init_process_group("gloo", o);
+    std::vector<float> v{1.0f};
+    pg->all_reduce(Tensor::of(v), ReduceOp::kSum);
+    EXPECT_EQ(record.fault_time_ns.load(), 0);
+    EXPECT_THAT(
+        error_of([&] { pg->all_reduce(Tensor::of(v), ReduceOp::kSum); }),
+        HasSubstr("DLAUNCH_COMM_FAULTS: fault injected: "
+                  "fail:rank=0:op=all_reduce:call=2 (call 2 of "
+                  "all_reduce)"));
+    EXPECT_NE(record.fault_time_ns.load(), 0);
+    EXPECT_STREQ(record.fault_spec, "fail:rank=0:op=all_reduce:call=2");
+    EXPECT_STREQ(record.fault_action, "failing it");
+    EXPECT_EQ(record.entered.load(), 1u);
+  }
+
+  setenv("DLAUNCH_COMM_FAULTS", "fail:rank=1:op=barrier", 1);
+  o.init_method = "file://" + (dir / "store2").string();
+  EXPECT_THAT(error_of([&] { init_process_group("gloo", o); }),
+              HasSubstr("DLAUNCH_COMM_FAULTS: fault 'fail:rank=1:op=barrier': "
+                        "rank 1 is out of range: 1 workers (ranks 0..0)"));
+  // Another attempt's fault is not checked against this world.
+  setenv("DLAUNCH_COMM_FAULTS", "fail:rank=1:op=barrier:attempt=1", 1);
+  o.init_method = "file://" + (dir / "store3").string();
+  EXPECT_NO_THROW(init_process_group("gloo", o));
+  for (const char* v :
+       {"DLAUNCH_GLOO_HOST", "DLAUNCH_PROGRESS_FILE", "DLAUNCH_COMM_FAULTS"}) {
+    unsetenv(v);
+  }
+  ::munmap(m, kProgressFileSize);
 }
 
 }  // namespace

@@ -158,10 +158,10 @@ TEST(Faults, StopFreezesARankAndHangTimeoutFindsIt) {
 // Rank 0 beats once, then waits (as for a peer); rank 1 never shows any
 // progress: it is the one named stuck.
 TEST(Faults, AWorkerThatNeverShowedProgressIsNamedWhenOthersWait) {
-  CommandResult r = dlaunch(
-      {"--nproc-per-node", "2", "--hang-timeout", "0.5", "sh", "-c",
-       "if [ $RANK = 0 ]; then touch \"$DLAUNCH_HEARTBEAT_FILE\"; fi; "
-       "exec sleep 60"});
+  CommandResult r =
+      dlaunch({"--nproc-per-node", "2", "--hang-timeout", "0.5", "sh", "-c",
+               "if [ $RANK = 0 ]; then touch \"$DLAUNCH_HEARTBEAT_FILE\"; fi; "
+               "exec sleep 60"});
   EXPECT_NE(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("stuck: rank 1 (local rank 1, pid "));
   EXPECT_THAT(r.err, HasSubstr(") in no operation yet at progress 0 (others "
@@ -358,9 +358,13 @@ TEST_F(Sgd, RankKilledMidAllReduceResumesToTheSameWeights) {
                                "kill:rank=1:op=all_reduce:call=25 (call 25 of "
                                "all_reduce): raising SIGKILL"));
   EXPECT_THAT(r.err, HasSubstr("local rank 1 (pid "));
-  EXPECT_THAT(r.err, HasSubstr("failed with signal SIGKILL (9); restarting"));
+  // The restart line says it was injected (comm told the agent).
+  EXPECT_THAT(r.err, HasSubstr("failed with signal SIGKILL (9) (injected: "
+                               "kill:rank=1:op=all_reduce:call=25); "
+                               "restarting"));
   EXPECT_THAT(r.out, HasSubstr("resuming after epoch 1"));
   nlohmann::json s = summary(dir_.path(), "killed");
+  EXPECT_EQ(s["attempts"][0]["workers"][1]["injected_by"], "comm");
   // Rank 0 was stopped by the agent, not left to time out.
   EXPECT_TRUE(s["attempts"][0]["workers"][0]["stopped_by_agent"].get<bool>());
   expect_same_weights_as_clean_run("killed");
@@ -382,7 +386,9 @@ TEST_F(Sgd, FrozenRankIsFoundHungAndNamedWithItsOperation) {
                                "progress "));
   EXPECT_THAT(r.err, HasSubstr("(others up to "));
   EXPECT_THAT(r.err, HasSubstr("(hung in between operations (last: "
-                               "all_reduce)); restarting"));
+                               "all_reduce)) (injected: "
+                               "kill:rank=1:op=all_reduce:call=20:signal=STOP);"
+                               " restarting"));
   nlohmann::json s = summary(dir_.path(), "frozen");
   const nlohmann::json& w = s["attempts"][0]["workers"];
   EXPECT_TRUE(w[1]["hung"].get<bool>());
@@ -418,6 +424,142 @@ TEST(CommFaults, FailExitStallAndBadSpecs) {
   EXPECT_THAT(bad.err, HasSubstr("DLAUNCH_COMM_FAULTS: fault "
                                  "'fail:rank=1:op=allreduce': op='allreduce' "
                                  "is not an operation"));
+}
+
+// A comm fault that ends its worker is reported as injected like the
+// launcher's own: the report's root cause, summary.json's worker record and
+// its faults list (source "comm"); one that ends nothing is listed as fired
+// and marks no worker. A rank outside the world is an error naming the spec.
+TEST(CommFaults, TheReportAndSummarySayInjected) {
+  TempDir dir;
+  auto collectives = [&](const std::string& id, const std::string& faults,
+                         std::vector<std::string> flags = {}) {
+    std::vector<std::string> args = {"--nproc-per-node", "2",
+                                     "--log-dir",        dir.path().string(),
+                                     "--rdzv-id",        id};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.push_back(testing::bin("dl-collectives"));
+    return dlaunch(args, {{"DLAUNCH_COMM_FAULTS", faults},
+                          {"DLAUNCH_COMM_TIMEOUT", "30"}});
+  };
+  CommandResult r = collectives("killed", "kill:rank=1:op=all_reduce:call=2");
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << describe(r);
+  EXPECT_THAT(
+      r.err,
+      HasSubstr("    injected   : fault kill:rank=1:op=all_reduce:call=2 "
+                "(DLAUNCH_COMM_FAULTS: comm caused this failure on "
+                "purpose)\n"));
+  nlohmann::json s = summary(dir.path(), "killed");
+  EXPECT_EQ(s["root_cause"]["rank"], 1) << s.dump(2);
+  EXPECT_EQ(s["root_cause"]["injected_fault"],
+            "kill:rank=1:op=all_reduce:call=2");
+  EXPECT_EQ(s["root_cause"]["injected_by"], "comm");
+  EXPECT_TRUE(s["attempts"][0]["workers"][0]["injected_fault"].is_null());
+  ASSERT_EQ(s["faults"].size(), 1u) << s.dump(2);
+  const nlohmann::json& f = s["faults"][0];
+  EXPECT_EQ(f["spec"], "kill:rank=1:op=all_reduce:call=2");
+  EXPECT_EQ(f["source"], "comm");
+  EXPECT_EQ(f["action"], "raising SIGKILL");
+  EXPECT_EQ(f["pid"], s["attempts"][0]["workers"][1]["pid"]);
+  EXPECT_FALSE(f["detected"].is_null());
+
+  // With a restart: the restart line says injected, the drill's table
+  // lists it, and the group runs again.
+  r = collectives("restarted", "exit:rank=0:op=barrier:code=4",
+                  {"--max-restarts", "1"});
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("failed with exit code 4 (injected: "
+                               "exit:rank=0:op=barrier:code=4); restarting"));
+  s = summary(dir.path(), "restarted");
+  ASSERT_EQ(s["faults"].size(), 1u) << s.dump(2);
+  EXPECT_EQ(s["faults"][0]["source"], "comm");
+  EXPECT_FALSE(s["faults"][0]["running_again"].is_null());
+  EXPECT_EQ(s["attempts"][0]["workers"][0]["injected_by"], "comm");
+
+  // A stall the job survives fired, and failed nobody.
+  r = collectives("stalled", "stall:rank=1:op=broadcast:for=0.2");
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  s = summary(dir.path(), "stalled");
+  ASSERT_EQ(s["faults"].size(), 1u) << s.dump(2);
+  EXPECT_EQ(s["faults"][0]["action"], "stalling 0.2 s");
+  EXPECT_TRUE(s["faults"][0]["detected"].is_null());
+  EXPECT_TRUE(s["attempts"][0]["workers"][1]["injected_fault"].is_null());
+
+  r = collectives("range", "fail:rank=2:op=all_reduce");
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("DLAUNCH_COMM_FAULTS: fault "
+                               "'fail:rank=2:op=all_reduce': rank 2 is out of "
+                               "range: 2 workers (ranks 0..1)"));
+}
+
+// Ranks 1 and 2 of three stall at the same all_reduce (before entering
+// it); rank 0 waits inside it. The hang report names both stuck ranks (the
+// lowest progress), each with its operation, and not rank 0; the failure
+// report lists both, each injected.
+TEST(CommFaults, EveryStuckRankIsNamedWithItsOperation) {
+  TempDir dir;
+  CommandResult r = dlaunch(
+      {"--nproc-per-node", "3", "--hang-timeout", "1", "--log-dir",
+       dir.path().string(), "--rdzv-id", "two", testing::bin("dl-collectives")},
+      {{"DLAUNCH_COMM_FAULTS",
+        "stall:rank=1:op=all_reduce:call=3,stall:rank=2:op=all_reduce:call=3"},
+       {"DLAUNCH_COMM_TIMEOUT", "60"}});
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << describe(r);
+  std::smatch m;
+  std::string err = r.err;
+  ASSERT_TRUE(std::regex_search(
+      err, m,
+      std::regex("dlaunch: hang: no progress for 1 s \\(--hang-timeout\\); "
+                 "stuck: rank 1 \\(local rank 1, pid [0-9]+\\) in between "
+                 "operations \\(last: all_reduce\\), rank 2 \\(local rank 2, "
+                 "pid [0-9]+\\) in between operations \\(last: all_reduce\\) "
+                 "at progress ([0-9]+) \\(others up to ([0-9]+)\\); SIGKILL to "
+                 "the stuck, SIGTERM to the others\n")))
+      << r.err;
+  EXPECT_LT(std::stoi(m[1]), std::stoi(m[2]));
+  EXPECT_THAT(r.err, HasSubstr("    hung       : no progress within "
+                               "--hang-timeout: stuck in between operations "
+                               "(last: all_reduce)"));
+  EXPECT_THAT(r.err, HasSubstr("    injected   : fault "
+                               "stall:rank=1:op=all_reduce:call=3 "
+                               "(DLAUNCH_COMM_FAULTS"));
+  EXPECT_THAT(r.err, HasSubstr("  also failed: rank 2 (local rank 2, pid "));
+  EXPECT_THAT(r.err, HasSubstr("no progress within --hang-timeout: stuck in "
+                               "between operations (last: all_reduce) "
+                               "(progress counter " +
+                               m[1].str() +
+                               ") (injected: "
+                               "stall:rank=2:op=all_reduce:call=3)\n"));
+  nlohmann::json s = summary(dir.path(), "two");
+  const nlohmann::json& w = s["attempts"][0]["workers"];
+  EXPECT_FALSE(w[0]["hung"].get<bool>()) << s.dump(2);
+  EXPECT_TRUE(w[1]["hung"].get<bool>());
+  EXPECT_TRUE(w[2]["hung"].get<bool>());
+  EXPECT_EQ(w[2]["operation"], "between operations (last: all_reduce)");
+  EXPECT_EQ(w[2]["injected_by"], "comm");
+  EXPECT_EQ(s["faults"].size(), 2u);
+}
+
+// --drill lists the comm faults that fired beside the job's own.
+TEST(Drill, ListsCommFaultsThatFired) {
+  TempDir dir;
+  testing::write_file(dir / "drill.yaml",
+                      "program: " + testing::bin("dl-collectives") +
+                          "\nnproc_per_node: 2\nmax_restarts: 1\nenv:\n"
+                          "  DLAUNCH_COMM_FAULTS: "
+                          "kill:rank=1:op=all_reduce:call=2\n"
+                          "  DLAUNCH_COMM_TIMEOUT: '30'\n");
+  CommandResult r = dlaunch({"--drill", (dir / "drill.yaml").string()});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  std::smatch m;
+  std::string out = r.out;
+  EXPECT_TRUE(std::regex_search(
+      out, m,
+      std::regex(
+          "comm kill:rank=1:op=all_reduce:call=2 +([0-9.]+) s +([0-9.]+) "
+          "s +([0-9.]+) s +ok\n")))
+      << r.out;
+  EXPECT_THAT(r.out, HasSubstr("drill: PASSED\n"));
 }
 
 }  // namespace
