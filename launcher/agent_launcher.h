@@ -30,18 +30,26 @@ struct LaunchPlan {
   std::filesystem::path staging_dir;
   // The head's environment (PDSH_RCMD_TYPE, SSH_AUTH_SOCK, PATH).
   std::map<std::string, std::string> head_env;
-  // The hosts the head shipped its own dlaunch to (they lacked a usable
-  // one at remote_dlaunch): host -> its private copy (ship.h). Empty
-  // (default): every host uses remote_dlaunch.
+  // The hosts that run the head's own dlaunch from their per-user cache
+  // (they lacked a usable one at remote_dlaunch): host -> the copy's path
+  // as their shell expands it (ship.h). Empty (default): every host uses
+  // remote_dlaunch.
   std::map<std::string, std::string> shipped;
-  // The head's dlaunch, its checksum (ship.h) and its
-  // dlaunch-cuda-devices, for ship_commands(); set when shipping.
+  // The head's dlaunch, its checksum (ship.h), its dlaunch-cuda-devices
+  // and their cache folder's name, for ship_commands(); set when
+  // shipping.
   std::filesystem::path ship_from, ship_cuda_devices_from;
-  std::string ship_checksum;
+  std::string ship_checksum, ship_cache;
 };
 
-// dlaunch's path on `host`: its shipped copy, else plan.remote_dlaunch.
+// dlaunch's path on `host`, for messages: its cached copy, else
+// plan.remote_dlaunch.
 const std::string& dlaunch_on(const LaunchPlan& plan, const std::string& host);
+
+// The argv that runs dlaunch on `host` (its arguments follow):
+// {plan.remote_dlaunch}, or for a cached copy ship.h's cached_dlaunch_argv().
+std::vector<std::string> dlaunch_argv(const LaunchPlan& plan,
+                                      const std::string& host);
 
 // The pre-flight's remote command on `host`: `DLAUNCH --remote-check
 // PROGRAM`, and for a shipped copy `--checksum SUM` (the copy checks
@@ -101,9 +109,10 @@ class AgentLauncher {
   // the job ends early or the head is interrupted.
   virtual std::vector<AgentCommand> stop_commands(
       const LaunchPlan& plan) const = 0;
-  // Shipping: copies plan.ship_from to plan.shipped[HOST] on each host of
-  // plan.shipped (and dlaunch-cuda-devices beside it, ship.h names
-  // both), each copy through ship_script() with the file on stdin. A
+  // Shipping: copies plan.ship_from into the cache folder
+  // plan.ship_cache on each host of plan.shipped (and
+  // dlaunch-cuda-devices beside it, ship.h names both), each copy through
+  // ship_script() with the file on stdin. A
   // backend that cannot (pdsh over a network gives remote commands no
   // stdin) returns none, and the pre-flight table says so.
   virtual std::vector<AgentCommand> ship_commands(const LaunchPlan&) const {

@@ -174,7 +174,7 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
       bool unusable = r.exited && (r.exit_code == 127 || r.exit_code == 126);
       if (!r.started) {
         why = r.out;
-        unusable = c.argv[0] == dlaunch_on(plan, h);
+        unusable = c.argv[0] == dlaunch_argv(plan, h)[0];
       } else if (!r.exited) {
         why = "no answer within " +
               std::to_string(
@@ -218,7 +218,9 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
                               dlaunch_on(plan, j.host),
                           true});
     } else if (a != mine + " ok") {
-      failures.push_back({j.host, a.substr(mine.size() + 1)});
+      // A damaged copy in the cache: shipping replaces it.
+      failures.push_back({j.host, a.substr(mine.size() + 1),
+                          a.starts_with(mine + " damaged: ")});
     }
   }
   return failures;
@@ -551,7 +553,6 @@ int launch_hosts(const LaunchOptions& job) {
     // A failure here or there, or a signal: every host stops now; a
     // success: the others are finishing (the exit barrier), let them.
     bool all_done = remote->wait(milliseconds(0));
-    bool stopped = false;  // stop_commands() ran
     int failed = remote->wait_failure_or_end(milliseconds(0));
     // After a success the others may still be in the exit barrier.
     milliseconds bound = o.agent.exit_barrier_timeout + o.agent.term_timeout +
@@ -560,7 +561,6 @@ int launch_hosts(const LaunchOptions& job) {
       remote->close_stdins();
       CommandRunner stop(backend->stop_commands(plan), CommandOutput::kCapture);
       stop.wait(o.remote.connect_timeout + std::chrono::seconds(15));
-      stopped = true;
       bound = o.agent.term_timeout + std::chrono::seconds(15);
     }
     if (!remote->wait(bound)) {
@@ -579,12 +579,11 @@ int launch_hosts(const LaunchOptions& job) {
       remote->signal_all(SIGTERM);
       if (!remote->wait(std::chrono::seconds(10))) remote->signal_all(SIGKILL);
     }
-    // pdsh over a network leaves one job file per host, and shipped
-    // copies of dlaunch stay until removed: remove them.
+    // pdsh over a network leaves one job file per host: remove them.
+    // (Shipped copies of dlaunch stay in the hosts' caches.)
     auto rcmd = head_env.find("PDSH_RCMD_TYPE");
-    if ((o.remote.launcher == "pdsh" &&
-         (rcmd == head_env.end() || rcmd->second != "exec")) ||
-        (!plan.shipped.empty() && !stopped)) {
+    if (o.remote.launcher == "pdsh" &&
+        (rcmd == head_env.end() || rcmd->second != "exec")) {
       CommandRunner cleanup(backend->stop_commands(plan),
                             CommandOutput::kCapture);
       cleanup.wait(o.remote.connect_timeout + std::chrono::seconds(15));

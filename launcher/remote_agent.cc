@@ -221,8 +221,6 @@ int remote_agent_main(const std::vector<std::string>& args) {
   } catch (const std::exception& e) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
   }
-  // A shipped copy goes with its agent, even when the head is gone.
-  remove_own_shipped_copy(job.job_tag);
   return code;
 }
 
@@ -248,7 +246,8 @@ int remote_check_main(const std::vector<std::string>& args) {
     if (have != want) {
       line_kind = " damaged: ";
       problem = "the shipped dlaunch's checksum is " + have + ", not " + want +
-                " (a broken copy; run the job again)";
+                " (a broken copy: the head replaces it; if this persists, run "
+                "the job again)";
     }
   }
   std::string line = "dlaunch-check " DLAUNCH_VERSION;
@@ -341,14 +340,10 @@ int remote_stop_main(const std::vector<std::string>& args) {
     ::kill(pid, SIGKILL);
     ++killed;
   }
-  // Shipped copies of dlaunch go last (this one may be one of them).
-  const int removed = remove_shipped(tag);
   agent::write_all(
       STDOUT_FILENO,
       "dlaunch-stop " + std::to_string(pids.size()) + " process(es) stopped" +
           (killed ? ", " + std::to_string(killed) + " killed" : std::string()) +
-          (removed ? ", " + std::to_string(removed) + " shipped file(s) removed"
-                   : std::string()) +
           "\n");
   return 0;
 }

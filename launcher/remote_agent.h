@@ -30,8 +30,8 @@ int remote_check_main(const std::vector<std::string>& args);
 // `dlaunch --remote-stop TAG [--job-file PATH]`: teardown. Removes the job
 // file, sends SIGTERM to this user's processes whose environment holds
 // DLAUNCH_JOB_TAG=TAG (the job's agents and their workers, nothing else),
-// SIGKILLs those left after 10 s, removes the job's shipped copies of
-// dlaunch in /tmp (ship.h), and prints how many it stopped.
+// SIGKILLs those left after 10 s, and prints how many it stopped (shipped
+// copies of dlaunch stay in the user's cache, ship.h).
 int remote_stop_main(const std::vector<std::string>& args);
 
 // The processes of this user whose environment holds DLAUNCH_JOB_TAG=`tag`

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "launcher/command_runner.h"
@@ -18,8 +19,6 @@ namespace dlaunch::launcher {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr char kCudaSuffix[] = "-cuda-devices";
 
 // The last non-empty line of `text`, for one-line reasons.
 std::string last_line(const std::string& text) {
@@ -32,6 +31,24 @@ std::string last_line(const std::string& text) {
     pos = nl + 1;
   }
   return last;
+}
+
+constexpr char kCacheRoot[] = "${XDG_CACHE_HOME:-$HOME/.cache}/dlaunch";
+
+// Shell code that sets $d to the cache root and defines `private DIR`,
+// which fails, naming the fix, when DIR exists and is not the user's
+// alone; then checks the root and the folder `name`. Nothing in a
+// folder that others can write runs: they could have put anything there.
+std::string cache_guard(const std::string& name) {
+  return std::string("d=\"") + kCacheRoot +
+         "\" && private() { if [ -L \"$1\" ] || { [ -e \"$1\" ] && { [ ! -O "
+         "\"$1\" ] || case $(ls -ld \"$1\") in ?????w*|????????w*) true;; "
+         "*) false;; esac; }; }; then echo \"dlaunch: the cache folder $1 is "
+         "not private (another user's, group- or world-writable, or a link): "
+         "a dlaunch there could be anyone's; if it is yours, chmod 700 $1, "
+         "else remove it or set XDG_CACHE_HOME elsewhere\" >&2; exit 3; fi; "
+         "} && private \"$d\" && private \"$d/" +
+         name + "\"";
 }
 
 }  // namespace
@@ -77,64 +94,46 @@ std::string file_checksum(const fs::path& file) {
   return hex;
 }
 
-std::string shipped_path(const std::string& tag, const std::string& host) {
-  // '%' stays: pdsh's exec module puts the host for "%h".
-  std::string safe = host;
-  for (char& c : safe) {
+std::string cache_name(const std::string& checksum) {
+  std::string name = DLAUNCH_VERSION "-" + checksum;
+  for (char& c : name) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' &&
-        c != '_' && c != '%') {
+        c != '_') {
       c = '_';
     }
   }
-  return "/tmp/" + tag + "-" + safe + ".dlaunch";
+  return name;
+}
+
+std::string cached_path(const std::string& name) {
+  return std::string(kCacheRoot) + "/" + name + "/dlaunch";
+}
+
+std::vector<std::string> cached_dlaunch_argv(const std::string& name) {
+  return {"sh", "-c",
+          cache_guard(name) + " && exec \"$d/" + name + "/dlaunch\" \"$@\"",
+          "dlaunch"};
 }
 
 std::vector<std::pair<fs::path, std::string>> shipped_files(
     const LaunchPlan& plan, const std::string& host) {
-  const std::string& to = plan.shipped.at(host);
-  std::vector<std::pair<fs::path, std::string>> out = {{plan.ship_from, to}};
+  (void)plan.shipped.at(host);
+  std::vector<std::pair<fs::path, std::string>> out = {
+      {plan.ship_from, "dlaunch"}};
   if (!plan.ship_cuda_devices_from.empty()) {
-    out.emplace_back(plan.ship_cuda_devices_from, to + kCudaSuffix);
+    out.emplace_back(plan.ship_cuda_devices_from, "dlaunch-cuda-devices");
   }
   return out;
 }
 
-std::string ship_script(const std::string& path) {
-  const std::string p = shell_command({path});
-  return "umask 077 && set -C && cat > " + p + " && chmod 700 " + p;
-}
-
-int remove_shipped(const std::string& tag) {
-  int removed = 0;
-  std::error_code ec;
-  const uid_t me = ::getuid();
-  for (const auto& e : fs::directory_iterator("/tmp", ec)) {
-    const std::string name = e.path().filename();
-    if (!name.starts_with(tag + "-") ||
-        !(name.ends_with(".dlaunch") ||
-          name.ends_with(std::string(".dlaunch") + kCudaSuffix))) {
-      continue;
-    }
-    struct ::stat st;
-    if (::lstat(e.path().c_str(), &st) != 0 || st.st_uid != me ||
-        !S_ISREG(st.st_mode)) {
-      continue;
-    }
-    if (fs::remove(e.path(), ec)) ++removed;
-  }
-  return removed;
-}
-
-void remove_own_shipped_copy(const std::string& tag) {
-  std::error_code ec;
-  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  const std::string name = self.filename();
-  if (ec || tag.empty() || self.parent_path() != "/tmp" ||
-      !name.starts_with(tag + "-") || !name.ends_with(".dlaunch")) {
-    return;
-  }
-  fs::remove(self, ec);
-  fs::remove(self.string() + kCudaSuffix, ec);
+std::string ship_script(const std::string& name, const std::string& file) {
+  const std::string dir = "\"$d/" + name + "\"";
+  return "umask 077 && " + cache_guard(name) + " && mkdir -p " + dir +
+         " && private \"$d\" && private " + dir + " && t=$(mktemp " + dir +
+         "/." + file +
+         ".XXXXXX) && trap 'rm -f \"$t\"' EXIT && trap 'exit 1' HUP INT TERM "
+         "&& cat > \"$t\" && chmod 700 \"$t\" && mv -f \"$t\" " +
+         dir + "/" + file;
 }
 
 std::vector<PreflightFailure> ship_where_missing(
@@ -170,17 +169,46 @@ std::vector<PreflightFailure> ship_where_missing(
   } catch (const std::exception& e) {
     return refuse(e.what());
   }
+  plan.ship_cache = cache_name(plan.ship_checksum);
   for (const std::string& h : hosts) {
-    plan.shipped[h] = shipped_path(plan.job_tag, h);
+    plan.shipped[h] = cached_path(plan.ship_cache);
   }
-  std::vector<AgentCommand> cmds = backend.ship_commands(plan);
-  if (cmds.empty()) {
+  if (backend.ship_commands(plan).empty()) {
     plan.shipped.clear();
     return refuse(
         "--launcher " + plan.options.launcher +
         " cannot ship it here (its remote commands get no stdin); install "
         "dlaunch there, or use --launcher ssh, which ships it");
   }
+  // The cache first: the hosts whose copy there is missing or damaged
+  // get one.
+  auto jobs_of = [&](const std::set<std::string>& of) {
+    LaunchPlan p = plan;
+    p.jobs.clear();
+    p.shipped.clear();
+    for (const RemoteJob& j : plan.jobs) {
+      if (!of.contains(j.host)) continue;
+      p.jobs.push_back(j);
+      p.shipped[j.host] = plan.shipped.at(j.host);
+    }
+    return p;
+  };
+  std::set<std::string> copy, cached(hosts.begin(), hosts.end());
+  for (PreflightFailure& f : check(jobs_of(cached))) {
+    cached.erase(f.host);
+    if (f.dlaunch_unusable) {
+      copy.insert(f.host);
+    } else {
+      left.push_back(std::move(f));
+    }
+  }
+  for (const std::string& h : cached) {
+    note("dlaunch: " + h + " has " + lacks +
+         "; found this one cached at " + plan.shipped.at(h));
+  }
+  if (copy.empty()) return left;
+  LaunchPlan to = jobs_of(copy);
+  std::vector<AgentCommand> cmds = backend.ship_commands(to);
   // A copy of tens of MB: a minute past the connection.
   CommandRunner run(cmds, CommandOutput::kCapture);
   const auto bound = plan.options.connect_timeout + std::chrono::seconds(60);
@@ -203,25 +231,20 @@ std::vector<PreflightFailure> ship_where_missing(
     if (why.empty()) continue;
     for (const std::string& h : cmds[i].hosts) failed.emplace(h, why);
   }
-  LaunchPlan again = plan;
-  again.jobs.clear();
-  for (RemoteJob& j : plan.jobs) {
-    auto it = plan.shipped.find(j.host);
-    if (it == plan.shipped.end()) continue;
-    if (auto f = failed.find(j.host); f != failed.end()) {
-      left.push_back({j.host, lacks + ", and copying this one to " +
-                                  it->second + " failed: " + f->second});
+  std::set<std::string> again;
+  for (const std::string& h : copy) {
+    if (auto f = failed.find(h); f != failed.end()) {
+      left.push_back({h, lacks + ", and copying this one to " +
+                             plan.shipped.at(h) + " failed: " + f->second});
       continue;
     }
-    if (!plan.ship_cuda_devices_from.empty()) {
-      j.env["DLAUNCH_CUDA_DEVICES"] = it->second + kCudaSuffix;
-    }
-    note("dlaunch: " + j.host + " has " + lacks + "; shipped this one to " +
-         it->second);
-    again.jobs.push_back(j);
+    note("dlaunch: " + h + " has " + lacks + "; shipped this one to " +
+         plan.shipped.at(h));
+    again.insert(h);
   }
-  if (!again.jobs.empty()) {
-    for (PreflightFailure& f : check(again)) left.push_back(std::move(f));
+  if (!again.empty()) {
+    for (PreflightFailure& f : check(jobs_of(again)))
+      left.push_back(std::move(f));
   }
   return left;
 }

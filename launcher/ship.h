@@ -29,41 +29,43 @@ std::string why_not_shippable(const std::filesystem::path& exe);
 // file cannot be read.
 std::string file_checksum(const std::filesystem::path& file);
 
-// Where the head ships dlaunch on `host` for the job tagged `tag`: a
-// private, job-unique file in /tmp (dlaunch-cuda-devices goes beside it,
-// at this path + "-cuda-devices"); remote_stop removes both.
-std::string shipped_path(const std::string& tag, const std::string& host);
+// The per-user cache of shipped copies on every host, as its shell
+// expands it: ${XDG_CACHE_HOME:-$HOME/.cache}/dlaunch/VERSION-SUM/ holds
+// dlaunch and dlaunch-cuda-devices of one build (`name`, cache_name()).
+// Copies stay there for the next job; a folder of it that is not the
+// user's alone (another owner, group- or world-writable, a link) is
+// refused before anything there runs.
+std::string cache_name(const std::string& checksum);
+std::string cached_path(const std::string& name);
+
+// The argv that runs the cached dlaunch of `name` (arguments follow):
+// `sh -c` checks the cache's folders, then execs it (exit 127 when it is
+// not there).
+std::vector<std::string> cached_dlaunch_argv(const std::string& name);
 
 // What ship_commands() copies to `host` (a host of plan.shipped): each
-// local file of the head's with its path there (dlaunch, and
+// local file of the head's with its file name in the cache (dlaunch, and
 // dlaunch-cuda-devices beside it when the head has one).
 std::vector<std::pair<std::filesystem::path, std::string>> shipped_files(
     const LaunchPlan& plan, const std::string& host);
 
-// The remote shell command that stores its stdin at `path`: new file
-// only (noclobber: never into another's file), mode 0700.
-std::string ship_script(const std::string& path);
-
-// Removes this user's shipped copies of the job tagged `tag` in /tmp (all
-// hosts of one machine); returns how many.
-int remove_shipped(const std::string& tag);
-
-// When this program is a shipped copy of the job tagged `tag`
-// (shipped_path()), removes it and its dlaunch-cuda-devices: an agent's
-// copy goes when the agent ends.
-void remove_own_shipped_copy(const std::string& tag);
+// The remote shell command that stores its stdin as `file` in the cache
+// folder `name`: made 0700 if missing (and refused as above), written to
+// a temporary file (removed when the copy fails or is interrupted), mode
+// 0700, renamed into place: two jobs racing never run a half copy.
+std::string ship_script(const std::string& name, const std::string& file);
 
 // The pre-flight checker: runs the backend's checks for plan.jobs.
 using PreflightCheck =
     std::function<std::vector<PreflightFailure>(const LaunchPlan&)>;
 
 // dlaunch ships itself: for the hosts in `failures` whose dlaunch is
-// unusable, copies the head's (plan.ship_*; `self` is its path) through
-// the backend into shipped_path(), records them in plan.shipped (and
-// DLAUNCH_CUDA_DEVICES in their jobs), and checks them again with
-// `check`. Returns the failures left, each naming its fix (a
-// non-shippable build, a backend that cannot ship, a failed copy).
-// `note` receives one line per shipped host.
+// unusable, runs the copy in their cache (cached_path()) when its check
+// (`check`, with the checksum) passes; else copies the head's
+// (plan.ship_*; `self` is its path) there through the backend and checks
+// it again. plan.shipped records these hosts. Returns the failures left, each
+// naming its fix (a non-shippable build, a backend that cannot ship, a failed
+// copy). `note` receives one line per host: shipped, or found in the cache.
 std::vector<PreflightFailure> ship_where_missing(
     const AgentLauncher& backend, LaunchPlan& plan,
     std::vector<PreflightFailure> failures, const std::filesystem::path& self,

@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "launcher/ship.h"
+
 namespace dlaunch::launcher {
 namespace {
 
@@ -35,10 +37,16 @@ const std::string& dlaunch_on(const LaunchPlan& plan, const std::string& host) {
   return it == plan.shipped.end() ? plan.remote_dlaunch : it->second;
 }
 
+std::vector<std::string> dlaunch_argv(const LaunchPlan& plan,
+                                      const std::string& host) {
+  if (!plan.shipped.contains(host)) return {plan.remote_dlaunch};
+  return cached_dlaunch_argv(plan.ship_cache);
+}
+
 std::vector<std::string> check_argv(const LaunchPlan& plan,
                                     const std::string& host) {
-  std::vector<std::string> argv = {dlaunch_on(plan, host), "--remote-check",
-                                   plan.program};
+  std::vector<std::string> argv = dlaunch_argv(plan, host);
+  argv.insert(argv.end(), {"--remote-check", plan.program});
   if (plan.shipped.contains(host)) {
     argv.insert(argv.end(), {"--checksum", plan.ship_checksum});
   }

@@ -38,8 +38,9 @@ class LocalLauncher : public AgentLauncher {
     std::vector<AgentCommand> out;
     for (const RemoteJob& j : plan.jobs) {
       AgentCommand c;
-      c.argv = {dlaunch_on(plan, j.host), "--remote-agent", "--job-tag",
-                plan.job_tag};
+      c.argv = dlaunch_argv(plan, j.host);
+      c.argv.insert(c.argv.end(),
+                    {"--remote-agent", "--job-tag", plan.job_tag});
       c.hosts = {j.host};
       c.stdin_data = encode_remote_job(j);
       out.push_back(std::move(c));
@@ -52,9 +53,9 @@ class LocalLauncher : public AgentLauncher {
     // Any host's dlaunch stops the job on this one machine.
     AgentCommand c;
     for (const RemoteJob& j : plan.jobs) c.hosts.push_back(j.host);
-    c.argv = {
-        c.hosts.empty() ? plan.remote_dlaunch : dlaunch_on(plan, c.hosts[0]),
-        "--remote-stop", plan.job_tag};
+    c.argv = c.hosts.empty() ? std::vector<std::string>{plan.remote_dlaunch}
+                             : dlaunch_argv(plan, c.hosts[0]);
+    c.argv.insert(c.argv.end(), {"--remote-stop", plan.job_tag});
     return {c};
   }
 
@@ -73,7 +74,7 @@ std::vector<AgentCommand> local_ship_commands(const LaunchPlan& plan) {
   for (const auto& [host, path] : plan.shipped) {
     for (const auto& [from, to] : shipped_files(plan, host)) {
       AgentCommand c;
-      c.argv = {"sh", "-c", ship_script(to)};
+      c.argv = {"sh", "-c", ship_script(plan.ship_cache, to)};
       c.hosts = {host};
       c.stdin_file = from;
       out.push_back(std::move(c));

@@ -31,8 +31,12 @@ class PdshLauncher : public AgentLauncher {
       copy.local_files[local_job_file(plan)] = all_jobs(plan);
       out.push_back(std::move(copy));
     }
-    std::vector<std::string> check = check_argv(plan, plan.jobs[0].host);
-    check[0] = dlaunch(plan);
+    // check_argv() less its dlaunch, which pdsh() puts first.
+    const std::string& first = plan.jobs[0].host;
+    std::vector<std::string> check = check_argv(plan, first);
+    check.erase(check.begin(),
+                check.begin() + static_cast<std::ptrdiff_t>(
+                                    dlaunch_argv(plan, first).size()));
     AgentCommand c = pdsh(plan, check);
     // The exec module's "hosts" share this machine's /tmp: one file each.
     if (exec_module(plan)) {
@@ -49,18 +53,18 @@ class PdshLauncher : public AgentLauncher {
     // The exec module substitutes %h; over ssh the agent finds its entry
     // by its own names.
     if (exec_module(plan)) {
-      return {pdsh(
-          plan, {dlaunch(plan), "--remote-agent", "--job-tag", plan.job_tag,
-                 "--job-file", job_file(plan, "%h").string(), "--host", "%h"})};
+      return {
+          pdsh(plan, {"--remote-agent", "--job-tag", plan.job_tag, "--job-file",
+                      job_file(plan, "%h").string(), "--host", "%h"})};
     }
-    return {pdsh(plan, {dlaunch(plan), "--remote-agent", "--job-tag",
-                        plan.job_tag, "--job-file", job_file(plan).string()})};
+    return {pdsh(plan, {"--remote-agent", "--job-tag", plan.job_tag,
+                        "--job-file", job_file(plan).string()})};
   }
 
   std::vector<AgentCommand> stop_commands(
       const LaunchPlan& plan) const override {
     return {
-        pdsh(plan, {dlaunch(plan), "--remote-stop", plan.job_tag, "--job-file",
+        pdsh(plan, {"--remote-stop", plan.job_tag, "--job-file",
                     job_file(plan, exec_module(plan) ? "%h" : "").string()})};
   }
 
@@ -78,14 +82,6 @@ class PdshLauncher : public AgentLauncher {
   static bool exec_module(const LaunchPlan& plan) {
     auto it = plan.head_env.find("PDSH_RCMD_TYPE");
     return it != plan.head_env.end() && it->second == "exec";
-  }
-
-  // dlaunch on every host: one command reaches them all, so a shipped
-  // copy's path names the host through the exec module's %h (which it
-  // puts in arguments only: pdsh() runs it through `sh -c`).
-  static std::string dlaunch(const LaunchPlan& plan) {
-    if (plan.shipped.empty()) return plan.remote_dlaunch;
-    return shipped_path(plan.job_tag, "%h");
   }
 
   static std::vector<std::string> hosts(const LaunchPlan& plan) {
@@ -118,11 +114,15 @@ class PdshLauncher : public AgentLauncher {
     return plan.staging_dir / "job";
   }
 
+  // `pdsh ... DLAUNCH ARGS...`: one command reaches every host, so a
+  // cached copy (the exec module's hosts share this machine's cache)
+  // stands for all.
   static AgentCommand pdsh(const LaunchPlan& plan,
-                           std::vector<std::string> remote) {
-    if (exec_module(plan) && !plan.shipped.empty()) {
-      remote.insert(remote.begin(), {"sh", "-c", "exec \"$0\" \"$@\""});
-    }
+                           std::vector<std::string> args) {
+    std::vector<std::string> remote =
+        plan.shipped.empty() ? std::vector<std::string>{plan.remote_dlaunch}
+                             : dlaunch_argv(plan, plan.shipped.begin()->first);
+    remote.insert(remote.end(), args.begin(), args.end());
     AgentCommand c;
     c.argv = {"pdsh",
               "-S",

@@ -23,9 +23,9 @@ class SshLauncher : public AgentLauncher {
       const LaunchPlan& plan) const override {
     std::vector<AgentCommand> out;
     for (const RemoteJob& j : plan.jobs) {
-      AgentCommand c = command(plan, j.host,
-                               {dlaunch_on(plan, j.host), "--remote-agent",
-                                "--job-tag", plan.job_tag});
+      std::vector<std::string> argv = dlaunch_argv(plan, j.host);
+      argv.insert(argv.end(), {"--remote-agent", "--job-tag", plan.job_tag});
+      AgentCommand c = command(plan, j.host, argv);
       c.stdin_data = encode_remote_job(j);
       out.push_back(std::move(c));
     }
@@ -36,20 +36,21 @@ class SshLauncher : public AgentLauncher {
       const LaunchPlan& plan) const override {
     std::vector<AgentCommand> out;
     for (const RemoteJob& j : plan.jobs) {
-      out.push_back(
-          command(plan, j.host,
-                  {dlaunch_on(plan, j.host), "--remote-stop", plan.job_tag}));
+      std::vector<std::string> argv = dlaunch_argv(plan, j.host);
+      argv.insert(argv.end(), {"--remote-stop", plan.job_tag});
+      out.push_back(command(plan, j.host, argv));
     }
     return out;
   }
 
-  // Over the same kind of connection: `cat` into the private path.
+  // Over the same kind of connection: `cat` into the host's cache.
   std::vector<AgentCommand> ship_commands(
       const LaunchPlan& plan) const override {
     std::vector<AgentCommand> out;
     for (const auto& [host, path] : plan.shipped) {
       for (const auto& [from, to] : shipped_files(plan, host)) {
-        AgentCommand c = command(plan, host, {"sh", "-c", ship_script(to)});
+        AgentCommand c =
+            command(plan, host, {"sh", "-c", ship_script(plan.ship_cache, to)});
         c.stdin_file = from;
         out.push_back(std::move(c));
       }
