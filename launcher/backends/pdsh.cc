@@ -32,7 +32,8 @@ class PdshLauncher : public AgentLauncher {
       out.push_back(std::move(copy));
     }
     // check_argv() less its dlaunch, which pdsh() puts first.
-    const std::string& first = plan.jobs[0].host;
+    const std::string& first =
+        plan.shipped.empty() ? plan.jobs[0].host : plan.shipped.begin()->first;
     std::vector<std::string> check = check_argv(plan, first);
     check.erase(check.begin(),
                 check.begin() + static_cast<std::ptrdiff_t>(

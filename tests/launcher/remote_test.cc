@@ -3,8 +3,11 @@
 // backend's commands as text.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -14,6 +17,7 @@
 #include "launcher/remote_job.h"
 #include "launcher/ship.h"
 #include "launcher/slurm.h"
+#include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dlaunch::launcher {
@@ -198,38 +202,44 @@ TEST(BackendsTest, PdshRunsOnceOverAllHostsWithAJobFile) {
 // plan() with dlaunch shipped to n2.
 LaunchPlan shipping_plan() {
   LaunchPlan p = plan();
-  p.shipped["n2"] = shipped_path(p.job_tag, "n2");
+  p.ship_cache = cache_name("00112233aabbccdd");
+  p.shipped["n2"] = cached_path(p.ship_cache);
   p.ship_from = "/head/bin/dlaunch";
   p.ship_cuda_devices_from = "/head/bin/dlaunch-cuda-devices";
   p.ship_checksum = "00112233aabbccdd";
   return p;
 }
 
-TEST(BackendsTest, SshShipsThroughStdinToAPrivatePathAndUsesIt) {
+TEST(BackendsTest, SshShipsThroughStdinIntoTheCacheAndUsesIt) {
   auto ssh = make_agent_launcher("ssh");
   LaunchPlan p = shipping_plan();
-  const std::string to = "/tmp/dlaunch-job-0123456789abcdef-n2.dlaunch";
-  EXPECT_EQ(p.shipped["n2"], to);
+  EXPECT_EQ(p.shipped["n2"], "${XDG_CACHE_HOME:-$HOME/.cache}/dlaunch/" +
+                                 p.ship_cache + "/dlaunch");
   auto ship = ssh->ship_commands(p);
   ASSERT_EQ(ship.size(), 2u);
   EXPECT_EQ(ship[0].hosts, std::vector<std::string>{"n2"});
   EXPECT_EQ(ship[0].argv[ship[0].argv.size() - 2], "n2");
-  EXPECT_EQ(ship[0].argv.back(), "exec sh -c 'umask 077 && set -C && cat > " +
-                                     to + " && chmod 700 " + to + "'");
+  EXPECT_EQ(
+      ship[0].argv.back(),
+      "exec sh -c " + shell_command({ship_script(p.ship_cache, "dlaunch")}));
   EXPECT_EQ(ship[0].stdin_file, "/head/bin/dlaunch");
-  EXPECT_THAT(ship[1].argv.back(), HasSubstr("cat > " + to + "-cuda-devices"));
+  EXPECT_THAT(ship[1].argv.back(),
+              HasSubstr("mv -f \"$t\" \"$d/" + p.ship_cache +
+                        "\"/dlaunch-cuda-devices"));
   EXPECT_EQ(ship[1].stdin_file, "/head/bin/dlaunch-cuda-devices");
-  // n2 runs its copy, which checks itself; n1 keeps its own dlaunch.
+  // n2 runs its cached copy, which checks itself; n1 keeps its own dlaunch.
   auto check = ssh->check_commands(p);
   EXPECT_EQ(check[0].argv.back(),
             "exec /opt/dl/dlaunch --remote-check train.py");
-  EXPECT_EQ(check[1].argv.back(), "exec " + to +
+  const std::string cached =
+      "exec " + shell_command(cached_dlaunch_argv(p.ship_cache));
+  EXPECT_EQ(check[1].argv.back(), cached +
                                       " --remote-check train.py --checksum "
                                       "00112233aabbccdd");
   EXPECT_THAT(ssh->start_commands(p)[1].argv.back(),
-              HasSubstr("exec " + to + " --remote-agent"));
+              HasSubstr(cached + " --remote-agent"));
   EXPECT_THAT(ssh->stop_commands(p)[1].argv.back(),
-              HasSubstr("exec " + to + " --remote-stop"));
+              HasSubstr(cached + " --remote-stop"));
 }
 
 TEST(BackendsTest, PdshShipsOnlyWhereItsHostsAreThisMachine) {
@@ -242,14 +252,72 @@ TEST(BackendsTest, PdshShipsOnlyWhereItsHostsAreThisMachine) {
   ASSERT_EQ(ship.size(), 2u);
   EXPECT_EQ(ship[0].argv[0], "sh");
   EXPECT_EQ(ship[0].stdin_file, "/head/bin/dlaunch");
-  // One command for every host: the exec module names each copy (in an
-  // argument: it does not substitute %h in the program).
+  // One command for every host: the exec module's hosts share this
+  // machine's cache.
   auto start = pdsh->start_commands(p)[0].argv;
   ASSERT_GT(start.size(), 11u);
-  EXPECT_THAT(std::vector<std::string>(start.begin() + 7, start.begin() + 12),
-              ElementsAre("sh", "-c", "exec \"$0\" \"$@\"",
-                          "/tmp/dlaunch-job-0123456789abcdef-%h.dlaunch",
-                          "--remote-agent"));
+  std::vector<std::string> want = cached_dlaunch_argv(p.ship_cache);
+  want.push_back("--remote-agent");
+  EXPECT_EQ(std::vector<std::string>(start.begin() + 7, start.begin() + 12),
+            want);
+  auto check = pdsh->check_commands(p)[0].argv;
+  EXPECT_EQ(std::count(check.begin(), check.end(), "sh"), 1);
+  EXPECT_EQ(check.back(), "00112233aabbccdd");
+}
+
+// The cache's shell scripts, run for real in a temporary XDG_CACHE_HOME.
+TEST(ShipTest, TheCacheHoldsPrivateWholeCopiesAndRefusesSharedFolders) {
+  testing::TempDir dir;
+  const std::string name = cache_name("feedfacefeedface");
+  const std::filesystem::path folder = dir / "dlaunch" / name;
+  testing::write_file(dir / "src", "#!/bin/sh\necho cached \"$@\"\n", 0755);
+  auto in_cache = [&](std::vector<std::string> argv) {
+    testing::CommandOptions o;
+    o.argv = std::move(argv);
+    o.env = {{"XDG_CACHE_HOME", dir.path().string()}};
+    return testing::run_command(o);
+  };
+  auto store = [&](const std::string& file) {
+    return in_cache({"sh", "-c", "exec sh -c \"$0\" < \"$1\"",
+                     ship_script(name, file), (dir / "src").string()});
+  };
+  auto run_cached = [&] {
+    std::vector<std::string> argv = cached_dlaunch_argv(name);
+    argv.push_back("--x");
+    return in_cache(argv);
+  };
+  // Missing: the shell's 127, which the pre-flight takes for "ship it".
+  EXPECT_EQ(run_cached().exit_code, 127);
+  testing::CommandResult r = store("dlaunch");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_cached();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "cached --x\n");
+  struct ::stat st;
+  ASSERT_EQ(::stat(folder.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  ASSERT_EQ(::stat((folder / "dlaunch").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  // Written to a temporary name and renamed: nothing else is left.
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(folder),
+                          std::filesystem::directory_iterator()),
+            1);
+  // A folder others can write is refused before anything in it runs.
+  for (const std::filesystem::path& shared : {dir / "dlaunch", folder}) {
+    ::chmod(shared.c_str(), 0770);
+    r = run_cached();
+    EXPECT_EQ(r.exit_code, 3);
+    EXPECT_EQ(r.out, "");
+    EXPECT_THAT(r.err, HasSubstr("the cache folder " + shared.string() +
+                                 " is not private"));
+    EXPECT_THAT(r.err, HasSubstr("chmod 700 " + shared.string()));
+    EXPECT_EQ(store("dlaunch").exit_code, 3);
+    ::chmod(shared.c_str(), 0700);
+  }
+  // So is a link in its place.
+  std::filesystem::rename(folder, dir / "elsewhere");
+  std::filesystem::create_directory_symlink(dir / "elsewhere", folder);
+  EXPECT_EQ(run_cached().exit_code, 3);
 }
 
 TEST(ShipTest, OnlyAStaticProgramShips) {
@@ -265,7 +333,7 @@ TEST(ShipTest, OnlyAStaticProgramShips) {
               HasSubstr("not a 64-bit ELF program"));
 }
 
-TEST(ShipTest, ChecksumsDifferWithTheBytesAndStoredCopiesGo) {
+TEST(ShipTest, ChecksumsDifferWithTheBytesAndNameTheCache) {
   testing::TempDir dir;
   testing::write_file(dir / "a", "dlaunch");
   testing::write_file(dir / "b", "dlauncH");
@@ -273,18 +341,12 @@ TEST(ShipTest, ChecksumsDifferWithTheBytesAndStoredCopiesGo) {
   EXPECT_EQ(file_checksum(dir / "a"), file_checksum(dir / "a"));
   EXPECT_NE(file_checksum(dir / "a"), file_checksum(dir / "b"));
   EXPECT_THROW(file_checksum(dir / "absent"), std::runtime_error);
-  // Host names become file names safely.
-  EXPECT_EQ(shipped_path("dlaunch-job-ab", "n/../x y"),
-            "/tmp/dlaunch-job-ab-n_.._x_y.dlaunch");
-  const std::string tag = "dlaunch-job-test" + std::to_string(::getpid());
-  testing::write_file(shipped_path(tag, "h1"), "x");
-  testing::write_file(shipped_path(tag, "h1") + "-cuda-devices", "x");
-  testing::write_file("/tmp/" + tag + "-h1.job", "x");
-  EXPECT_EQ(remove_shipped(tag), 2);
-  EXPECT_FALSE(std::filesystem::exists(shipped_path(tag, "h1")));
-  // Not a shipped copy: left alone.
-  EXPECT_TRUE(std::filesystem::exists("/tmp/" + tag + "-h1.job"));
-  std::filesystem::remove("/tmp/" + tag + "-h1.job");
+  // The cache folder's name is the version and the checksum.
+  // (VERSION-SUM, one path component).
+  const std::string name = cache_name("0123456789abcdef");
+  EXPECT_TRUE(name.ends_with("-0123456789abcdef")) << name;
+  EXPECT_EQ(name.find('/'), std::string::npos);
+  EXPECT_NE(name, cache_name("0123456789abcdee"));
 }
 
 TEST(BackendsTest, SlurmRunsOneSrunTaskPerNodeWithEveryJobOnStdin) {
