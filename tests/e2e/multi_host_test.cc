@@ -6,6 +6,7 @@
 // and on observed state.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -27,6 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::CommandResult;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::Subprocess;
 using testing::TempDir;
 using namespace std::chrono_literals;
@@ -368,7 +370,7 @@ TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {
 // print their agent's program, /proc/$PPID/exe).
 std::set<std::string> shipped_copies(const std::string& out) {
   std::set<std::string> paths;
-  std::regex re("agent=(/tmp/dlaunch-job-\\w+-127\\.0\\.0\\.[2-4]\\.dlaunch)");
+  std::regex re("agent=(/\\S+/dlaunch/[^/ ]+/dlaunch)\\b");
   for (auto it = std::sregex_iterator(out.begin(), out.end(), re);
        it != std::sregex_iterator(); ++it) {
     paths.insert((*it)[1]);
@@ -376,22 +378,36 @@ std::set<std::string> shipped_copies(const std::string& out) {
   return paths;
 }
 
+// A copy's identity: a rewrite (temporary file renamed into place) makes
+// a new inode.
+ino_t inode(const std::string& path) {
+  struct ::stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
 // dlaunch ships itself (issue 10): over ssh to two "hosts" where
-// --remote-dlaunch points at nothing, and with --launcher local to hosts
-// whose PATH has no dlaunch. Each host's agent runs the head's copy from
-// a private /tmp file, which is gone after the job.
-TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopy) {
+// --remote-dlaunch points at nothing. Each host's agent runs the head's
+// copy from the user's cache (here a test's own XDG_CACHE_HOME, passed
+// through ssh), which stays for the next job: that one finds it and
+// copies nothing. A damaged copy there is replaced; a cache folder that
+// others can write is refused, naming the fix.
+TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopyFromTheirCache) {
   testing::TestSshd sshd({"127.0.0.2", "127.0.0.3"});
   if (!sshd.available()) GTEST_SKIP() << sshd.why_not();
-  const std::string mark = unique_mark();
-  CommandResult r = testing::run_command(
-      cmd(head("ssh", "127.0.0.2,127.0.0.3", mark,
-               {"--ssh-port", std::to_string(sshd.port()), "--ssh-args",
-                sshd.ssh_args(), "--remote-dlaunch",
-                "/nonexistent-dlaunch-dir/dlaunch", "sh", "-c",
-                "echo ENV rank=$RANK agent=$(readlink /proc/$PPID/exe) "
-                "cuda=$DLAUNCH_CUDA_DEVICES"})),
-      120s);
+  TempDir cache("dlaunch-cache");
+  auto run = [&](const std::string& mark) {
+    return testing::run_command(
+        cmd(head(
+            "ssh", "127.0.0.2,127.0.0.3", mark,
+            {"--ssh-port", std::to_string(sshd.port()), "--ssh-args",
+             sshd.ssh_args() +
+                 " -o SetEnv=XDG_CACHE_HOME=" + cache.path().string(),
+             "--remote-dlaunch", "/nonexistent-dlaunch-dir/dlaunch", "sh", "-c",
+             "echo ENV rank=$RANK agent=$(readlink /proc/$PPID/exe)"})),
+        120s);
+  };
+  std::string mark = unique_mark();
+  CommandResult r = run(mark);
   const std::string refused = launcher::why_not_shippable(kDlaunch);
   if (!refused.empty()) {
     // A sanitizer build refuses, naming the fix.
@@ -402,16 +418,61 @@ TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopy) {
     return;
   }
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("dlaunch: 127.0.0.2 has no usable dlaunch at "
-                               "/nonexistent-dlaunch-dir/dlaunch; shipped "
-                               "this one to /tmp/dlaunch-job-"));
-  std::set<std::string> copies = shipped_copies(r.out);
-  ASSERT_EQ(copies.size(), 2u) << r.out;
-  for (const std::string& c : copies) {
-    EXPECT_THAT(r.out, HasSubstr("cuda=" + c + "-cuda-devices")) << r.out;
-    EXPECT_FALSE(fs::exists(c)) << c << " was left behind";
-    EXPECT_FALSE(fs::exists(c + "-cuda-devices"));
+  for (const char* h : {"127.0.0.2", "127.0.0.3"}) {
+    EXPECT_THAT(r.err,
+                HasSubstr("dlaunch: " + std::string(h) +
+                          " has no usable dlaunch at "
+                          "/nonexistent-dlaunch-dir/dlaunch; shipped this one "
+                          "to ${XDG_CACHE_HOME:-$HOME/.cache}/dlaunch/"));
   }
+  // Both "hosts" share this machine's cache: one copy.
+  std::set<std::string> copies = shipped_copies(r.out);
+  ASSERT_EQ(copies.size(), 1u) << r.out;
+  const std::string copy = *copies.begin();
+  EXPECT_TRUE(copy.starts_with(cache.path().string() + "/dlaunch/")) << copy;
+  EXPECT_TRUE(
+      fs::exists(fs::path(copy).replace_filename("dlaunch-cuda-devices")));
+  EXPECT_EQ(launcher::file_checksum(copy), launcher::file_checksum(kDlaunch));
+  EXPECT_TRUE(none_left(mark, 10s));
+  const ino_t first = inode(copy);
+
+  // The next job runs the cached copy as it is.
+  mark = unique_mark();
+  r = run(mark);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("dlaunch: 127.0.0.2 has no usable dlaunch at "
+                               "/nonexistent-dlaunch-dir/dlaunch; found this "
+                               "one cached at "));
+  EXPECT_THAT(r.err, Not(HasSubstr("shipped this one"))) << r.err;
+  EXPECT_EQ(shipped_copies(r.out), copies) << r.out;
+  EXPECT_EQ(inode(copy), first);
+  EXPECT_TRUE(none_left(mark, 10s));
+
+  // A damaged copy (its checksum differs) is replaced.
+  std::ofstream(copy, std::ios::app) << "damage";
+  mark = unique_mark();
+  r = run(mark);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("shipped this one to")) << r.err;
+  EXPECT_NE(inode(copy), first);
+  EXPECT_EQ(launcher::file_checksum(copy), launcher::file_checksum(kDlaunch));
+  EXPECT_TRUE(none_left(mark, 10s));
+  // Nothing but the two files: no temporary copies left.
+  EXPECT_EQ(std::distance(fs::directory_iterator(fs::path(copy).parent_path()),
+                          fs::directory_iterator()),
+            2);
+
+  // A cache folder that others can write is an error naming the fix.
+  const fs::path shared = cache.path() / "dlaunch";
+  ::chmod(shared.c_str(), 0777);
+  mark = unique_mark();
+  r = run(mark);
+  ::chmod(shared.c_str(), 0700);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("127.0.0.2  cannot run "));
+  EXPECT_THAT(r.err, HasSubstr("the cache folder " + shared.string() +
+                               " is not private"));
+  EXPECT_THAT(r.err, HasSubstr("chmod 700 " + shared.string()));
   EXPECT_TRUE(none_left(mark, 10s));
 }
 
@@ -421,42 +482,52 @@ TEST(MultiHostShip, HostsWhosePathLacksDlaunchRunTheHeadsCopy) {
           .exit_code == 0) {
     GTEST_SKIP() << "dlaunch is installed in /usr/bin here";
   }
-  // --launcher local, then pdsh's exec module (one command for all hosts,
-  // each copy named by %h).
+  // --launcher local, then pdsh's exec module (one command for all
+  // hosts); twice each: a copy, then the cached one.
   for (const std::string backend : {"local", "pdsh"}) {
     SCOPED_TRACE(backend);
     if (backend == "pdsh" && !have("pdsh")) continue;
     if (backend == "pdsh") env["PDSH_RCMD_TYPE"] = "exec";
-    const std::string mark = unique_mark();
-    CommandResult r = testing::run_command(
-        cmd(head(backend, "127.0.0.2,127.0.0.3", mark,
-                 {"--remote-dlaunch", "dlaunch", "sh", "-c",
-                  "echo ENV rank=$RANK agent=$(readlink /proc/$PPID/exe)"}),
-            env),
-        120s);
-    if (!launcher::why_not_shippable(kDlaunch).empty()) {
-      EXPECT_EQ(r.exit_code, 1);
-      EXPECT_THAT(r.err, HasSubstr("cannot be shipped"));
-      continue;
+    TempDir cache("dlaunch-cache");
+    env["XDG_CACHE_HOME"] = cache.path().string();
+    for (const std::string said :
+         {"shipped this one to", "found this one cached at"}) {
+      const std::string mark = unique_mark();
+      CommandResult r = testing::run_command(
+          cmd(head(backend, "127.0.0.2,127.0.0.3", mark,
+                   {"--remote-dlaunch", "dlaunch", "sh", "-c",
+                    "echo ENV rank=$RANK agent=$(readlink /proc/$PPID/exe)"}),
+              env),
+          120s);
+      if (!launcher::why_not_shippable(kDlaunch).empty()) {
+        EXPECT_EQ(r.exit_code, 1);
+        EXPECT_THAT(r.err, HasSubstr("cannot be shipped"));
+        break;
+      }
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_THAT(r.err, HasSubstr("dlaunch: 127.0.0.3 has no usable dlaunch "
+                                   "at dlaunch; " +
+                                   said));
+      std::set<std::string> copies = shipped_copies(r.out);
+      ASSERT_EQ(copies.size(), 1u) << r.out;
+      EXPECT_TRUE(copies.begin()->starts_with(cache.path().string()));
+      EXPECT_TRUE(none_left(mark, 10s));
     }
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    std::set<std::string> copies = shipped_copies(r.out);
-    EXPECT_EQ(copies.size(), 2u) << r.out;
-    for (const std::string& c : copies) EXPECT_FALSE(fs::exists(c));
-    EXPECT_TRUE(none_left(mark, 10s));
   }
 }
 
-TEST(MultiHostShip, ACopyGoesWithItsAgentWhenTheHeadIsKilled) {
+TEST(MultiHostShip, AgentsEndWhenTheHeadIsKilledAndTheCacheStays) {
   if (!launcher::why_not_shippable(kDlaunch).empty()) {
     GTEST_SKIP() << "this build does not ship (tested above)";
   }
   testing::TestSshd sshd({"127.0.0.2", "127.0.0.3"});
   if (!sshd.available()) GTEST_SKIP() << sshd.why_not();
+  TempDir cache("dlaunch-cache");
   const std::string mark = unique_mark();
   Subprocess job(cmd(head(
       "ssh", "127.0.0.2,127.0.0.3", mark,
-      {"--ssh-port", std::to_string(sshd.port()), "--ssh-args", sshd.ssh_args(),
+      {"--ssh-port", std::to_string(sshd.port()), "--ssh-args",
+       sshd.ssh_args() + " -o SetEnv=XDG_CACHE_HOME=" + cache.path().string(),
        "--remote-dlaunch", "/nonexistent/dlaunch", "sh", "-c",
        "echo up-$RANK agent=$(readlink /proc/$PPID/exe); "
        "exec sleep 300"})));
@@ -464,15 +535,13 @@ TEST(MultiHostShip, ACopyGoesWithItsAgentWhenTheHeadIsKilled) {
     ASSERT_TRUE(job.wait_for_output(up, 60s)) << job.out() << job.err();
   }
   std::set<std::string> copies = shipped_copies(job.out());
-  ASSERT_EQ(copies.size(), 2u) << job.out();
-  for (const std::string& c : copies) EXPECT_TRUE(fs::exists(c));
+  ASSERT_EQ(copies.size(), 1u) << job.out();
   // No teardown from the head: each agent sees its ssh connection end.
   job.signal(SIGKILL);
   EXPECT_FALSE(job.wait(30s).timed_out);
   EXPECT_TRUE(none_left(mark, 30s));
   for (const std::string& c : copies) {
-    EXPECT_FALSE(fs::exists(c)) << c << " outlived its agent";
-    EXPECT_FALSE(fs::exists(c + "-cuda-devices"));
+    EXPECT_EQ(launcher::file_checksum(c), launcher::file_checksum(kDlaunch));
   }
 }
 
@@ -569,14 +638,14 @@ TEST(MultiHostHead, PreflightTablesEveryFailedHost) {
               HasSubstr("127.0.0.2  program-missing: ./no-such-program"));
   EXPECT_THAT(r.err,
               HasSubstr("127.0.0.3  program-missing: ./no-such-program"));
-  // A host without dlaunch gets the head's, whose own check then fails;
-  // its copy goes with the rest.
-  CommandResult v =
-      testing::run_command(cmd(head("local", "127.0.0.2", mark,
-                                    {"--remote-dlaunch", "/nonexistent/dlaunch",
-                                     "./no-such-program"}),
-                               {}, dir.path().string()),
-                           60s);
+  // A host without dlaunch gets the head's, whose own check then fails.
+  TempDir cache("dlaunch-cache");
+  CommandResult v = testing::run_command(
+      cmd(head("local", "127.0.0.2", mark,
+               {"--remote-dlaunch", "/nonexistent/dlaunch",
+                "./no-such-program"}),
+          {{"XDG_CACHE_HOME", cache.path().string()}}, dir.path().string()),
+      60s);
   EXPECT_EQ(v.exit_code, 1);
   if (!launcher::why_not_shippable(kDlaunch).empty()) {
     EXPECT_THAT(v.err, HasSubstr("127.0.0.2  no usable dlaunch at "
@@ -585,11 +654,7 @@ TEST(MultiHostHead, PreflightTablesEveryFailedHost) {
   }
   EXPECT_THAT(v.err,
               HasSubstr("127.0.0.2  program-missing: ./no-such-program"));
-  std::smatch copy;
-  ASSERT_TRUE(
-      std::regex_search(v.err, copy, std::regex("shipped this one to (\\S+)")))
-      << v.err;
-  EXPECT_FALSE(fs::exists(copy[1].str()));
+  EXPECT_THAT(v.err, HasSubstr("shipped this one to"));
 }
 
 }  // namespace

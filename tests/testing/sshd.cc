@@ -56,7 +56,9 @@ TestSshd::TestSshd(const std::vector<std::string>& addresses) {
             "\nPidFile " + (dir_ / "sshd.pid").string() +
             "\nUsePAM no\nStrictModes no\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nPermitRootLogin yes\n"
-            "MaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n";
+            "MaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n"
+            // A test's own cache of shipped dlaunch copies (ssh -o SetEnv).
+            "AcceptEnv XDG_CACHE_HOME\n";
   write_file(dir_ / "sshd_config", config, 0600);
   ::mkdir("/run/sshd", 0755);  // privilege separation's folder
   sshd_ = std::make_unique<Subprocess>(
