@@ -6,8 +6,9 @@
 # `pdsh -R ssh -w HOSTS true` (a pre-flight and a start) and OpenMPI's
 # `mpirun` over the same ssh (one orted per host, the launcher horovodrun
 # uses), plus --launcher ssh shipping itself to every host
-# (--remote-dlaunch pointing at nothing). hyperfine medians; note the load
-# average it prints.
+# (--remote-dlaunch pointing at nothing; into this script's own
+# XDG_CACHE_HOME, so after the warmup that row runs the cached copies).
+# hyperfine medians; note the load average it prints.
 # Usage: bench/multihost_launch.sh [BUILD_DIR] [RUNS]
 set -euo pipefail
 build=${1:-build}
@@ -27,6 +28,7 @@ port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); pr
   echo "PidFile $dir/sshd.pid"
   printf 'UsePAM no\nStrictModes no\nPasswordAuthentication no\n'
   printf 'PermitRootLogin yes\nMaxStartups 100\nMaxSessions 100\nLogLevel ERROR\n'
+  echo "AcceptEnv XDG_CACHE_HOME"
 } > "$dir/sshd_config"
 mkdir -p /run/sshd
 /usr/sbin/sshd -f "$dir/sshd_config"
@@ -49,8 +51,8 @@ hyperfine -N --warmup 1 --runs "$runs" --export-json "$dir/out.json" \
   "$dlaunch --launcher ssh --hosts $hosts --local-addr 127.0.0.1 --ssh-port $port --ssh-args '$sshargs' true" \
   -n "dlaunch --launcher pdsh (-R ssh)" \
   "env PDSH_RCMD_TYPE=ssh $dlaunch --launcher pdsh --hosts $hosts --local-addr 127.0.0.1 true" \
-  -n "dlaunch --launcher ssh, shipping itself" \
-  "$dlaunch --launcher ssh --hosts $hosts --local-addr 127.0.0.1 --ssh-port $port --ssh-args '$sshargs' --remote-dlaunch /nonexistent/dlaunch true" \
+  -n "dlaunch --launcher ssh, shipped (cached)" \
+  "$dlaunch --launcher ssh --hosts $hosts --local-addr 127.0.0.1 --ssh-port $port --ssh-args '$sshargs -o SetEnv=XDG_CACHE_HOME=$dir/cache' --remote-dlaunch /nonexistent/dlaunch true" \
   "${mpi[@]}" \
   -n "2x pdsh -R ssh true" \
   "sh -c 'pdsh -R ssh -w $hosts true && pdsh -R ssh -w $hosts true'"

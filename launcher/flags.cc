@@ -929,7 +929,8 @@ std::vector<FlagSpec> make_table() {
        .default_text = "this dlaunch's path",
        .help = "Where dlaunch is on every host; the pre-flight checks that "
                "it runs there and is this version, and ships this one to a "
-               "private per-job file on a host where it does not.",
+               "host where it does not (into the user's cache there, "
+               "~/.cache/dlaunch, kept for later jobs).",
        .section = "HOSTS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
