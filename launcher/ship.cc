@@ -1,7 +1,6 @@
 #include "launcher/ship.h"
 
 #include <elf.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
