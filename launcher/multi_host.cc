@@ -588,8 +588,14 @@ int launch_hosts(const LaunchOptions& job) {
                             CommandOutput::kCapture);
       cleanup.wait(o.remote.connect_timeout + std::chrono::seconds(15));
     }
+    // The first host that failed gives the job its status: the others may
+    // have ended only because the teardown stopped them (a signal's code).
+    std::vector<CommandResult> results = remote->results();
+    if (code == 0 && failed >= 0 && results[failed].exited) {
+      code = results[failed].exit_code;
+    }
     int largest = 0;
-    for (const CommandResult& r : remote->results()) {
+    for (const CommandResult& r : results) {
       if (r.exited) largest = std::max(largest, r.exit_code);
       if (!r.started) largest = std::max(largest, 1);
     }
