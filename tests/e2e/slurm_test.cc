@@ -109,7 +109,9 @@ class Slurm : public ::testing::Test {
       }
     }
     // The agent (srun passes the head's environment on) and its workers.
-    EXPECT_GE(marked(mark).size(), 3u);
+    EXPECT_TRUE(
+        testing::eventually([&] { return marked(mark).size() >= 3u; }, 10s))
+        << marked(mark).size();
     return head;
   }
 
