@@ -250,6 +250,21 @@ void apply_rdzv_conf(const FlagSpec& f, const std::string& key,
   }
 }
 
+// --include/--exclude: checked with the host filter's parser, kept as
+// written (applied to `hosts` once every host is known).
+template <std::string RemoteOptions::*field>
+void apply_host_filter(const FlagSpec&, const std::string& v, Options& o,
+                       const agent::EnvMap&) {
+  if (!v.empty()) {
+    try {
+      parse_host_filter(v);
+    } catch (const HostsError& e) {
+      throw BadValue{e.what()};
+    }
+  }
+  o.remote.*field = v;
+}
+
 std::vector<FlagSpec> make_table() {
   using T = ValueType;
   return {
@@ -799,18 +814,7 @@ std::vector<FlagSpec> make_table() {
                "those GPUs only (its CUDA_VISIBLE_DEVICES and worker count): "
                "node01:0,2@node02 (deepspeed's syntax).",
        .section = "HOSTS",
-       .apply =
-           [](const FlagSpec&, const std::string& v, Options& o,
-              const agent::EnvMap&) {
-             if (!v.empty()) {
-               try {
-                 parse_host_filter(v);
-               } catch (const HostsError& e) {
-                 throw BadValue{e.what()};
-               }
-             }
-             o.remote.include = v;
-           },
+       .apply = apply_host_filter<&RemoteOptions::include>,
        .print = [](const Options&) -> std::optional<std::string> {
          return std::nullopt;  // applied to `hosts`
        }},
@@ -820,18 +824,7 @@ std::vector<FlagSpec> make_table() {
        .help = "Leave out these hosts, or these GPUs of a host: "
                "node01:1@node03 (deepspeed's syntax).",
        .section = "HOSTS",
-       .apply =
-           [](const FlagSpec&, const std::string& v, Options& o,
-              const agent::EnvMap&) {
-             if (!v.empty()) {
-               try {
-                 parse_host_filter(v);
-               } catch (const HostsError& e) {
-                 throw BadValue{e.what()};
-               }
-             }
-             o.remote.exclude = v;
-           },
+       .apply = apply_host_filter<&RemoteOptions::exclude>,
        .print = [](const Options&) -> std::optional<std::string> {
          return std::nullopt;  // applied to `hosts`
        }},
