@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <cerrno>
@@ -579,10 +580,16 @@ int launch_hosts(const LaunchOptions& job) {
       remote->signal_all(SIGTERM);
       if (!remote->wait(std::chrono::seconds(10))) remote->signal_all(SIGKILL);
     }
-    // pdsh over a network leaves one job file per host: remove them.
-    // (Shipped copies of dlaunch stay in the hosts' caches.)
+    std::vector<CommandResult> results = remote->results();
+    // pdsh over a network leaves one job file per host unless every agent
+    // succeeded (each removes it then): remove them. (Shipped copies of
+    // dlaunch stay in the hosts' caches.)
     auto rcmd = head_env.find("PDSH_RCMD_TYPE");
-    if (o.remote.launcher == "pdsh" &&
+    bool every_agent_succeeded =
+        std::ranges::all_of(results, [](const CommandResult& r) {
+          return r.started && r.exited && r.exit_code == 0;
+        });
+    if (o.remote.launcher == "pdsh" && !every_agent_succeeded &&
         (rcmd == head_env.end() || rcmd->second != "exec")) {
       CommandRunner cleanup(backend->stop_commands(plan),
                             CommandOutput::kCapture);
@@ -590,7 +597,6 @@ int launch_hosts(const LaunchOptions& job) {
     }
     // The first host that failed gives the job its status: the others may
     // have ended only because the teardown stopped them (a signal's code).
-    std::vector<CommandResult> results = remote->results();
     if (code == 0 && failed >= 0 && results[failed].exited) {
       code = results[failed].exit_code;
     }

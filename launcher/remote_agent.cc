@@ -216,10 +216,21 @@ int remote_agent_main(const std::vector<std::string>& args) {
   options.agent.hostname = job.host;
   if (from_stdin) watch_head_connection();
   int code = 1;
+  agent::RunResult result;
   try {
-    code = launch(options);
+    code = launch(options, &result);
   } catch (const std::exception& e) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+  }
+  // A job file shared by several hosts (pdsh over a network) goes once a
+  // round formed: every node of it had read the file. This covers a
+  // success (the head then skips its clean-up round) and a head that died
+  // (the store gone) and can clean up nothing.
+  if (!from_stdin && !result.attempts.empty()) {
+    if (std::string file = option(args, "--job-file"); !file.empty()) {
+      std::error_code ec;
+      fs::remove(file, ec);
+    }
   }
   return code;
 }

@@ -100,20 +100,16 @@ std::vector<std::string> head(const std::string& launcher,
   return argv;
 }
 
-std::map<std::string, std::string> env_for(const std::string& launcher) {
-  if (launcher == "pdsh") return {{"PDSH_RCMD_TYPE", "exec"}};
-  return {};
-}
-
-// Each test once per launcher; ssh through an sshd of the test's own on
-// the three loopback "hosts".
+// Each test once per launcher: local; pdsh with its exec module; pdsh over
+// ssh (pdcp places one job file for all hosts); ssh. The ssh ones go through
+// an sshd of the test's own on the three loopback "hosts".
 class MultiHost : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (GetParam() == "pdsh" && !have("pdsh")) {
+    if (GetParam().starts_with("pdsh") && !have("pdsh")) {
       GTEST_SKIP() << "pdsh is not installed (scripts/setup installs it)";
     }
-    if (GetParam() == "ssh") {
+    if (GetParam() == "ssh" || GetParam() == "pdsh-ssh") {
       sshd_ = std::make_unique<testing::TestSshd>(
           std::vector<std::string>{"127.0.0.2", "127.0.0.3", "127.0.0.4"});
       if (!sshd_->available()) GTEST_SKIP() << sshd_->why_not();
@@ -124,11 +120,23 @@ class MultiHost : public ::testing::TestWithParam<std::string> {
   std::vector<std::string> head(const std::string& hosts,
                                 const std::string& mark,
                                 std::vector<std::string> rest) const {
-    if (sshd_) {
+    if (GetParam() == "ssh") {
       rest.insert(rest.begin(), {"--ssh-port", std::to_string(sshd_->port()),
                                  "--ssh-args", sshd_->ssh_args()});
     }
-    return dlaunch::head(GetParam(), hosts, mark, std::move(rest));
+    return dlaunch::head(GetParam() == "pdsh-ssh" ? "pdsh" : GetParam(), hosts,
+                         mark, std::move(rest));
+  }
+
+  // The head's environment for this test's launcher.
+  std::map<std::string, std::string> env() const {
+    if (GetParam() == "pdsh") return {{"PDSH_RCMD_TYPE", "exec"}};
+    if (GetParam() == "pdsh-ssh") {
+      return {{"PDSH_RCMD_TYPE", "ssh"},
+              {"PDSH_SSH_ARGS_APPEND", "-p " + std::to_string(sshd_->port()) +
+                                           " " + sshd_->ssh_args()}};
+    }
+    return {};
   }
 
   std::unique_ptr<testing::TestSshd> sshd_;
@@ -142,7 +150,7 @@ TEST_P(MultiHost, EveryHostRunsAnAgentInOneWorld) {
                 "echo ENV rank=$RANK ws=$WORLD_SIZE gr=$GROUP_RANK "
                 "lws=$LOCAL_WORLD_SIZE master=$MASTER_ADDR "
                 "tok=${#DLAUNCH_RDZV_TOKEN} tag=$DLAUNCH_JOB_TAG"}),
-          env_for(GetParam())),
+          env()),
       90s);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::regex re(
@@ -162,10 +170,12 @@ TEST_P(MultiHost, EveryHostRunsAnAgentInOneWorld) {
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3, 4, 5})) << r.out;
   EXPECT_EQ(hosts.size(), 3u);
   ASSERT_EQ(tags.size(), 1u);
-  // pdsh's job files are gone.
+  // pdsh's job files are gone: one per host (exec module), one for all
+  // (over ssh, removed by the agents as the job succeeded).
   for (const char* h : {"127.0.0.2", "127.0.0.3", "127.0.0.4"}) {
     EXPECT_FALSE(fs::exists("/tmp/" + *tags.begin() + "-" + h + ".job"));
   }
+  EXPECT_FALSE(fs::exists("/tmp/" + *tags.begin() + ".job"));
   EXPECT_TRUE(none_left(mark, 10s));
 }
 
@@ -204,7 +214,7 @@ TEST_P(MultiHost, EnvironmentValuesArriveIntactAndLarge) {
                 "\"$((${#BIG1}+${#BIG2}+${#BIG3}+${#BIG4}))\" "
                 "\"$NCCL_DLT_FORWARDED:$(pwd)\""}),
           [&] {
-            auto e = env_for(GetParam());
+            auto e = env();
             for (const char* n : {"BIG1", "BIG2", "BIG3", "BIG4"}) e[n] = big;
             e["NCCL_DLT_FORWARDED"] = "yes";
             return e;
@@ -225,7 +235,7 @@ TEST_P(MultiHost, SigintToTheHeadLeavesNothingOnAnyHost) {
   Subprocess job(cmd(head("127.0.0.[2-3]", mark,
                           {"--nproc-per-node", "2", "sh", "-c",
                            "echo up-$RANK; exec sleep 300"}),
-                     env_for(GetParam())));
+                     env()));
   for (int rank = 0; rank < 4; ++rank) {
     ASSERT_TRUE(job.wait_for_output("up-" + std::to_string(rank), 60s))
         << job.out() << job.err();
@@ -250,7 +260,7 @@ TEST_P(MultiHost, SigkillToTheHeadLeavesNothingOnAnyHost) {
   Subprocess job(cmd(head("127.0.0.[2-3]", mark,
                           {"--nproc-per-node", "2", "sh", "-c",
                            "echo up-$RANK-$DLAUNCH_JOB_TAG.; exec sleep 300"}),
-                     env_for(GetParam())));
+                     env()));
   for (int rank = 0; rank < 4; ++rank) {
     ASSERT_TRUE(job.wait_for_output("up-" + std::to_string(rank), 60s))
         << job.out() << job.err();
@@ -269,6 +279,8 @@ TEST_P(MultiHost, SigkillToTheHeadLeavesNothingOnAnyHost) {
   EXPECT_TRUE(none_left(mark, 60s)) << marked(mark).size() << " left";
   EXPECT_TRUE(testing::eventually([&] { return tagged(tag).empty(); }, 30s))
       << tagged(tag).size() << " left";
+  // No job file (the token is in it) outlives the agents.
+  EXPECT_FALSE(fs::exists("/tmp/" + tag + ".job"));
 }
 
 // The head's faults (--fault and DLAUNCH_FAULTS) reach the agents it
@@ -276,8 +288,8 @@ TEST_P(MultiHost, SigkillToTheHeadLeavesNothingOnAnyHost) {
 // restart, and the job then finishes.
 TEST_P(MultiHost, FaultsFireOnTheHostsTheHeadStarted) {
   const std::string mark = unique_mark();
-  auto env = env_for(GetParam());
-  env["DLAUNCH_FAULTS"] = "kill:rank=3";
+  auto head_env = env();
+  head_env["DLAUNCH_FAULTS"] = "kill:rank=3";
   CommandResult r = testing::run_command(
       cmd(head("127.0.0.[2-3]", mark,
                {"--nproc-per-node", "2", "--max-restarts", "2", "--fault",
@@ -285,7 +297,7 @@ TEST_P(MultiHost, FaultsFireOnTheHostsTheHeadStarted) {
                 "echo up-$RANK-$TORCHELASTIC_RESTART_COUNT; "
                 "if [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; then exec sleep "
                 "300; fi"}),
-          env),
+          head_env),
       120s);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("fault injected: kill:rank=3"));
@@ -302,7 +314,7 @@ TEST_P(MultiHost, StoppingOneOfTwoJobsLeavesTheOther) {
     return std::make_unique<Subprocess>(
         cmd(head("127.0.0.[2-3]", mark,
                  {"sh", "-c", "echo up-$RANK; exec sleep 300"}),
-            env_for(GetParam())));
+            env()));
   };
   auto ja = start(a);
   auto jb = start(b);
@@ -335,7 +347,7 @@ TEST_P(MultiHost, AFailedHostStopsTheJobEverywhere) {
                                     {"sh", "-c",
                                      "if [ $GROUP_RANK = 1 ]; then exit 7; fi; "
                                      "exec sleep 300"}),
-                               env_for(GetParam())),
+                               env()),
                            90s);
   EXPECT_FALSE(r.timed_out);
   EXPECT_NE(r.exit_code, 0) << r.err;
@@ -344,7 +356,12 @@ TEST_P(MultiHost, AFailedHostStopsTheJobEverywhere) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Launchers, MultiHost,
-                         ::testing::Values("local", "pdsh", "ssh"));
+                         ::testing::Values("local", "pdsh", "pdsh-ssh", "ssh"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::erase(n, '-');
+                           return n;
+                         });
 
 TEST(MultiHostHead, TheHeadInTheListRunsItsAgentInProcess) {
   const std::string mark = unique_mark();
