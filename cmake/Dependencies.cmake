@@ -1,5 +1,31 @@
 # All third-party packages, found once. scripts/setup installs every one of
 # them from Debian 12's archive.
+
+# dlaunch_found_option(NAME DOC NEEDS VAR... FIX TEXT): an option for an
+# optional backend, ON by default exactly when every VAR is true (found).
+# NAME=ON without them stops the configure with a message naming the VARs
+# that are false, then TEXT (how to get them) and how to turn NAME off.
+function(dlaunch_found_option name doc)
+  cmake_parse_arguments(PARSE_ARGV 2 ARG "" "FIX" "NEEDS")
+  set(missing "")
+  foreach(var IN LISTS ARG_NEEDS)
+    if(NOT ${var})
+      list(APPEND missing ${var})
+    endif()
+  endforeach()
+  if(missing)
+    set(found OFF)
+  else()
+    set(found ON)
+  endif()
+  option(${name} "${doc}" ${found})
+  if(${name} AND NOT found)
+    list(JOIN missing ", " missing)
+    message(FATAL_ERROR "${name}=ON but these are false (not found): "
+      "${missing}; ${ARG_FIX}, or configure with -D${name}=OFF")
+  endif()
+endfunction()
+
 find_package(Threads REQUIRED)
 # Static Boost libraries (libboost-filesystem1.81-dev ships PIC archives):
 # see DLAUNCH_STATIC_RUNTIME.
@@ -43,19 +69,10 @@ find_path(DLAUNCH_NCCL_INCLUDE_DIR nccl.h
   HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
 find_library(DLAUNCH_NCCL_LIBRARY nccl
   HINTS ${CUDAToolkit_LIBRARY_ROOT}/lib /usr/local/cuda/lib /usr/local/cuda/lib64)
-if(CUDAToolkit_FOUND AND DLAUNCH_NCCL_INCLUDE_DIR AND DLAUNCH_NCCL_LIBRARY)
-  set(_dlaunch_nccl_default ON)
-else()
-  set(_dlaunch_nccl_default OFF)
-endif()
-option(DLAUNCH_WITH_NCCL "Build the NCCL (GPU) backend of comm"
-  ${_dlaunch_nccl_default})
+dlaunch_found_option(DLAUNCH_WITH_NCCL "Build the NCCL (GPU) backend of comm"
+  NEEDS CUDAToolkit_FOUND DLAUNCH_NCCL_INCLUDE_DIR DLAUNCH_NCCL_LIBRARY
+  FIX "install the CUDA toolkit and NCCL under /usr/local/cuda")
 if(DLAUNCH_WITH_NCCL)
-  if(NOT (CUDAToolkit_FOUND AND DLAUNCH_NCCL_INCLUDE_DIR AND DLAUNCH_NCCL_LIBRARY))
-    message(FATAL_ERROR
-      "DLAUNCH_WITH_NCCL=ON but the CUDA toolkit or NCCL was not found; "
-      "install them under /usr/local/cuda or configure with -DDLAUNCH_WITH_NCCL=OFF")
-  endif()
   add_library(dlaunch_nccl INTERFACE)
   target_include_directories(dlaunch_nccl SYSTEM INTERFACE ${DLAUNCH_NCCL_INCLUDE_DIR})
   target_link_libraries(dlaunch_nccl INTERFACE ${DLAUNCH_NCCL_LIBRARY} CUDA::cudart)
@@ -66,27 +83,22 @@ message(STATUS "dlaunch: NCCL backend ${DLAUNCH_WITH_NCCL}")
 # cuBLAS, and the NCCL backend for the gradients. ON by default exactly when
 # all are found; nvcc is looked for where find_package(CUDAToolkit) found it
 # (/usr/local/cuda/bin need not be on PATH).
-set(_dlaunch_cuda_default OFF)
-if(DLAUNCH_WITH_NCCL AND TARGET CUDA::cublas)
+set(DLAUNCH_CUBLAS_FOUND OFF)
+if(TARGET CUDA::cublas)
+  set(DLAUNCH_CUBLAS_FOUND ON)
+endif()
+if(DLAUNCH_WITH_NCCL AND DLAUNCH_CUBLAS_FOUND)
   if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND
      CUDAToolkit_NVCC_EXECUTABLE)
     set(ENV{CUDACXX} ${CUDAToolkit_NVCC_EXECUTABLE})
   endif()
   include(CheckLanguage)
   check_language(CUDA)
-  if(CMAKE_CUDA_COMPILER)
-    set(_dlaunch_cuda_default ON)
-  endif()
 endif()
-option(DLAUNCH_WITH_CUDA "Build CUDA training (dl-sgd --device cuda)"
-  ${_dlaunch_cuda_default})
+dlaunch_found_option(DLAUNCH_WITH_CUDA "Build CUDA training (dl-sgd --device cuda)"
+  NEEDS DLAUNCH_WITH_NCCL DLAUNCH_CUBLAS_FOUND CMAKE_CUDA_COMPILER
+  FIX "install the CUDA toolkit (nvcc, cuBLAS) and NCCL under /usr/local/cuda")
 if(DLAUNCH_WITH_CUDA)
-  if(NOT _dlaunch_cuda_default)
-    message(FATAL_ERROR
-      "DLAUNCH_WITH_CUDA=ON but nvcc, cuBLAS or the NCCL backend is missing; "
-      "install the CUDA toolkit and NCCL under /usr/local/cuda or configure "
-      "with -DDLAUNCH_WITH_CUDA=OFF")
-  endif()
   # Ampere and Hopper machine code, plus Hopper PTX that newer GPUs compile
   # at load time. Override with -DCMAKE_CUDA_ARCHITECTURES=...
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
@@ -107,21 +119,16 @@ find_package(PkgConfig QUIET)
 if(PkgConfig_FOUND)
   pkg_check_modules(DLAUNCH_GRPC QUIET grpc++ protobuf)
 endif()
-if(DLAUNCH_PROTOC AND DLAUNCH_GRPC_CPP_PLUGIN AND DLAUNCH_GRPC_FOUND AND
-   EXISTS ${DLAUNCH_ETCD_PROTO_DIR}/etcdserver/etcdserverpb/rpc.proto)
-  set(_dlaunch_etcd_default ON)
-else()
-  set(_dlaunch_etcd_default OFF)
+set(DLAUNCH_ETCD_RPC_PROTO_FOUND OFF)
+if(EXISTS ${DLAUNCH_ETCD_PROTO_DIR}/etcdserver/etcdserverpb/rpc.proto)
+  set(DLAUNCH_ETCD_RPC_PROTO_FOUND ON)
 endif()
-option(DLAUNCH_WITH_ETCD "Build the etcd rendezvous backend (dlaunch-rdzv-etcd)"
-  ${_dlaunch_etcd_default})
+dlaunch_found_option(DLAUNCH_WITH_ETCD
+  "Build the etcd rendezvous backend (dlaunch-rdzv-etcd)"
+  NEEDS DLAUNCH_PROTOC DLAUNCH_GRPC_CPP_PLUGIN DLAUNCH_GRPC_FOUND
+        DLAUNCH_ETCD_RPC_PROTO_FOUND
+  FIX "run scripts/setup (protobuf-compiler-grpc, libgrpc++-dev, golang-etcd-server-dev)")
 if(DLAUNCH_WITH_ETCD)
-  if(NOT _dlaunch_etcd_default)
-    message(FATAL_ERROR
-      "DLAUNCH_WITH_ETCD=ON but protoc, grpc_cpp_plugin, grpc++ (pkg-config) "
-      "or etcd's rpc.proto is missing; run scripts/setup or configure with "
-      "-DDLAUNCH_WITH_ETCD=OFF")
-  endif()
   # Static for the static helper: pkg-config's --static list, which the
   # linker resolves to the archives Debian ships.
   add_library(dlaunch_grpc INTERFACE)

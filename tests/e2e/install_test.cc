@@ -81,6 +81,25 @@ TEST_F(Install, PutsProgramsHeadersAndPackageFilesInThePrefix) {
   EXPECT_TRUE(pc);
 }
 
+TEST_F(Install, ManFindsTheInstalledPageAndBashLoadsTheCompletion) {
+  // Where man (MANPATH's man1/) and bash-completion (completions/NAME) look.
+  CommandResult r = testing::run_command(
+      {{"man", "-P", "cat", "dlaunch"},
+       {{"MANPATH", (prefix_ / "share/man").string()}, {"MANWIDTH", "80"}},
+       {},
+       ""});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("--nproc-per-node"));
+  r = testing::run_command(
+      {{"bash", "-c", "source \"$1\" && complete -p dlaunch", "bash",
+        (prefix_ / "share/bash-completion/completions/dlaunch").string()},
+       {},
+       {},
+       ""});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("-F _dlaunch dlaunch\n"));
+}
+
 TEST_F(Install, InstalledDlaunchPrintsItsVersion) {
   CommandResult r = testing::run_command(
       {{(prefix_ / "bin/dlaunch").string(), "--version"}, {}, {}, ""});
