@@ -13,11 +13,16 @@ on tmpfs (/dev/shm) and measures
       - the agent and its helper are SIGKILLed (the lease must expire),
       - the agent and its helper are SIGSTOPped (the lease must expire).
 
+Each count prints every run (etcd and c10d alternate, one of each per
+repeat), the medians, their ratio and the load average before and after.
+
 Run: python3 bench/etcd_rendezvous_bench.py --build build [--counts 16,64]
+       [--repeat 5] [--no-detection]
 """
 import argparse
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -103,6 +108,8 @@ def main():
     ap.add_argument("--build", default="build")
     ap.add_argument("--counts", default="16,64")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-detection", action="store_true",
+                    help="only the rendezvous times")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -111,6 +118,7 @@ def main():
         try:
             for n in [int(c) for c in args.counts.split(",") if c]:
                 te, tc = [], []
+                load0 = os.getloadavg()[0]
                 for k in range(args.repeat):
                     with tempfile.TemporaryDirectory() as d:
                         cmds = [etcd_agent(build, i, str(n), endpoint,
@@ -123,9 +131,14 @@ def main():
                                               f"c{n}_{k}", f"{d}/stamps")
                                 for i in range(n)]
                         tc.append(rendezvous_time(cmds, f"{d}/stamps", n, 300))
+                me, mc = statistics.median(te), statistics.median(tc)
                 print(f"etcd {n:4d} agents: "
                       + " ".join(f"{t:.3f}" for t in te) + " s; c10d: "
-                      + " ".join(f"{t:.3f}" for t in tc) + " s", flush=True)
+                      + " ".join(f"{t:.3f}" for t in tc) + " s; medians "
+                      f"{me:.3f} / {mc:.3f} s = {me / mc:.2f}x; load "
+                      f"{load0:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+            if args.no_detection:
+                return
             for name, sig, helper in [
                     ("SIGKILL agent", signal.SIGKILL, False),
                     ("SIGKILL agent+helper (lease TTL 2 s)", signal.SIGKILL,

@@ -230,16 +230,10 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
   const std::string where = p_.store_host + ":" + std::to_string(p_.store_port);
   try {
     if (store_->check({prefix_ + "finished"})) {
-      throw RendezvousClosed(
-          "the job '" + p_.run_id +
-          "' already finished (its rendezvous is closed); nothing to do");
+      throw RendezvousClosed(finished_message(p_.run_id));
     }
     if (store_->check({prefix_ + "gave_up"})) {
-      throw RendezvousError(
-          "the job '" + p_.run_id +
-          "' already failed: its nodes used every restart --max-restarts "
-          "allows and gave up, so this node has no group to join; start the "
-          "job again with a new --rdzv-id");
+      throw RendezvousError(gave_up_message(p_.run_id));
     }
     int r = 0;
     // A re-formed round closes as soon as each node it expects (the

@@ -155,4 +155,16 @@ std::string late_line(int round, int members, int max_nodes) {
                               : " (the most allowed); waiting for a place\n");
 }
 
+std::string finished_message(const std::string& run_id) {
+  return "the job '" + run_id +
+         "' already finished (its rendezvous is closed); nothing to do";
+}
+
+std::string gave_up_message(const std::string& run_id) {
+  return "the job '" + run_id +
+         "' already failed: its nodes used every restart --max-restarts "
+         "allows and gave up, so this node has no group to join; start the "
+         "job again with a new --rdzv-id";
+}
+
 }  // namespace dlaunch::agent::rendezvous

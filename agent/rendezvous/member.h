@@ -83,5 +83,10 @@ std::string too_few_message(int joined, int round, const std::string& run_id,
 // "dlaunch: round 3 is running with 2 nodes; it restarts to take this
 // node in\n" (or, at max_nodes, "... waiting for a place").
 std::string late_line(int round, int members, int max_nodes);
+// Why a node that arrives after the job ended has nothing to join: "the
+// job 'x' already finished ..." (RendezvousClosed: it exits 0) and "the
+// job 'x' already failed: its nodes used every restart ..." (it fails).
+std::string finished_message(const std::string& run_id);
+std::string gave_up_message(const std::string& run_id);
 
 }  // namespace dlaunch::agent::rendezvous

@@ -3,6 +3,7 @@
 // folder: every agent is its own `dlaunch --rdzv-backend etcd` advertising
 // its own 127.0.0.x. Skipped when etcd is not installed. Waits are bounded
 // and on observed output or state, never on sleeps.
+#include <elf.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -536,6 +538,36 @@ TEST_F(EtcdRendezvous, AFailureRestartsEveryNodeUntilTheBudgetIsSpent) {
   EXPECT_THAT(agents_[1]->err(), HasSubstr("worker group failed"));
 }
 
+// As with c10d: a node that arrives after every node gave up past
+// --max-restarts is told so at once (the gave_up mark, which outlives the
+// members' leases for close_timeout, 30 s here) and fails, instead of
+// waiting for a place until its join timeout (60 s; the wait below ends
+// first).
+TEST_F(EtcdRendezvous, ANodeArrivingAfterTheJobGaveUpFailsSayingSo) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  const std::string conf =
+      "close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=3";
+  const std::vector<std::string> flags = {"--nnodes", "2", "--max-restarts",
+                                          "0"};
+  for (int i = 0; i < 2; ++i) {
+    start(i, etcd.endpoint(0), flags, "exit 3", "", conf);
+  }
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = agents_[i]->wait(120s);
+    ASSERT_FALSE(r.timed_out);
+    ASSERT_NE(r.exit_code, 0) << r.out << r.err;
+  }
+  start(2, etcd.endpoint(0), flags, kShowEnv, "", conf);
+  CommandResult late = agents_[2]->wait(45s);
+  ASSERT_FALSE(late.timed_out) << "the late node waited for a place";
+  // Told what happened and what to do, and no worker started.
+  EXPECT_THAT(late.err, HasSubstr("gave up, so this node has no group"));
+  EXPECT_THAT(late.err, HasSubstr("start the job again with a new --rdzv-id"));
+  EXPECT_EQ(late.out.find("ENV"), std::string::npos) << late.out;
+  EXPECT_EQ(late.exit_code, 1) << late.err;
+}
+
 // The cut fault (--fault cut:node=N:for=S), as the c10d backend has it:
 // the node's helper stops renewing its lease; past the TTL (3 s) etcd
 // drops its keys, the others re-form without it, and it stops its workers
@@ -673,6 +705,35 @@ TEST_F(EtcdRendezvous, NoEndpointAnswersNamesEveryOneTried) {
   EXPECT_THAT(r.err, HasSubstr(a));
   EXPECT_THAT(r.err, HasSubstr(b));
   EXPECT_THAT(r.err, HasSubstr("no etcd member answered"));
+}
+
+// The etcd client (gRPC, protobuf, OpenSSL) lives in the helper only:
+// dlaunch stays a static PIE (no dynamic loader; ET_DYN without
+// PT_INTERP) that does not link gRPC, so its launch costs nothing extra
+// (docs/performance.md, "Why etcd runs in a helper program"). The helper
+// must hold gRPC, or the check would prove nothing.
+TEST(EtcdHelper, DlaunchStaysAStaticPieWithoutTheEtcdClient) {
+  const std::string dl = testing::read_file(kDlaunch);
+  const std::string helper =
+      testing::read_file(DLAUNCH_BIN_DIR "/dlaunch-rdzv-etcd");
+  EXPECT_EQ(dl.find("grpc_init"), std::string::npos)
+      << "dlaunch links gRPC; the etcd client belongs in dlaunch-rdzv-etcd";
+  EXPECT_NE(helper.find("grpc_init"), std::string::npos);
+#if DLAUNCH_STATIC_RUNTIME
+  ASSERT_GE(dl.size(), sizeof(Elf64_Ehdr));
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, dl.data(), sizeof eh);
+  ASSERT_EQ(std::memcmp(eh.e_ident, ELFMAG, SELFMAG), 0);
+  EXPECT_EQ(eh.e_type, ET_DYN) << "dlaunch is not position-independent";
+  for (int i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph;
+    const size_t off = eh.e_phoff + static_cast<size_t>(i) * eh.e_phentsize;
+    ASSERT_LE(off + sizeof ph, dl.size());
+    std::memcpy(&ph, dl.data() + off, sizeof ph);
+    EXPECT_NE(ph.p_type, static_cast<Elf64_Word>(PT_INTERP))
+        << "dlaunch needs a dynamic loader";
+  }
+#endif
 }
 
 }  // namespace

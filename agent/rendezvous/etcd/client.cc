@@ -368,7 +368,8 @@ Watch::Watch(Client& client, std::string key, std::string range_end,
     : client_(client),
       key_(std::move(key)),
       range_end_(std::move(range_end)),
-      next_revision_(start_revision) {}
+      next_revision_(start_revision),
+      first_revision_(start_revision) {}
 
 Watch::~Watch() {
   {
@@ -386,6 +387,20 @@ void Watch::interrupt() {
     interrupted_ = true;
   }
   cv_.notify_all();
+}
+
+std::optional<int64_t> Watch::first_revision(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, deadline, [this] {
+    return first_revision_ > 0 || interrupted_ || !error_.empty();
+  });
+  if (first_revision_ > 0) return first_revision_;
+  if (interrupted_) {
+    interrupted_ = false;
+    return std::nullopt;
+  }
+  if (!error_.empty()) throw EtcdError(error_);
+  return std::nullopt;
 }
 
 std::optional<mvccpb::Event> Watch::next(Clock::time_point deadline) {
@@ -456,6 +471,12 @@ void Watch::run() {
           break;
         }
         std::lock_guard<std::mutex> lock(mu_);
+        if (resp.created() && next_revision_ == 0) {
+          // From now: etcd reports every event after its revision then.
+          next_revision_ = resp.header().revision() + 1;
+          first_revision_ = next_revision_;
+          cv_.notify_all();
+        }
         for (const auto& ev : resp.events()) {
           events_.push_back(ev);
           next_revision_ = ev.kv().mod_revision() + 1;

@@ -47,10 +47,11 @@ class EtcdError : public std::runtime_error {
 
 class Client;
 
-// One watch on the keys [key, range_end) from a revision on: events come
-// in revision order; after a member fails it resumes on another from the
-// revision after the last seen. Owned by its user; next() and interrupt()
-// may be called from different threads.
+// One watch on the keys [key, range_end) from a revision on (or from
+// "now"): events come in revision order; after a member fails it resumes
+// on another from the revision after the last seen. Owned by its user;
+// next(), first_revision() and interrupt() may be called from different
+// threads.
 class Watch {
  public:
   ~Watch();
@@ -58,6 +59,12 @@ class Watch {
   // EtcdError once no member could serve the watch within the client's
   // timeout.
   std::optional<mvccpb::Event> next(
+      std::chrono::steady_clock::time_point deadline);
+  // The first revision whose events this watch reports: its start
+  // revision, or for a watch from now the one after etcd's revision when
+  // it took the watch (waited for). nullopt at `deadline` or after
+  // interrupt(); throws EtcdError as next() does.
+  std::optional<int64_t> first_revision(
       std::chrono::steady_clock::time_point deadline);
   // Wakes a next() in progress (and the next one) with nullopt.
   void interrupt();
@@ -70,7 +77,8 @@ class Watch {
 
   Client& client_;
   std::string key_, range_end_;
-  int64_t next_revision_;
+  int64_t next_revision_;       // 0: from now, until etcd took the watch
+  int64_t first_revision_ = 0;  // 0 until etcd took the watch
   std::thread thread_;
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
@@ -104,7 +112,11 @@ class Client {
   // One keep-alive of lease `id`; returns the TTL etcd granted (<= 0: the
   // lease is gone). Throws EtcdError when no member answered in `timeout`.
   int64_t lease_keep_alive(int64_t id, std::chrono::milliseconds timeout);
-  // Events of [key, range_end) from `start_revision` on.
+  // Events of [key, range_end) from `start_revision` on; 0: from when
+  // etcd takes the watch (Watch::first_revision() says which). etcd serves
+  // a watch from a past revision through a loop that runs every 100 ms
+  // once writes came since, so its events may come that much later; a
+  // watch from now gets them at once.
   std::unique_ptr<Watch> watch(const std::string& key,
                                const std::string& range_end,
                                int64_t start_revision);

@@ -54,10 +54,6 @@ void require_absent(etcdserverpb::TxnRequest& t, const std::string& key,
   c->set_create_revision(0);
 }
 
-bool starts_with(const std::string& s, const std::string& p) {
-  return s.compare(0, p.size(), p) == 0;
-}
-
 }  // namespace
 
 // What a node forming round R knows of it: how many have joined and,
@@ -71,7 +67,45 @@ struct EtcdRendezvous::RoundState {
   std::string records;  // the "closed" value
   int64_t closed_rev = 0;
   int64_t revision = 0;  // of the last read
+
+  // Takes the round's "closed" key, as read or put.
+  void take_closed(const mvccpb::KeyValue& kv) {
+    closed = true;
+    records = kv.value();
+    closed_rev = kv.mod_revision();
+  }
+  // The same from a read of it (no key: not closed).
+  void take_closed(
+      const google::protobuf::RepeatedPtrField<mvccpb::KeyValue>& kvs) {
+    if (!kvs.empty()) take_closed(kvs[0]);
+  }
 };
+
+// A watch that a lost lease, or stop_watcher(), interrupts while it lives
+// (set_active). The thread that made it uses it.
+class EtcdRendezvous::ActiveWatch {
+ public:
+  ActiveWatch(EtcdRendezvous& r, std::unique_ptr<Watch> w)
+      : r_(r), w_(std::move(w)) {
+    r_.set_active(w_.get());
+  }
+  ~ActiveWatch() { r_.set_active(nullptr); }
+  ActiveWatch(const ActiveWatch&) = delete;
+  ActiveWatch& operator=(const ActiveWatch&) = delete;
+  Watch* operator->() const { return w_.get(); }
+
+ private:
+  EtcdRendezvous& r_;
+  std::unique_ptr<Watch> w_;
+};
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& p) {
+  return s.compare(0, p.size(), p) == 0;
+}
+
+}  // namespace
 
 EtcdRendezvous::EtcdRendezvous(Params params)
     : p_(std::move(params)),
@@ -204,11 +238,32 @@ bool EtcdRendezvous::cut_off(milliseconds d) {
   return true;
 }
 
-bool EtcdRendezvous::finished() {
+etcdserverpb::RangeRequest EtcdRendezvous::end_marks() const {
+  // The two keys sort next to each other: one range holds both.
   etcdserverpb::RangeRequest req;
   req.set_key(prefix_ + "finished");
-  req.set_count_only(true);
-  return client_->range(req).count() > 0;
+  req.set_range_end(prefix_end(prefix_ + "gave_up"));
+  req.set_keys_only(true);
+  return req;
+}
+
+bool EtcdRendezvous::over(const std::string& key) const {
+  if (key == prefix_ + "gave_up") {
+    throw RendezvousError(gave_up_message(p_.run_id));
+  }
+  return key == prefix_ + "finished";
+}
+
+void EtcdRendezvous::mark_job(const std::string& key) {
+  // Its own lease of close_timeout: the mark outlives the members' leases
+  // for late nodes, and no key of the job outlives it.
+  auto secs = std::chrono::ceil<std::chrono::seconds>(p_.options.close_timeout);
+  auto grant = client_->lease_grant(std::max(secs, std::chrono::seconds(1)));
+  etcdserverpb::PutRequest put;
+  put.set_key(prefix_ + key);
+  put.set_value("1");
+  put.set_lease(grant.id());
+  client_->put(put);
 }
 
 etcdserverpb::RangeRequest EtcdRendezvous::joiners(int round,
@@ -261,32 +316,17 @@ void EtcdRendezvous::try_close(int round, int need, RoundState& st) {
     st.closed_rev = resp.header().revision();
     return;
   }
-  const auto& kvs = resp.responses(0).response_range().kvs();
-  if (!kvs.empty()) {
-    st.closed = true;
-    st.records = kvs[0].value();
-    st.closed_rev = kvs[0].mod_revision();
-  }
+  st.take_closed(resp.responses(0).response_range().kvs());
   // Else the joiners changed (or a closer's key vanished with it, which
   // its members see): the caller looks again.
 }
 
 bool EtcdRendezvous::wait_next_round(int round, Clock::time_point deadline) {
-  etcdserverpb::RangeRequest req;
-  req.set_key(prefix_ + "r/" + pad(round + 1));
-  req.set_range_end(prefix_end(prefix_ + "r/"));
-  req.set_count_only(true);
-  auto resp = client_->range(req);
-  if (resp.count() > 0) return true;
-  if (finished()) return false;
-  auto w = client_->watch(prefix_, prefix_end(prefix_),
-                          resp.header().revision() + 1);
-  set_active(w.get());
-  struct Clear {
-    EtcdRendezvous* self;
-    ~Clear() { self->set_active(nullptr); }
-  } clear{this};
+  // The watch starts before the reads, so that it reports whatever they
+  // miss (one from their revision would wait for etcd's sync loop).
+  ActiveWatch w(*this, client_->watch(prefix_, prefix_end(prefix_), 0));
   const std::string rounds = prefix_ + "r/";
+  bool read = false;
   while (true) {
     check_lease();
     if (Clock::now() >= deadline) {
@@ -297,10 +337,24 @@ bool EtcdRendezvous::wait_next_round(int round, Clock::time_point deadline) {
           std::to_string(p_.options.max_nodes) +
           ") until join_timeout; raise the MAX of --nnodes");
     }
+    if (!read) {
+      if (!w->first_revision(deadline)) continue;
+      read = true;
+      etcdserverpb::RangeRequest req;
+      req.set_key(rounds + pad(round + 1));
+      req.set_range_end(prefix_end(rounds));
+      req.set_count_only(true);
+      if (client_->range(req).count() > 0) return true;
+      const auto marks = client_->range(end_marks());
+      for (const auto& kv : marks.kvs()) {
+        if (over(kv.key())) return false;
+      }
+      continue;
+    }
     auto ev = w->next(deadline);
     if (!ev || ev->type() != mvccpb::Event::PUT) continue;
     const std::string& k = ev->kv().key();
-    if (k == prefix_ + "finished") return false;
+    if (over(k)) return false;
     if (starts_with(k, rounds) &&
         std::atoi(k.substr(rounds.size(), 8).c_str()) > round) {
       return true;
@@ -308,12 +362,13 @@ bool EtcdRendezvous::wait_next_round(int round, Clock::time_point deadline) {
   }
 }
 
-std::optional<int> EtcdRendezvous::join(int round, const MemberRecord& me,
-                                        bool guess, RoundState& st) {
+int EtcdRendezvous::join(int round, const MemberRecord& me, bool guess,
+                         RoundState& st) {
   const std::string rp = round_prefix(round);
   const std::string rounds = prefix_ + "r/";
+  const etcdserverpb::RangeRequest marks = end_marks();
   etcdserverpb::TxnRequest t;
-  require_absent(t, prefix_ + "finished");
+  require_absent(t, marks.key(), marks.range_end());
   if (guess) {
     // No round after this one exists.
     require_absent(t, rounds + pad(round + 1), prefix_end(rounds));
@@ -324,9 +379,7 @@ std::optional<int> EtcdRendezvous::join(int round, const MemberRecord& me,
   put->set_lease(lease_);
   *t.add_success()->mutable_request_range() = joiners(round, false);
   t.add_success()->mutable_request_range()->set_key(rp + "closed");
-  auto* finished = t.add_failure()->mutable_request_range();
-  finished->set_key(prefix_ + "finished");
-  finished->set_count_only(true);
+  *t.add_failure()->mutable_request_range() = marks;
   auto* newest = t.add_failure()->mutable_request_range();
   *newest = prefix_range(rounds);
   newest->set_sort_order(etcdserverpb::RangeRequest::DESCEND);
@@ -336,7 +389,11 @@ std::optional<int> EtcdRendezvous::join(int round, const MemberRecord& me,
   const auto resp = client_->txn(t);
   st.revision = resp.header().revision();
   if (!resp.succeeded()) {
-    if (resp.responses(0).response_range().count() > 0) return std::nullopt;
+    for (const auto& kv : resp.responses(0).response_range().kvs()) {
+      if (over(kv.key())) {
+        throw RendezvousClosed(finished_message(p_.run_id));
+      }
+    }
     const auto& kvs = resp.responses(1).response_range().kvs();
     if (kvs.empty()) return round;  // raced with the last round's end
     return std::atoi(kvs[0].key().substr(rounds.size(), 8).c_str());
@@ -345,12 +402,7 @@ std::optional<int> EtcdRendezvous::join(int round, const MemberRecord& me,
     st.fresh.emplace_back(kv.create_revision(), kv.value());
   }
   st.joined = static_cast<int>(st.fresh.size());
-  const auto& closed = resp.responses(2).response_range().kvs();
-  if (!closed.empty()) {
-    st.closed = true;
-    st.records = closed[0].value();
-    st.closed_rev = closed[0].mod_revision();
-  }
+  st.take_closed(resp.responses(2).response_range().kvs());
   return round;
 }
 
@@ -405,26 +457,22 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       const std::string rp = round_prefix(r);
       const MemberRecord me = join_record(p_, node_id_, local_world_size,
                                           round_, group_rank_, restarts);
+      // The watch on the round's "closed" key starts (from now) before the
+      // join: one from the join's revision would wait for etcd's sync loop
+      // (up to 100 ms, Client::watch) whenever other joins came in between.
+      // Only that key is watched: with every joiner watching every join, a
+      // round of N would send N*N events.
+      std::optional<ActiveWatch> w;
+      w.emplace(*this, client_->watch(rp + "closed", "", 0));
       RoundState st;
-      const auto joined = join(r, me, guess, st);
-      if (!joined) {
-        throw RendezvousClosed(
-            "the job '" + p_.run_id +
-            "' already finished (its rendezvous is closed); nothing to do");
-      }
-      if (*joined != r) {
-        r = *joined;  // a later round is the newest: join that one
+      const int joined = join(r, me, guess, st);
+      if (joined != r) {
+        r = joined;  // a later round is the newest: join that one
         continue;
       }
       guess = false;
       const auto joined_at = Clock::now();
-      // Only the round's "closed" key is watched: with every joiner
-      // watching every join, a round of N would send N*N events.
-      std::unique_ptr<Watch> w;
-      if (!st.closed) {
-        w = client_->watch(rp + "closed", "", st.revision + 1);
-        set_active(w.get());
-      }
+      bool watching = false;  // the watch covers what came after st.revision
       // When the last call ends; none (max) until min_nodes joined.
       constexpr auto kNone = Clock::time_point::max();
       auto call_ends = kNone;
@@ -474,13 +522,26 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
         }
         st.fresh.clear();  // stale once time passes: joiners may leave
         auto until = std::min({deadline, next_progress, call_ends});
-        if (auto ev = w->next(until); ev && ev->type() == mvccpb::Event::PUT) {
-          st.closed = true;
-          st.records = ev->kv().value();
-          st.closed_rev = ev->kv().mod_revision();
+        if (!watching) {
+          // Known once etcd took the watch; what came between the last
+          // read and the watch's start is read again.
+          const auto first = (*w)->first_revision(until);
+          if (!first) continue;
+          watching = true;
+          if (*first > st.revision + 1) {
+            etcdserverpb::RangeRequest closed;
+            closed.set_key(rp + "closed");
+            const auto now_closed = client_->range(closed);
+            st.revision = now_closed.header().revision();
+            st.take_closed(now_closed.kvs());
+            continue;
+          }
+        }
+        if (auto ev = (*w)->next(until);
+            ev && ev->type() == mvccpb::Event::PUT) {
+          st.take_closed(ev->kv());
         }
       }
-      set_active(nullptr);
       w.reset();
 
       std::vector<MemberRecord> ms;
@@ -549,42 +610,11 @@ RoundEvent EtcdRendezvous::wait_round_end() {
     return RoundEvent{RoundEvent::Kind::kNodeJoined, r,
                       "node " + id + " asks to join"};
   };
-  // Who was there when the round closed: a member already gone then, or
-  // a node that came too late for it, ends the round at once.
-  std::set<std::string> present;
-  etcdserverpb::RangeRequest at = prefix_range(rp + "node/", closed_rev_);
-  at.set_keys_only(true);
-  const auto at_close = client_->range(at);
-  for (const auto& kv : at_close.kvs()) {
-    const std::string name = kv.key().substr(rp.size());
-    if (starts_with(name, "node/")) present.insert(name.substr(5));
-  }
-  for (const std::string& id : members_) {
-    if (!present.contains(id)) return lost(id, false);
-  }
-  if (static_cast<int>(members_.size()) < max) {
-    for (const std::string& id : present) {
-      if (!is_member(id)) return joined(id);
-    }
-  }
-  auto w = client_->watch(rp, prefix_end(rp), closed_rev_ + 1);
-  set_active(w.get());
-  struct Clear {
-    EtcdRendezvous* self;
-    ~Clear() { self->set_active(nullptr); }
-  } clear{this};
   std::set<std::string> done;
-  while (true) {
-    auto ev = w->next(Clock::now() + std::chrono::hours(24));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (watcher_stop_)
-        return RoundEvent{RoundEvent::Kind::kSucceeded, -1, ""};
-    }
-    if (lease_lost_) return lost(node_id_, false);
-    if (!ev) continue;
-    const bool del = ev->type() == mvccpb::Event::DELETE;
-    const std::string name = ev->kv().key().substr(rp.size());
+  // What one change of the round's keys means; nullopt: nothing yet.
+  auto meaning = [&](const mvccpb::Event& ev) -> std::optional<RoundEvent> {
+    const bool del = ev.type() == mvccpb::Event::DELETE;
+    const std::string name = ev.kv().key().substr(rp.size());
     if (starts_with(name, "node/")) {
       const std::string id = name.substr(5);
       if (del && is_member(id)) return lost(id, false);
@@ -593,12 +623,12 @@ RoundEvent EtcdRendezvous::wait_round_end() {
       }
     } else if (starts_with(name, "ev/") && !del) {
       const std::string id = name.substr(3);
-      if (id == node_id_) continue;
-      if (ev->kv().value() == "failed") {
+      if (id == node_id_) return std::nullopt;
+      if (ev.kv().value() == "failed") {
         return RoundEvent{RoundEvent::Kind::kFailure, r,
                           "a worker on node " + id + " failed"};
       }
-      if (ev->kv().value() == "left") return lost(id, true);
+      if (ev.kv().value() == "left") return lost(id, true);
     } else if (starts_with(name, "done/") && !del) {
       const std::string id = name.substr(5);
       if (is_member(id)) done.insert(id);
@@ -606,6 +636,61 @@ RoundEvent EtcdRendezvous::wait_round_end() {
         return RoundEvent{RoundEvent::Kind::kSucceeded, r, ""};
       }
     }
+    return std::nullopt;
+  };
+  // The watch starts from now (one from the closing revision would wait
+  // for etcd's sync loop once writes came since). Once etcd took it, the
+  // round as it was just before is read: a member gone by then, a node
+  // that came too late for the round, a failure or every node done ends
+  // it at once; the watch reports what comes after.
+  ActiveWatch w(*this, client_->watch(rp, prefix_end(rp), 0));
+  const auto far = [] { return Clock::now() + std::chrono::hours(24); };
+  bool read = false;
+  while (true) {
+    std::optional<mvccpb::Event> ev;
+    std::optional<int64_t> first;
+    if (read) {
+      ev = w->next(far());
+    } else {
+      first = w->first_revision(far());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (watcher_stop_)
+        return RoundEvent{RoundEvent::Kind::kSucceeded, -1, ""};
+    }
+    if (lease_lost_) return lost(node_id_, false);
+    if (first) {
+      read = true;
+      // From "done/" on: not "closed", which holds every record again.
+      etcdserverpb::RangeRequest before;
+      before.set_key(rp + "done/");
+      before.set_range_end(prefix_end(rp));
+      before.set_revision(std::max(*first - 1, closed_rev_));
+      auto state = client_->range(before);
+      std::set<std::string> present;
+      for (const auto& kv : state.kvs()) {
+        const std::string name = kv.key().substr(rp.size());
+        if (starts_with(name, "node/")) present.insert(name.substr(5));
+      }
+      for (const std::string& id : members_) {
+        if (!present.contains(id)) return lost(id, false);
+      }
+      // As the watch would have reported them: in revision order.
+      std::vector<mvccpb::Event> puts(state.kvs_size());
+      for (int i = 0; i < state.kvs_size(); ++i) {
+        puts[i].set_type(mvccpb::Event::PUT);
+        puts[i].mutable_kv()->Swap(state.mutable_kvs(i));
+      }
+      std::sort(puts.begin(), puts.end(), [](const auto& a, const auto& b) {
+        return a.kv().mod_revision() < b.kv().mod_revision();
+      });
+      for (const mvccpb::Event& put : puts) {
+        if (auto e = meaning(put)) return *e;
+      }
+    }
+    if (!ev) continue;
+    if (auto e = meaning(*ev)) return *e;
   }
 }
 
@@ -668,15 +753,7 @@ void EtcdRendezvous::report(NodeOutcome outcome) {
         auto resp = client_->txn(t);
         if (resp.responses(1).response_range().count() >=
             static_cast<int64_t>(members_.size())) {
-          auto secs =
-              std::chrono::ceil<std::chrono::seconds>(p_.options.close_timeout);
-          auto grant =
-              client_->lease_grant(std::max(secs, std::chrono::seconds(1)));
-          etcdserverpb::PutRequest fin;
-          fin.set_key(prefix_ + "finished");
-          fin.set_value("1");
-          fin.set_lease(grant.id());
-          client_->put(fin);
+          mark_job("finished");
         }
         break;
       }
@@ -687,7 +764,9 @@ void EtcdRendezvous::report(NodeOutcome outcome) {
         put_ev("left");
         break;
       case NodeOutcome::kGaveUp:
-        // Every member gives up together; late nodes are not told here yet.
+        // Every member gives up together; a node that comes later fails
+        // at once instead of waiting for a place.
+        mark_job("gave_up");
         break;
     }
   } catch (const EtcdError& e) {

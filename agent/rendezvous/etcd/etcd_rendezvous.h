@@ -59,17 +59,23 @@ class EtcdRendezvous : public Rendezvous {
 
  private:
   struct RoundState;
+  class ActiveWatch;
   std::string round_prefix(int round) const;
   // Round `round`'s joiners (their records, or just their number).
   etcdserverpb::RangeRequest joiners(int round, bool count_only) const;
   // Puts this node's record `me` into round `round` and reads, in the same
   // transaction, who joined and whether it closed (into st). With
-  // `guess`, only when no later round exists. Returns the round joined, a
-  // later one to join instead (nothing put), or nullopt once the job
-  // finished.
-  std::optional<int> join(int round, const MemberRecord& me, bool guess,
-                          RoundState& st);
-  bool finished();
+  // `guess`, only when no later round exists. Returns the round joined or
+  // a later one to join instead (nothing put); throws RendezvousClosed
+  // once the job finished, RendezvousError once it gave up.
+  int join(int round, const MemberRecord& me, bool guess, RoundState& st);
+  // The job's end marks, "finished" and "gave_up" (keys only).
+  etcdserverpb::RangeRequest end_marks() const;
+  // For a key of end_marks(): true for "finished"; throws RendezvousError
+  // for "gave_up"; false for any other key.
+  bool over(const std::string& key) const;
+  // Puts the end mark `key` under its own lease of close_timeout.
+  void mark_job(const std::string& key);
   // Closes round r with its first max_nodes joiners when at least `need`
   // are there, unless another node closed it (st then holds its
   // records); st.joined says how many were there.
