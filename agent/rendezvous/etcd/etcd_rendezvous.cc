@@ -638,57 +638,36 @@ RoundEvent EtcdRendezvous::wait_round_end() {
     }
     return std::nullopt;
   };
-  // The watch starts from now (one from the closing revision would wait
-  // for etcd's sync loop once writes came since). Once etcd took it, the
-  // round as it was just before is read: a member gone by then, a node
-  // that came too late for the round, a failure or every node done ends
-  // it at once; the watch reports what comes after.
-  ActiveWatch w(*this, client_->watch(rp, prefix_end(rp), 0));
-  const auto far = [] { return Clock::now() + std::chrono::hours(24); };
-  bool read = false;
-  while (true) {
-    std::optional<mvccpb::Event> ev;
-    std::optional<int64_t> first;
-    if (read) {
-      ev = w->next(far());
-    } else {
-      first = w->first_revision(far());
+  // Who was there when the round closed: a member already gone then, or
+  // a node that came too late for it, ends the round at once. The watch
+  // goes on from the closing revision, not from now: the order of what
+  // came since matters (every member's "done" comes before the first of
+  // them leaves, its keys vanishing with its lease), so a late watcher
+  // takes etcd's sync delay (Client::watch) rather than a later state.
+  std::set<std::string> present;
+  etcdserverpb::RangeRequest at = prefix_range(rp + "node/", closed_rev_);
+  at.set_keys_only(true);
+  const auto at_close = client_->range(at);
+  for (const auto& kv : at_close.kvs()) {
+    present.insert(kv.key().substr(rp.size() + 5));
+  }
+  for (const std::string& id : members_) {
+    if (!present.contains(id)) return lost(id, false);
+  }
+  if (static_cast<int>(members_.size()) < max) {
+    for (const std::string& id : present) {
+      if (!is_member(id)) return joined(id);
     }
+  }
+  ActiveWatch w(*this, client_->watch(rp, prefix_end(rp), closed_rev_ + 1));
+  while (true) {
+    auto ev = w->next(Clock::now() + std::chrono::hours(24));
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (watcher_stop_)
         return RoundEvent{RoundEvent::Kind::kSucceeded, -1, ""};
     }
     if (lease_lost_) return lost(node_id_, false);
-    if (first) {
-      read = true;
-      // From "done/" on: not "closed", which holds every record again.
-      etcdserverpb::RangeRequest before;
-      before.set_key(rp + "done/");
-      before.set_range_end(prefix_end(rp));
-      before.set_revision(std::max(*first - 1, closed_rev_));
-      auto state = client_->range(before);
-      std::set<std::string> present;
-      for (const auto& kv : state.kvs()) {
-        const std::string name = kv.key().substr(rp.size());
-        if (starts_with(name, "node/")) present.insert(name.substr(5));
-      }
-      for (const std::string& id : members_) {
-        if (!present.contains(id)) return lost(id, false);
-      }
-      // As the watch would have reported them: in revision order.
-      std::vector<mvccpb::Event> puts(state.kvs_size());
-      for (int i = 0; i < state.kvs_size(); ++i) {
-        puts[i].set_type(mvccpb::Event::PUT);
-        puts[i].mutable_kv()->Swap(state.mutable_kvs(i));
-      }
-      std::sort(puts.begin(), puts.end(), [](const auto& a, const auto& b) {
-        return a.kv().mod_revision() < b.kv().mod_revision();
-      });
-      for (const mvccpb::Event& put : puts) {
-        if (auto e = meaning(put)) return *e;
-      }
-    }
     if (!ev) continue;
     if (auto e = meaning(*ev)) return *e;
   }
