@@ -538,6 +538,44 @@ TEST_F(EtcdRendezvous, AFailureRestartsEveryNodeUntilTheBudgetIsSpent) {
   EXPECT_THAT(agents_[1]->err(), HasSubstr("worker group failed"));
 }
 
+// The exit barrier on etcd: nodes whose workers finished first wait
+// (their "done" keys) until the last node's workers are done too; the job
+// is then marked finished, and a node that comes later exits 0 saying so.
+TEST_F(EtcdRendezvous, TheExitBarrierHoldsUntilEveryNodeIsDone) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  testing::TempDir dir;
+  testing::Gate gate((dir / "go").string());
+  const std::string conf =
+      "close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=3";
+  const std::string script = "if [ $NODE = 2 ]; then echo HELD; read x < " +
+                             gate.path() + "; fi; echo DONE";
+  for (int i = 0; i < 3; ++i) {
+    start(i, etcd.endpoint(0), {"--nnodes", "3"}, script, "", conf);
+  }
+  ASSERT_TRUE(agents_[2]->wait_for_output("HELD", 60s)) << agents_[2]->err();
+  for (int i : {0, 1}) {
+    ASSERT_TRUE(
+        agents_[i]->wait_for_output("for the other nodes to finish", 60s))
+        << agents_[i]->err();
+    // Held while node 2's worker runs.
+    EXPECT_TRUE(testing::process_alive(agents_[i]->pid()));
+  }
+  gate.open_once();
+  for (int i = 0; i < 3; ++i) {
+    CommandResult r = agents_[i]->wait(60s);
+    ASSERT_FALSE(r.timed_out) << r.err;
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("DONE"));
+  }
+  start(3, etcd.endpoint(0), {"--nnodes", "3"}, kShowEnv, "", conf);
+  CommandResult late = agents_[3]->wait(45s);
+  ASSERT_FALSE(late.timed_out) << "the late node waited for a place";
+  EXPECT_THAT(late.err, HasSubstr("already finished"));
+  EXPECT_EQ(late.out.find("ENV"), std::string::npos) << late.out;
+  EXPECT_EQ(late.exit_code, 0) << late.err;
+}
+
 // As with c10d: a node that arrives after every node gave up past
 // --max-restarts is told so at once (the gave_up mark, which outlives the
 // members' leases for close_timeout, 30 s here) and fails, instead of
