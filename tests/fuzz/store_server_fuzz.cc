@@ -1,0 +1,95 @@
+// libFuzzer harness for the store server (comm/store/server.h): a client
+// that completed the handshake sends arbitrary bytes; the server must answer
+// or close, never crash, hang or corrupt memory. One in-process server
+// serves every input over loopback TCP. Built twice: store_server_fuzz
+// (no token) and store_auth_fuzz (DLAUNCH_FUZZ_TOKEN: the server requires
+// the job's token, so the bytes are a stranger's until a kAuth frame with
+// "fuzz-token" comes first).
+#include <netinet/in.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "comm/store/server.h"
+#include "comm/store/wire.h"
+
+namespace store = dlaunch::comm::store;
+using namespace std::chrono_literals;
+
+namespace {
+
+store::StoreServer& server() {
+  // Short deadlines: a partial frame must not hold an input for 30 s.
+  // Its log lines (a closed connection) would drown libFuzzer's.
+  static bool quiet = (spdlog::set_level(spdlog::level::off), true);
+  (void)quiet;
+  static std::unique_ptr<store::StoreServer> s = [] {
+    store::StoreServerOptions o;
+    o.host = "127.0.0.1";
+    o.max_frame_bytes = size_t{1} << 20;
+    o.max_connection_buffer_bytes = size_t{2} << 20;
+    o.max_server_buffer_bytes = size_t{64} << 20;
+    o.handshake_timeout = 1s;
+    o.request_idle_timeout = 1s;
+#ifdef DLAUNCH_FUZZ_TOKEN
+    o.token = DLAUNCH_FUZZ_TOKEN;
+#endif
+    return store::StoreServer::start(o);
+  }();
+  return *s;
+}
+
+int connect_to(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) std::abort();
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    std::abort();
+  }
+  return fd;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  int fd = connect_to(server().port());
+  std::string out;
+  store::wire::encode_hello({}, out);
+  out.append(reinterpret_cast<const char*>(data), size);
+  size_t sent = 0;
+  // Reads what the server answers while sending: it may stop reading a
+  // client that does not take its answers.
+  auto deadline = std::chrono::steady_clock::now() + 2s;
+  char buf[65536];
+  bool eof = false;
+  while (!eof && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, static_cast<short>(POLLIN | (sent < out.size() ? POLLOUT : 0)),
+             0};
+    if (::poll(&p, 1, 50) < 0) break;
+    if (p.revents & POLLIN) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) eof = true;
+    }
+    if (!eof && (p.revents & POLLOUT) && sent < out.size()) {
+      ssize_t n = ::send(fd, out.data() + sent, out.size() - sent,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) eof = true;
+      if (n > 0) sent += static_cast<size_t>(n);
+      if (sent == out.size()) ::shutdown(fd, SHUT_WR);
+    }
+    if (p.revents & (POLLERR | POLLHUP)) eof = true;
+  }
+  ::close(fd);
+  return 0;
+}
