@@ -9,22 +9,43 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <variant>
 
 #include "launcher/cli.h"
 
 namespace {
 
-const std::string& job_path() {
-  static const std::string path = [] {
+// A private folder holding job.yaml, removed with everything in it when the
+// process exits (libFuzzer's normal end calls exit). A crash skips that;
+// scripts/fuzz points TMPDIR into build-fuzz/ so nothing lands in /tmp.
+class JobDir {
+ public:
+  JobDir() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string dir =
-        std::string(tmp && *tmp ? tmp : "/tmp") + "/dlaunch-fuzz-job-XXXXXX";
-    if (::mkdtemp(dir.data()) == nullptr) std::abort();
-    return dir + "/job.yaml";
-  }();
-  return path;
+    dir_ = std::string(tmp && *tmp ? tmp : "/tmp") + "/dlaunch-fuzz-job-XXXXXX";
+    if (::mkdtemp(dir_.data()) == nullptr) std::abort();
+    file_ = dir_ + "/job.yaml";
+  }
+  ~JobDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  JobDir(const JobDir&) = delete;
+  JobDir& operator=(const JobDir&) = delete;
+
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string dir_;
+  std::string file_;
+};
+
+const std::string& job_path() {
+  static const JobDir dir;
+  return dir.file();
 }
 
 }  // namespace

@@ -24,48 +24,60 @@ void check(bool ok) {
   if (!ok) std::abort();
 }
 
-void request_round_trip(const wire::Frame& frame) {
-  wire::Request req;
+// Decodes `frame` as a Msg (a request or a response); one that decodes must
+// re-encode to the very same frame (one encoding per message), which
+// decodes again to the same fields.
+template <typename Msg, typename Decode, typename Encode, typename Same>
+void round_trip(const wire::Frame& frame, Decode decode, Encode encode,
+                Same same) {
+  Msg msg;
   std::string err;
-  if (wire::decode_request(frame, req, err) != wire::DecodeStatus::kOk) {
+  if (decode(frame, msg, err) != wire::DecodeStatus::kOk) {
     check(!err.empty());
     return;
   }
-  check(frame.type == req.type);
+  check(frame.type == msg.type);
   std::string bytes;
-  wire::encode_request(req, bytes);
-  // Re-encoding reproduces the frame: one encoding per request.
+  encode(msg, bytes);
   check(bytes.size() == frame.size);
   wire::Frame again;
   check(wire::next_frame(bytes, wire::kDefaultMaxFrameBytes, again, err) ==
         wire::DecodeStatus::kOk);
   check(again.body == frame.body);
-  wire::Request req2;
-  check(wire::decode_request(again, req2, err) == wire::DecodeStatus::kOk);
-  check(req2.keys == req.keys && req2.values == req.values &&
-        req2.delta == req.delta && req2.timeout_ms == req.timeout_ms);
+  Msg msg2;
+  check(decode(again, msg2, err) == wire::DecodeStatus::kOk);
+  check(same(msg, msg2));
+}
+
+void request_round_trip(const wire::Frame& frame) {
+  round_trip<wire::Request>(
+      frame,
+      [](const wire::Frame& f, wire::Request& r, std::string& e) {
+        return wire::decode_request(f, r, e);
+      },
+      [](const wire::Request& r, std::string& out) {
+        wire::encode_request(r, out);
+      },
+      [](const wire::Request& a, const wire::Request& b) {
+        return a.keys == b.keys && a.values == b.values && a.delta == b.delta &&
+               a.timeout_ms == b.timeout_ms;
+      });
 }
 
 void response_round_trip(const wire::Frame& frame) {
-  wire::Response resp;
-  std::string err;
-  if (wire::decode_response(frame, resp, err) != wire::DecodeStatus::kOk) {
-    check(!err.empty());
-    return;
-  }
-  check(frame.type == resp.type);
-  std::string bytes;
-  wire::encode_response(resp, bytes);
-  check(bytes.size() == frame.size);
-  wire::Frame again;
-  check(wire::next_frame(bytes, wire::kDefaultMaxFrameBytes, again, err) ==
-        wire::DecodeStatus::kOk);
-  check(again.body == frame.body);
-  wire::Response resp2;
-  check(wire::decode_response(again, resp2, err) == wire::DecodeStatus::kOk);
-  check(resp2.values == resp.values && resp2.integer == resp.integer &&
-        resp2.total_keys == resp.total_keys && resp2.missing == resp.missing &&
-        resp2.message == resp.message);
+  round_trip<wire::Response>(
+      frame,
+      [](const wire::Frame& f, wire::Response& r, std::string& e) {
+        return wire::decode_response(f, r, e);
+      },
+      [](const wire::Response& r, std::string& out) {
+        wire::encode_response(r, out);
+      },
+      [](const wire::Response& a, const wire::Response& b) {
+        return a.values == b.values && a.integer == b.integer &&
+               a.total_keys == b.total_keys && a.missing == b.missing &&
+               a.message == b.message;
+      });
 }
 
 }  // namespace
