@@ -17,15 +17,19 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
 #include "agent/fault.h"
 #include "agent/posix_env.h"
 #include "comm/fault_spec.h"
+#include "comm/store/token.h"
 #include "launcher/flags.h"
+#include "launcher/hostfile.h"
 #include "launcher/job_file.h"
 #include "launcher/multi_host.h"
+#include "launcher/slurm.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -280,6 +284,8 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   const bool dry_run = has("dry-run") && !has("print-config");
   // Why --nproc-per-node gpu|auto cannot be resolved on this machine.
   std::string unresolved_nproc;
+  // The flags given by any source (command line, PET_*, job file).
+  std::set<std::string_view> set_flags;
   // Each job flag from the command line, else its PET_* variable, else the
   // job file, in the table's order.
   for (const FlagSpec& f : flags()) {
@@ -303,6 +309,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
       for (const std::string& v : given(f)) {
         sources.emplace_back("--" + std::string(f.name), v);
       }
+      if (!sources.empty()) set_flags.insert(f.name);
       for (const auto& [where, value] : sources) {
         try {
           f.apply(f, value, o, env);
@@ -335,6 +342,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     } else {
       continue;
     }
+    set_flags.insert(f.name);
     try {
       f.apply(f, value, o, env);
     } catch (const BadValue& b) {
@@ -357,6 +365,22 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
       o.hosts = file->hosts;
     }
   }
+  // An srun task that names no rendezvous of its own meets the other
+  // tasks of its step (slurm.h; README, "Slurm").
+  std::optional<SlurmTask> slurm_task;
+  bool own_rendezvous = !o.hosts.empty();
+  for (const char* n : {"nnodes", "node-rank", "rdzv-endpoint", "standalone",
+                        "hosts", "hostfile", "launcher"}) {
+    own_rendezvous = own_rendezvous || set_flags.contains(n);
+  }
+  if (!own_rendezvous) {
+    try {
+      slurm_task = read_slurm_task(env);
+      if (slurm_task) apply_slurm_task(o, *slurm_task, env);
+    } catch (const HostsError& e) {
+      return UsageError{"dlaunch: " + std::string(e.what())};
+    }
+  }
   try {
     o.agent.faults = agent::parse_faults(o.faults);
   } catch (const comm::FaultSpecError& e) {
@@ -370,6 +394,26 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     check_hosts(o, env);
   } catch (const BadValue& b) {
     return UsageError{"dlaunch: " + b.message};
+  }
+  // The agents of a step cannot agree on a secret without a channel: the
+  // user gives it to every task (srun passes the environment on).
+  if (slurm_task && slurm_task->nodes.size() > 1 &&
+      (o.mode == LaunchOptions::Mode::kRun ||
+       o.mode == LaunchOptions::Mode::kDrill) &&
+      o.rdzv.token_file.empty() &&
+      (!env.contains(comm::store::kTokenEnv) ||
+       env.at(comm::store::kTokenEnv).empty())) {
+    return UsageError{
+        "dlaunch: as a task of Slurm step " + slurm_task->job_id + "." +
+        slurm_task->step_id + " on " +
+        std::to_string(slurm_task->nodes.size()) +
+        " nodes, dlaunch meets the other nodes in a store on " +
+        o.rdzv.endpoint_host +
+        " that the network can reach, and the job has no token to guard "
+        "it; give every task the same secret: export " +
+        std::string(comm::store::kTokenEnv) +
+        "=$(openssl rand -hex 32) before srun (srun passes it on), or "
+        "--rdzv-conf token_file=PATH (a 0600 file every node can read)"};
   }
   // Only a plan (--dry-run), or a multi-host job whose hosts resolve it
   // themselves, goes on without this machine's count.
@@ -392,7 +436,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     if (!o.hosts.empty()) {
       // The head of a multi-host job: one node per host, each with its
       // slots or GPUs; a host that resolves cpu, gpu or auto itself leaves
-      // the check to the agents.
+      // the ranks' check to the agents.
       nodes = static_cast<int>(o.hosts.size());
       world = 0;
       for (const Host& h : o.hosts) {
@@ -401,8 +445,13 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
             world >= 0 && parse_number(workers_on(o, h), n) ? world + n : -1;
       }
     }
+    // One node's agent of several knows only its own workers: the others
+    // may run more or fewer (a head's hosts with slots=1 and slots=3), so
+    // its ranks are checked against the real world once the round forms
+    // (Agent::check_faults).
+    if (o.hosts.empty() && nodes > 1) world = -1;
     for (const agent::Fault& f : o.agent.faults) {
-      if (world < 0) break;
+      if (f.targets_rank() && world < 0) continue;
       std::string why = agent::fault_out_of_range(f, world, nodes);
       if (!why.empty()) {
         return UsageError{"dlaunch: fault '" + f.spec + "': " + why};

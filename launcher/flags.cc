@@ -551,7 +551,11 @@ std::vector<FlagSpec> make_table() {
        .key = "nnodes",
        .default_text = "1",
        .help = "Nodes in the job. MIN:MAX (c10d only) runs elastically with "
-               "any count in the range: nodes may fail, leave and join.",
+               "any count in the range: nodes may fail, leave and join. "
+               "Started by srun once per node with none of --nnodes, "
+               "--node-rank, --rdzv-endpoint, --hosts: the step's nodes, "
+               "ranked by SLURM_NODEID, meeting on its first node (needs "
+               "DLAUNCH_RDZV_TOKEN; README, \"dlaunch as an srun task\").",
        .section = "RENDEZVOUS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,

@@ -207,7 +207,9 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
         if (asked || port == 0) {
           throw std::runtime_error(
               std::string("cannot host the agents' store (is_host): ") +
-              e.what());
+              e.what() +
+              "; if another process holds the port, pick a free one "
+              "(--rdzv-endpoint HOST:PORT, or MASTER_PORT for srun tasks)");
         }
       }
     }

@@ -178,6 +178,32 @@ std::string program_problem(const std::string& program) {
   return "";
 }
 
+// A /proc cmdline's arguments.
+std::vector<std::string> split_nul(const std::string& text) {
+  std::vector<std::string> args;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\0', pos);
+    if (end == std::string::npos) end = text.size();
+    args.push_back(text.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return args;
+}
+
+// Whether `argv` is an agent of job `tag` (processes_with_tag()): its
+// first argument --remote-agent (the shim's: the fifth), --job-tag TAG
+// after it.
+bool is_agent_of(const std::vector<std::string>& argv, const std::string& tag) {
+  size_t first = 1;
+  if (argv.size() > 4 && argv[1] == "-c") first = 4;  // sh -c SCRIPT $0 ...
+  if (argv.size() <= first || argv[first] != "--remote-agent") return false;
+  for (size_t i = first + 1; i + 1 < argv.size(); ++i) {
+    if (argv[i] == "--job-tag" && argv[i + 1] == tag) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int remote_agent_main(const std::vector<std::string>& args) {
@@ -282,10 +308,9 @@ std::vector<int> processes_with_tag(const std::string& tag) {
     // Workers carry the tag in their environment; an agent, which set it
     // after it started, carries it in its command line (--job-tag).
     std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
-    std::string args((std::istreambuf_iterator<char>(cmd)),
+    std::string text((std::istreambuf_iterator<char>(cmd)),
                      std::istreambuf_iterator<char>());
-    if (args.find(std::string("--job-tag") + '\0' + tag + '\0') !=
-        std::string::npos) {
+    if (is_agent_of(split_nul(text), tag)) {
       out.push_back(pid);
       continue;
     }

@@ -35,8 +35,11 @@ int remote_check_main(const std::vector<std::string>& args);
 int remote_stop_main(const std::vector<std::string>& args);
 
 // The processes of this user whose environment holds DLAUNCH_JOB_TAG=`tag`
-// or whose command line holds `--job-tag tag` (the agents), this one
-// excluded (read from /proc).
+// (workers), or the agents of job `tag`: `DLAUNCH --remote-agent ...
+// --job-tag tag ...`, or the shipped copy's shim `sh -c SCRIPT dlaunch
+// --remote-agent ...` before it execs; this one excluded (read from
+// /proc). The head's srun or pdsh, whose command line carries the agents'
+// after its own options, is not one of them.
 std::vector<int> processes_with_tag(const std::string& tag);
 
 }  // namespace dlaunch::launcher

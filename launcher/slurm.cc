@@ -1,6 +1,7 @@
 #include "launcher/slurm.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "launcher/flags.h"
 #include "launcher/hostfile.h"
@@ -132,6 +133,120 @@ std::vector<Host> slurm_hosts(const SlurmAllocation& alloc,
     }
   }
   return out;
+}
+
+std::optional<SlurmTask> read_slurm_task(const agent::EnvMap& env) {
+  const std::string* step = first_of(env, {"SLURM_STEP_ID", "SLURM_STEPID"});
+  const std::string* procid = first_of(env, {"SLURM_PROCID"});
+  const std::string* nodeid = first_of(env, {"SLURM_NODEID"});
+  if (!step || !procid || !nodeid) return std::nullopt;
+  SlurmTask t;
+  t.step_id = *step;
+  const std::string* id = first_of(env, {"SLURM_JOB_ID", "SLURM_JOBID"});
+  t.job_id = id ? *id : "";
+  const std::string where = "Slurm step " + t.job_id + "." + t.step_id;
+  const auto bad = [&](const std::string& name, const std::string& value,
+                       const std::string& why) {
+    return HostsError(where + ": " + name + "='" + value + "' " + why +
+                      "; run dlaunch as a task of an unaltered srun step");
+  };
+  if (t.job_id.empty()) {
+    throw HostsError(where + ": SLURM_JOB_ID is not set" +
+                     "; run dlaunch as a task of an unaltered srun step");
+  }
+  std::string list_name;
+  const std::string* list = first_of(
+      env, {"SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"},
+      &list_name);
+  if (!list) {
+    throw HostsError(where +
+                     ": SLURM_STEP_NODELIST is not set; run dlaunch as a "
+                     "task of an unaltered srun step");
+  }
+  try {
+    t.nodes = expand_hostlist(*list);
+  } catch (const HostlistError& e) {
+    throw bad(list_name, *list, std::string("is not a hostlist: ") + e.what());
+  }
+  const int nodes = static_cast<int>(t.nodes.size());
+  std::string count_name;
+  if (const std::string* count = first_of(
+          env, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES"}, &count_name)) {
+    int n = 0;
+    if (!parse_number(*count, n) || n != nodes) {
+      throw bad(count_name, *count,
+                "disagrees with " + list_name + "='" + *list + "' (" +
+                    std::to_string(nodes) + " node(s))");
+    }
+  }
+  if (!parse_number(*nodeid, t.node_id) || t.node_id < 0 ||
+      t.node_id >= nodes) {
+    throw bad("SLURM_NODEID", *nodeid,
+              "is not a node of " + list_name + " (0.." +
+                  std::to_string(nodes - 1) + ")");
+  }
+  // dlaunch starts its node's workers itself: a second task on a node
+  // would start them twice.
+  std::string tasks_name;
+  const std::string* tasks =
+      first_of(env, {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"}, &tasks_name);
+  const std::string* local = first_of(env, {"SLURM_LOCALID"});
+  int ntasks = 0, localid = 0;
+  if ((tasks && parse_number(*tasks, ntasks) && ntasks > nodes) ||
+      (local && parse_number(*local, localid) && localid > 0)) {
+    throw HostsError(
+        where + " runs " +
+        (tasks ? *tasks + " tasks" : std::string("several tasks")) + " on " +
+        std::to_string(nodes) +
+        " node(s), and dlaunch, which starts its node's workers itself, must "
+        "run once per node; start it with srun --ntasks-per-node=1 (and "
+        "give the workers per node with --nproc-per-node)");
+  }
+  if (const std::string* ports = first_of(env, {"SLURM_STEP_RESV_PORTS"})) {
+    // "12000-12003" or "12000,12005": the first one.
+    std::string first = ports->substr(0, ports->find_first_of(",-"));
+    if (!parse_number(first, t.reserved_port) || t.reserved_port < 1 ||
+        t.reserved_port > 65535) {
+      throw bad("SLURM_STEP_RESV_PORTS", *ports, "is not a port range");
+    }
+  }
+  return t;
+}
+
+int slurm_store_port(const SlurmTask& t, const agent::EnvMap& env) {
+  if (const std::string* given = first_of(env, {"MASTER_PORT"})) {
+    int port = 0;
+    if (!parse_number(*given, port) || port < 1 || port > 65535) {
+      throw HostsError("MASTER_PORT='" + *given +
+                       "' (the agents' store port of Slurm step " + t.job_id +
+                       "." + t.step_id +
+                       ") is not a port 1..65535; set it to a free port "
+                       "like 29400, or unset it");
+    }
+    return port;
+  }
+  if (t.reserved_port != 0) return t.reserved_port;
+  // FNV-1a: the same on every node and every build, unlike std::hash.
+  uint32_t h = 2166136261u;
+  for (char c : t.job_id + "." + t.step_id) {
+    h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+  }
+  return 20000 + static_cast<int>(h % 10000);
+}
+
+void apply_slurm_task(LaunchOptions& o, const SlurmTask& t,
+                      const agent::EnvMap& env) {
+  agent::rendezvous::RendezvousOptions& r = o.rdzv;
+  // etcd needs its own members (--rdzv-endpoint): the check says so.
+  if (t.nodes.size() < 2 || r.backend == "etcd") return;
+  r.min_nodes = r.max_nodes = static_cast<int>(t.nodes.size());
+  if (r.backend == "static") r.node_rank = t.node_id;
+  r.endpoint_host = t.nodes[0];
+  r.endpoint_port = slurm_store_port(t, env);
+  r.endpoints = {t.nodes[0] + ":" + std::to_string(r.endpoint_port)};
+  if (!r.is_host) r.is_host = t.node_id == 0;
+  if (r.local_addr.empty()) r.local_addr = t.nodes[t.node_id];
+  if (o.agent.run_id.empty()) o.agent.run_id = t.job_id + "." + t.step_id;
 }
 
 }  // namespace dlaunch::launcher

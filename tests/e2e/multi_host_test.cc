@@ -394,6 +394,74 @@ TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {
   EXPECT_THAT(r.out, HasSubstr("127.0.0.3 [default0]:ENV lws=1 cvd=\n"));
 }
 
+// A fault's rank is checked against the job's real world: hosts with
+// slots=1 and slots=3 run ranks 0..3, and the one-slot host's agent does
+// not refuse rank 3 (its 2 nodes x 1 worker) before the round forms.
+TEST(MultiHostHead, FaultRanksFitTheWorldOfHostsWithDifferentSlots) {
+  TempDir dir;
+  const std::string mark = unique_mark();
+  testing::write_file(dir / "hosts", "127.0.0.2 slots=1\n127.0.0.3 slots=3\n");
+  CommandResult r = testing::run_command(
+      cmd({kDlaunch, "--launcher", "local", "--hostfile",
+           (dir / "hosts").string(), "--local-addr", "127.0.0.1", "-x",
+           "DLT_MARK=" + mark, "--max-restarts", "1", "--fault", "kill:rank=3",
+           "sh", "-c",
+           "echo up-$RANK-$WORLD_SIZE-$TORCHELASTIC_RESTART_COUNT; "
+           "if [ $TORCHELASTIC_RESTART_COUNT -lt 1 ]; then exec sleep 300; "
+           "fi"}),
+      120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("fault injected: kill:rank=3"));
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_THAT(r.out, HasSubstr("up-" + std::to_string(rank) + "-4-1"))
+        << r.out;
+  }
+  EXPECT_TRUE(none_left(mark, 10s));
+}
+
+// --remote-stop TAG on a machine that is a host and the head's too stops
+// the job's agents (here the shipped copy's shim, `sh -c SCRIPT dlaunch
+// --remote-agent ...`) and workers, not the head's srun or pdsh, whose
+// command line carries an agent's after its own options, nor another
+// job's agent.
+TEST(RemoteStop, StopsTheJobsAgentsAndWorkersNotTheHeadsLauncher) {
+  TempDir dir;
+  testing::Gate gate((dir / "gate").string());
+  const std::string tag = "dlaunch-job-" + unique_mark();
+  const std::string wait = "read x < " + gate.path() + "; :";
+  auto start = [&](std::vector<std::string> args,
+                   std::map<std::string, std::string> env = {}) {
+    std::vector<std::string> argv = {"sh", "-c", wait};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return std::make_unique<Subprocess>(cmd(argv, env));
+  };
+  auto agent = start({"dlaunch", "--remote-agent", "--job-tag", tag});
+  auto worker = start({"worker"}, {{"DLAUNCH_JOB_TAG", tag}});
+  auto srun = start({"srun", "--nodes=2", "--overlap", kDlaunch,
+                     "--remote-agent", "--job-tag", tag, "--slurm-task"});
+  auto other = start({"dlaunch", "--remote-agent", "--job-tag", tag + "x"});
+  // Each has its command line once it runs the shell.
+  for (Subprocess* p : {agent.get(), worker.get(), srun.get(), other.get()}) {
+    ASSERT_TRUE(testing::eventually(
+        [&] {
+          std::ifstream in("/proc/" + std::to_string(p->pid()) + "/cmdline",
+                           std::ios::binary);
+          std::string text((std::istreambuf_iterator<char>(in)),
+                           std::istreambuf_iterator<char>());
+          return text.starts_with(std::string("sh\0-c\0", 6));
+        },
+        10s));
+  }
+  CommandResult r =
+      testing::run_command(cmd({kDlaunch, "--remote-stop", tag}), 60s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("dlaunch-stop 2 process(es) stopped"));
+  EXPECT_EQ(agent->wait(10s).signal, SIGTERM);
+  EXPECT_EQ(worker->wait(10s).signal, SIGTERM);
+  EXPECT_TRUE(testing::process_alive(srun->pid()));
+  EXPECT_TRUE(testing::process_alive(other->pid()));
+}
+
 // The shipped copies of dlaunch that a job's output names (its workers
 // print their agent's program, /proc/$PPID/exe).
 std::set<std::string> shipped_copies(const std::string& out) {

@@ -113,6 +113,16 @@ TEST(FaultFlags, TargetsOutsideAFixedJobAreRefusedAtOnce) {
   EXPECT_EQ(error(parse({"--fault", "cut:node=0:for=1", "prog"})),
             "dlaunch: fault 'cut:node=0:for=1': one node has no link to the "
             "other nodes to cut; cut needs a multi-node job (--rdzv-endpoint)");
+  // One agent of several nodes knows only its own workers (the others may
+  // run more): its ranks are checked when the round forms; its nodes now.
+  EXPECT_EQ(
+      specs(parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                   "127.0.0.1:29400", "--fault", "kill:rank=3", "prog"})),
+      (std::vector<std::string>{"kill:rank=3"}));
+  EXPECT_THAT(
+      error(parse({"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                   "127.0.0.1:29400", "--fault", "kill-agent:node=2", "prog"})),
+      HasSubstr("node 2 is out of range: 2 node(s) (0..1)"));
   // Elastic jobs check when each round forms.
   EXPECT_EQ(
       specs(parse({"--nnodes", "1:4", "--rdzv-backend", "c10d",

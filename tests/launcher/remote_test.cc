@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "launcher/agent_launcher.h"
+#include "launcher/cli.h"
 #include "launcher/command_runner.h"
 #include "launcher/hostfile.h"
 #include "launcher/remote_job.h"
@@ -457,6 +458,172 @@ TEST(SlurmTest, GivenHostsMustBeInTheAllocationAndKeepItsOrder) {
                 HasSubstr("host 'gpu11' is not in Slurm job 42's allocation "
                           "(gpu08,gpu09,gpu10,login)"));
   }
+}
+
+// What srun sets in the environment of task 1 (node 1) of step 42.3,
+// started with -N2 --ntasks-per-node=1 in an allocation of four nodes.
+agent::EnvMap srun_task() {
+  return {{"SLURM_JOB_ID", "42"},
+          {"SLURM_JOB_NODELIST", "gpu[08-10],login"},
+          {"SLURM_JOB_NUM_NODES", "4"},
+          {"SLURM_STEP_ID", "3"},
+          {"SLURM_STEP_NODELIST", "gpu[09-10]"},
+          {"SLURM_STEP_NUM_NODES", "2"},
+          {"SLURM_STEP_NUM_TASKS", "2"},
+          {"SLURM_NNODES", "2"},
+          {"SLURM_NTASKS", "2"},
+          {"SLURM_NODEID", "1"},
+          {"SLURM_PROCID", "1"},
+          {"SLURM_LOCALID", "0"},
+          {"DLAUNCH_RDZV_TOKEN", std::string(64, 'a')}};
+}
+
+TEST(SlurmTaskTest, AnSrunTaskKnowsItsStepAndNode) {
+  std::optional<SlurmTask> t = read_slurm_task(srun_task());
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->job_id, "42");
+  EXPECT_EQ(t->step_id, "3");
+  // The step's nodes, not the allocation's.
+  EXPECT_THAT(t->nodes, ElementsAre("gpu09", "gpu10"));
+  EXPECT_EQ(t->node_id, 1);
+  EXPECT_EQ(t->reserved_port, 0);
+  // A batch script or an salloc shell is no task of a step.
+  agent::EnvMap batch = srun_task();
+  batch.erase("SLURM_STEP_ID");
+  EXPECT_FALSE(read_slurm_task(batch));
+  EXPECT_FALSE(read_slurm_task({}));
+}
+
+TEST(SlurmTaskTest, MoreThanOneTaskPerNodeOrBadVariablesAreClearErrors) {
+  struct Case {
+    std::string name, value, words;
+  };
+  const std::vector<Case> cases = {
+      {"SLURM_STEP_NUM_TASKS", "4",
+       "Slurm step 42.3 runs 4 tasks on 2 node(s), and dlaunch, which starts "
+       "its node's workers itself, must run once per node; start it with "
+       "srun --ntasks-per-node=1"},
+      {"SLURM_LOCALID", "1", "start it with srun --ntasks-per-node=1"},
+      {"SLURM_NODEID", "2", "SLURM_NODEID='2' is not a node of"},
+      {"SLURM_STEP_NUM_NODES", "3", "SLURM_STEP_NUM_NODES='3' disagrees with"},
+      {"SLURM_STEP_NODELIST", "gpu[10-09]", "is not a hostlist"},
+      {"SLURM_STEP_RESV_PORTS", "x-y", "is not a port range"},
+      {"SLURM_JOB_ID", "", "SLURM_JOB_ID is not set"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name + "=" + c.value);
+    agent::EnvMap env = srun_task();
+    env[c.name] = c.value;
+    try {
+      read_slurm_task(env);
+      ADD_FAILURE() << "no error";
+    } catch (const HostsError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(c.words));
+    }
+  }
+}
+
+TEST(SlurmTaskTest, EveryNodeDerivesTheSameStorePort) {
+  agent::EnvMap env = srun_task();
+  SlurmTask t = *read_slurm_task(env);
+  const int port = slurm_store_port(t, env);
+  EXPECT_GE(port, 20000);
+  EXPECT_LT(port, 30000);
+  env["SLURM_NODEID"] = "0";
+  env["SLURM_PROCID"] = "0";
+  EXPECT_EQ(slurm_store_port(*read_slurm_task(env), env), port);
+  // Another step of the job gets another port (FNV-1a of "42.4").
+  env["SLURM_STEP_ID"] = "4";
+  EXPECT_NE(slurm_store_port(*read_slurm_task(env), env), port);
+  // srun --resv-ports, and MASTER_PORT above it.
+  env["SLURM_STEP_RESV_PORTS"] = "12000-12003";
+  EXPECT_EQ(slurm_store_port(*read_slurm_task(env), env), 12000);
+  env["MASTER_PORT"] = "29500";
+  EXPECT_EQ(slurm_store_port(*read_slurm_task(env), env), 29500);
+  env["MASTER_PORT"] = "99999";
+  EXPECT_THROW(slurm_store_port(*read_slurm_task(env), env), HostsError);
+}
+
+LaunchOptions options_of(const ParseResult& r) {
+  if (auto* e = std::get_if<UsageError>(&r)) {
+    ADD_FAILURE() << "rejected: " << e->message;
+    return {};
+  }
+  return std::get<LaunchOptions>(r);
+}
+
+TEST(SlurmTaskTest, ATaskWithoutARendezvousOfItsOwnJoinsItsStep) {
+  agent::EnvMap env = srun_task();
+  env["MASTER_PORT"] = "23456";
+  ParseResult r = parse_command_line({"--nproc-per-node", "2", "prog"}, env);
+  const LaunchOptions& o = options_of(r);
+  EXPECT_EQ(o.rdzv.backend, "static");
+  EXPECT_EQ(o.rdzv.min_nodes, 2);
+  EXPECT_EQ(o.rdzv.max_nodes, 2);
+  EXPECT_EQ(o.rdzv.node_rank, 1);
+  EXPECT_EQ(o.rdzv.endpoint_host, "gpu09");
+  EXPECT_EQ(o.rdzv.endpoint_port, 23456);
+  EXPECT_EQ(o.rdzv.is_host, std::optional<bool>(false));
+  EXPECT_EQ(o.rdzv.local_addr, "gpu10");
+  EXPECT_EQ(o.agent.run_id, "42.3");
+  EXPECT_EQ(o.agent.master_port, 0);  // the workers' own, picked free
+  // The first node's agent hosts the store.
+  env["SLURM_NODEID"] = "0";
+  EXPECT_EQ(options_of(parse_command_line({"prog"}, env)).rdzv.is_host,
+            std::optional<bool>(true));
+  // c10d when asked; a given --rdzv-id stays.
+  const LaunchOptions& c = options_of(parse_command_line(
+      {"--rdzv-backend", "c10d", "--rdzv-id", "mine", "prog"}, env));
+  EXPECT_EQ(c.rdzv.backend, "c10d");
+  EXPECT_EQ(c.rdzv.node_rank, -1);
+  EXPECT_EQ(c.rdzv.endpoint_host, "gpu09");
+  EXPECT_EQ(c.agent.run_id, "mine");
+}
+
+TEST(SlurmTaskTest, AGivenRendezvousOrOneNodeIsLeftAlone) {
+  agent::EnvMap env = srun_task();
+  const LaunchOptions& manual =
+      options_of(parse_command_line({"--nnodes", "2", "--rdzv-backend", "c10d",
+                                     "--rdzv-endpoint", "n0:29400", "prog"},
+                                    env));
+  EXPECT_EQ(manual.rdzv.endpoint_host, "n0");
+  EXPECT_FALSE(manual.rdzv.is_host.has_value());
+  EXPECT_EQ(manual.agent.run_id, "");
+  env["PET_NNODES"] = "1";
+  EXPECT_EQ(options_of(parse_command_line({"prog"}, env)).rdzv.max_nodes, 1);
+  // A one-node step runs as one node always does.
+  env = srun_task();
+  env["SLURM_STEP_NODELIST"] = "gpu09";
+  env["SLURM_STEP_NUM_NODES"] = env["SLURM_NNODES"] = "1";
+  env["SLURM_STEP_NUM_TASKS"] = env["SLURM_NTASKS"] = "1";
+  env["SLURM_NODEID"] = "0";
+  const LaunchOptions& one = options_of(parse_command_line({"prog"}, env));
+  EXPECT_TRUE(one.standalone);
+  EXPECT_EQ(one.rdzv.endpoint_host, "");
+}
+
+TEST(SlurmTaskTest, ATaskWithoutATokenOrWithTwoPerNodeIsRefused) {
+  agent::EnvMap env = srun_task();
+  env.erase("DLAUNCH_RDZV_TOKEN");
+  ParseResult r = parse_command_line({"prog"}, env);
+  ASSERT_TRUE(std::holds_alternative<UsageError>(r));
+  EXPECT_EQ(std::get<UsageError>(r).exit_code, 2);
+  EXPECT_THAT(std::get<UsageError>(r).message,
+              HasSubstr("as a task of Slurm step 42.3 on 2 nodes, dlaunch "
+                        "meets the other nodes in a store on gpu09 that the "
+                        "network can reach, and the job has no token to guard "
+                        "it; give every task the same secret: export "
+                        "DLAUNCH_RDZV_TOKEN=$(openssl rand -hex 32) before "
+                        "srun"));
+  // A plan needs no token.
+  EXPECT_TRUE(std::holds_alternative<LaunchOptions>(
+      parse_command_line({"--dry-run", "prog"}, env)));
+  env = srun_task();
+  env["SLURM_NTASKS"] = env["SLURM_STEP_NUM_TASKS"] = "4";
+  r = parse_command_line({"prog"}, env);
+  ASSERT_TRUE(std::holds_alternative<UsageError>(r));
+  EXPECT_THAT(std::get<UsageError>(r).message,
+              HasSubstr("--ntasks-per-node=1"));
 }
 
 TEST(BackendsTest, ShellCommandQuotesOnlyWhatNeedsIt) {

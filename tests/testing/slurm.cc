@@ -1,7 +1,6 @@
 #include "tests/testing/slurm.h"
 
 #include <fcntl.h>
-#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,7 +47,13 @@ std::unique_ptr<Subprocess> TestSlurm::daemon(std::vector<std::string> words,
   return p;
 }
 
-TestSlurm::TestSlurm() {
+TestSlurm::TestSlurm(std::vector<std::string> addresses) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  nodes_ = addresses.empty()
+               ? std::vector<std::string>{std::string(host).substr(
+                     0, std::string(host).find('.'))}
+               : addresses;
   if (::geteuid() != 0) {
     why_not_ = "a test Slurm needs root (slurmd runs as root); run as root";
     return;
@@ -63,13 +68,13 @@ TestSlurm::TestSlurm() {
       return;
     }
   }
-  char host[256] = {};
-  ::gethostname(host, sizeof host - 1);
-  node_ = std::string(host).substr(0, std::string(host).find('.'));
-  if (!start()) ADD_FAILURE() << "the test Slurm did not start:\n" << logs();
+  // The test decides what a failed start means (it fails).
+  if (!start(addresses)) {
+    start_failure_ = "the test Slurm did not start:\n" + logs();
+  }
 }
 
-bool TestSlurm::start() {
+bool TestSlurm::start(const std::vector<std::string>& addresses) {
   // munge: a random 1024-byte key readable by root alone, its own socket.
   std::random_device rd;
   std::string key(1024, '\0');
@@ -85,23 +90,30 @@ bool TestSlurm::start() {
               "--seed-file=" + (dir_ / "munged.seed").string()},
              "munged");
 
-  const int ctld_port = free_port(), slurmd_port = free_port();
-  if (ctld_port <= 0 || slurmd_port <= 0) return false;
-  for (const char* d : {"state", "spool"}) ::mkdir((dir_ / d).c_str(), 0700);
-  const unsigned cpus = std::max(1u, std::thread::hardware_concurrency());
+  const int ctld_port = free_port();
+  if (ctld_port <= 0) return false;
+  // One slurmd port per node: they share this machine. Paths with %n are
+  // the node's own.
+  std::string node_lines, node_names;
+  for (const std::string& n : nodes_) {
+    const int port = free_port();
+    if (port <= 0) return false;
+    const std::string addr = addresses.empty() ? "127.0.0.1" : n;
+    node_lines +=
+        "NodeName=" + n + " NodeAddr=" + addr +
+        " Port=" + std::to_string(port) + " CPUs=" +
+        std::to_string(std::max(1u, std::thread::hardware_concurrency())) +
+        " RealMemory=1 State=UNKNOWN\n";
+    node_names += (node_names.empty() ? "" : ",") + n;
+    ::mkdir((dir_ / ("spool-" + n)).c_str(), 0700);
+  }
+  ::mkdir((dir_ / "state").c_str(), 0700);
   const std::string d = dir_.path().string();
   std::string conf =
       "ClusterName=dltest\n"
       "SlurmctldHost=" +
-      node_ +
-      "(127.0.0.1)\n"
-      "SlurmctldPort=" +
-      std::to_string(ctld_port) +
-      "\n"
-      "SlurmdPort=" +
-      std::to_string(slurmd_port) +
-      "\n"
-      "SlurmUser=root\nSlurmdUser=root\n"
+      nodes_[0] + "(127.0.0.1)\nSlurmctldPort=" + std::to_string(ctld_port) +
+      "\nSlurmUser=root\nSlurmdUser=root\n"
       "AuthType=auth/munge\nCredType=cred/munge\n"
       "AuthInfo=socket=" +
       sock +
@@ -114,21 +126,17 @@ bool TestSlurm::start() {
       "JobAcctGatherType=jobacct_gather/none\n"
       "SlurmdParameters=config_overrides\nReturnToService=2\n"
       "StateSaveLocation=" +
-      d + "/state\nSlurmdSpoolDir=" + d + "/spool\nSlurmctldPidFile=" + d +
+      d + "/state\nSlurmdSpoolDir=" + d + "/spool-%n\nSlurmctldPidFile=" + d +
       "/slurmctld.pid\nSlurmdPidFile=" + d +
-      "/slurmd.pid\nSlurmctldLogFile=" + d +
-      "/slurmctld.log\nSlurmdLogFile=" + d +
-      "/slurmd.log\n"
-      "NodeName=" +
-      node_ + " NodeAddr=127.0.0.1 CPUs=" + std::to_string(cpus) +
-      " RealMemory=1 State=UNKNOWN\n"
-      "PartitionName=test Nodes=" +
-      node_ + " Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n";
+      "/slurmd-%n.pid\nSlurmctldLogFile=" + d +
+      "/slurmctld.log\nSlurmdLogFile=" + d + "/slurmd-%n.log\n" + node_lines +
+      "PartitionName=test Nodes=" + node_names +
+      " Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n";
   write_file(dir_ / "slurm.conf", conf, 0644);
   const std::string conf_path = (dir_ / "slurm.conf").string();
 
   // munged answers once its socket exists.
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
   while (::access(sock.c_str(), F_OK) != 0) {
     if (!process_alive(munged_->pid()) ||
         std::chrono::steady_clock::now() > deadline) {
@@ -138,15 +146,23 @@ bool TestSlurm::start() {
   }
   slurmctld_ =
       daemon({"/usr/sbin/slurmctld", "-D", "-c", "-f", conf_path}, "slurmctld");
-  slurmd_ = daemon({"/usr/sbin/slurmd", "-D", "-f", conf_path, "-N", node_},
-                   "slurmd");
-  // Ready once the node is idle (slurmd registered with slurmctld).
+  for (const std::string& n : nodes_) {
+    slurmds_.push_back(daemon(
+        {"/usr/sbin/slurmd", "-D", "-f", conf_path, "-N", n}, "slurmd-" + n));
+  }
+  // Ready once every node is idle (its slurmd registered with slurmctld).
   while (std::chrono::steady_clock::now() < deadline) {
     CommandResult s =
         run_command(argv({"sinfo", "-h", "-N", "-o", "%T"}, env()), 10s);
-    if (s.exit_code == 0 && s.out.starts_with("idle")) return true;
-    if (!process_alive(slurmctld_->pid()) || !process_alive(slurmd_->pid())) {
-      return false;
+    size_t idle = 0;
+    for (size_t at = s.out.find("idle"); at != std::string::npos;
+         at = s.out.find("idle", at + 1)) {
+      ++idle;
+    }
+    if (s.exit_code == 0 && idle == nodes_.size()) return true;
+    if (!process_alive(slurmctld_->pid())) return false;
+    for (const auto& p : slurmds_) {
+      if (!process_alive(p->pid())) return false;
     }
     std::this_thread::sleep_for(100ms);  // polling observed state
   }
@@ -165,7 +181,7 @@ TestSlurm::~TestSlurm() {
       std::this_thread::sleep_for(100ms);  // polling observed state
     }
   }
-  stop(slurmd_, 20s);
+  for (auto& p : slurmds_) stop(p, 20s);
   stop(slurmctld_, 20s);
   stop(munged_, 10s);
 }
@@ -175,10 +191,15 @@ std::map<std::string, std::string> TestSlurm::env() const {
 }
 
 std::string TestSlurm::logs() const {
+  std::vector<std::string> files = {"munged.log", "munged.out", "slurmctld.log",
+                                    "slurmctld.out"};
+  for (const std::string& n : nodes_) {
+    files.push_back("slurmd-" + n + ".log");
+    files.push_back("slurmd-" + n + ".out");
+  }
   std::string out;
-  for (const char* f : {"munged.log", "munged.out", "slurmctld.log",
-                        "slurmctld.out", "slurmd.log", "slurmd.out"}) {
-    out += std::string("--- ") + f + "\n" + read_file(dir_ / f);
+  for (const std::string& f : files) {
+    out += "--- " + f + "\n" + read_file(dir_ / f);
   }
   return out;
 }
