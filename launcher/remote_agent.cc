@@ -308,9 +308,9 @@ std::vector<int> processes_with_tag(const std::string& tag) {
     // Workers carry the tag in their environment; an agent, which set it
     // after it started, carries it in its command line (--job-tag).
     std::ifstream cmd(entry.path() / "cmdline", std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(cmd)),
+    std::string args((std::istreambuf_iterator<char>(cmd)),
                      std::istreambuf_iterator<char>());
-    if (is_agent_of(split_nul(text), tag)) {
+    if (is_agent_of(split_nul(args), tag)) {
       out.push_back(pid);
       continue;
     }

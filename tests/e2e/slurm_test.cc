@@ -21,6 +21,7 @@
 #include <regex>
 #include <thread>
 
+#include "tests/testing/net.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 

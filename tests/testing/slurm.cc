@@ -50,10 +50,8 @@ std::unique_ptr<Subprocess> TestSlurm::daemon(std::vector<std::string> words,
 TestSlurm::TestSlurm(std::vector<std::string> addresses) {
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  nodes_ = addresses.empty()
-               ? std::vector<std::string>{std::string(host).substr(
-                     0, std::string(host).find('.'))}
-               : addresses;
+  host_ = std::string(host).substr(0, std::string(host).find('.'));
+  nodes_ = addresses.empty() ? std::vector<std::string>{host_} : addresses;
   if (::geteuid() != 0) {
     why_not_ = "a test Slurm needs root (slurmd runs as root); run as root";
     return;
@@ -112,7 +110,7 @@ bool TestSlurm::start(const std::vector<std::string>& addresses) {
   std::string conf =
       "ClusterName=dltest\n"
       "SlurmctldHost=" +
-      nodes_[0] + "(127.0.0.1)\nSlurmctldPort=" + std::to_string(ctld_port) +
+      host_ + "(127.0.0.1)\nSlurmctldPort=" + std::to_string(ctld_port) +
       "\nSlurmUser=root\nSlurmdUser=root\n"
       "AuthType=auth/munge\nCredType=cred/munge\n"
       "AuthInfo=socket=" +

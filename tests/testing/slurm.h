@@ -51,6 +51,7 @@ class TestSlurm {
                                      const std::string& name);
 
   TempDir dir_{"dlaunch-slurm"};
+  std::string host_;  // this machine's short name: slurmctld's host
   std::vector<std::string> nodes_;
   std::string why_not_;
   std::string start_failure_;
