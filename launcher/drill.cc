@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -24,7 +26,63 @@ std::string pad(const std::string& s, size_t width) {
   return s.size() >= width ? s + " " : s + std::string(width - s.size(), ' ');
 }
 
+// Nanoseconds since the epoch; 0 for an unset time.
+int64_t to_ns(WallTime t) {
+  return t == WallTime{} ? 0
+                         : std::chrono::duration_cast<std::chrono::nanoseconds>(
+                               t.time_since_epoch())
+                               .count();
+}
+
+WallTime from_ns(int64_t ns) {
+  return ns == 0 ? WallTime{}
+                 : WallTime(std::chrono::duration_cast<WallTime::duration>(
+                       std::chrono::nanoseconds(ns)));
+}
+
 }  // namespace
+
+std::string encode_drill_part(const agent::RunResult& r) {
+  nlohmann::json j;
+  j["starts"] = r.attempts.size();
+  j["start"] = r.attempts.empty() ? 0 : to_ns(r.attempts.front().start_time);
+  nlohmann::json faults = nlohmann::json::array();
+  for (const agent::FaultRecord& f : r.faults) {
+    faults.push_back({{"spec", f.spec},
+                      {"source", f.source},
+                      {"fired", to_ns(f.fired)},
+                      {"detected", to_ns(f.detected)},
+                      {"running_again", to_ns(f.running_again)}});
+  }
+  j["faults"] = std::move(faults);
+  return j.dump();
+}
+
+void merge_drill_part(const std::string& part, agent::RunResult& merged) {
+  try {
+    nlohmann::json j = nlohmann::json::parse(part);
+    const WallTime start = from_ns(j.at("start").get<int64_t>());
+    const size_t starts = j.at("starts").get<size_t>();
+    if (merged.attempts.size() < starts) merged.attempts.resize(starts);
+    if (start != WallTime{} && !merged.attempts.empty() &&
+        (merged.attempts.front().start_time == WallTime{} ||
+         start < merged.attempts.front().start_time)) {
+      merged.attempts.front().start_time = start;
+    }
+    for (const nlohmann::json& f : j.at("faults")) {
+      agent::FaultRecord rec;
+      rec.spec = f.at("spec").get<std::string>();
+      rec.source = f.at("source").get<std::string>();
+      rec.fired = from_ns(f.at("fired").get<int64_t>());
+      rec.detected = from_ns(f.at("detected").get<int64_t>());
+      rec.running_again = from_ns(f.at("running_again").get<int64_t>());
+      merged.faults.push_back(std::move(rec));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error(std::string("a drill part is malformed: ") +
+                             e.what());
+  }
+}
 
 std::string drill_verdict(const agent::RunResult& r,
                           const std::vector<std::string>& specs, bool& passed) {

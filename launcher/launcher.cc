@@ -24,6 +24,7 @@
 #include "agent/rendezvous/remote_rendezvous.h"
 #include "agent/rendezvous/remote_wire.h"
 #include "agent/rendezvous/static_rendezvous.h"
+#include "comm/store/client.h"
 #include "comm/store/resolve.h"
 #include "comm/store/server.h"
 #include "comm/store/token.h"
@@ -244,6 +245,24 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   }
   rdzv.reset();  // closes this agent's connections
   if (out != nullptr) *out = result;
+  // A drill's head collects every host's faults from its store (drill.h).
+  if (const char* key = std::getenv(kDrillKeyEnv);
+      key != nullptr && *key != '\0' && !r.endpoint_host.empty()) {
+    try {
+      auto s = comm::store::TcpStore::connect(
+          {.host = r.endpoint_host,
+           .port = static_cast<uint16_t>(r.endpoint_port),
+           .connect_timeout = r.read_timeout,
+           .timeout = r.read_timeout,
+           .token = token.job});
+      s->set(std::string(key) + "/" + options.agent.hostname,
+             encode_drill_part(result));
+    } catch (const std::exception& e) {
+      write_stderr(std::string("dlaunch: warning: cannot hand this node's "
+                               "faults to the drill's head: ") +
+                   e.what() + "\n");
+    }
+  }
   // The hosting agent lets the others read the job's end before its store
   // goes away, within close_timeout (not when a signal stops it: then the
   // others learn that the host is gone).

@@ -17,9 +17,11 @@
 
 #include "agent/agent.h"
 #include "agent/posix_env.h"
+#include "comm/store/client.h"
 #include "comm/store/server.h"
 #include "launcher/agent_launcher.h"
 #include "launcher/command_runner.h"
+#include "launcher/drill.h"
 #include "launcher/flags.h"
 #include "launcher/launcher.h"
 #include "launcher/ship.h"
@@ -404,6 +406,9 @@ int launch_hosts(const LaunchOptions& job) {
   }
   env["DLAUNCH_RDZV_TOKEN"] = token;
   env["DLAUNCH_JOB_TAG"] = tag;
+  const bool drill = o.mode == LaunchOptions::Mode::kDrill;
+  const std::string drill_key = "dlaunch/drill/" + run_id;
+  if (drill) env[kDrillKeyEnv] = drill_key;
 
   std::error_code ec;
   const fs::path cwd = fs::current_path(ec);
@@ -609,6 +614,33 @@ int launch_hosts(const LaunchOptions& job) {
   }
   sig_io.stop();
   if (stop_signal != 0) code = 128 + stop_signal;
+  if (drill) {
+    // Every host's agent left its faults in this store as it ended.
+    agent::RunResult merged;
+    merged.exit_code = code;
+    merged.run_id = run_id;
+    try {
+      auto s = comm::store::TcpStore::connect(
+          {.host = "127.0.0.1",
+           .port = store->port(),
+           .connect_timeout = std::chrono::seconds(10),
+           .timeout = std::chrono::seconds(10),
+           .token = token});
+      for (const Host& h : o.hosts) {
+        const std::string key = drill_key + "/" + h.name;
+        if (s->check({key})) merge_drill_part(s->get(key), merged);
+      }
+    } catch (const std::exception& e) {
+      write_stderr(std::string("dlaunch: cannot collect the hosts' faults "
+                               "for the drill's verdict: ") +
+                   e.what() + "\n");
+    }
+    std::vector<std::string> specs;
+    for (const agent::Fault& f : o.agent.faults) specs.push_back(f.spec);
+    bool passed = false;
+    agent::write_all(STDOUT_FILENO, drill_verdict(merged, specs, passed));
+    return passed ? 0 : 1;
+  }
   return code;
 }
 

@@ -419,6 +419,31 @@ TEST(MultiHostHead, FaultRanksFitTheWorldOfHostsWithDifferentSlots) {
   EXPECT_TRUE(none_left(mark, 10s));
 }
 
+// --drill over several hosts: a fault fires on the host that runs its
+// rank, and the head's one verdict table has it, from that host's agent.
+TEST(MultiHostHead, ADrillAcrossHostsPrintsOneVerdict) {
+  TempDir dir;
+  const std::string mark = unique_mark();
+  testing::write_file(
+      dir / "drill.yaml",
+      "program: sh\nargs: [-c, 'if [ $TORCHELASTIC_RESTART_COUNT -lt 1 ]; "
+      "then exec sleep 300; fi']\nnproc_per_node: 2\nmax_restarts: 1\n"
+      "faults:\n  - kill:rank=3:after=0.2\n");
+  CommandResult r = testing::run_command(
+      cmd({kDlaunch, "--launcher", "local", "--hosts", "127.0.0.[2-3]",
+           "--local-addr", "127.0.0.1", "-x", "DLT_MARK=" + mark, "--drill",
+           (dir / "drill.yaml").string()}),
+      120s);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("dlaunch --drill: verdict"));
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                         "kill:rank=3:after=0.2 +[0-9.]+ s +[0-9.]+ s +[0-9.]+ "
+                         "s +ok\n"));
+  EXPECT_THAT(r.out, HasSubstr("job: exit 0 after 2 group start(s) (expected "
+                               "exit 0): ok\ndrill: PASSED\n"));
+  EXPECT_TRUE(none_left(mark, 10s));
+}
+
 // --remote-stop TAG on a machine that is a host and the head's too stops
 // the job's agents (here the shipped copy's shim, `sh -c SCRIPT dlaunch
 // --remote-agent ...`) and workers, not the head's srun or pdsh, whose
