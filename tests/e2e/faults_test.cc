@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -55,6 +56,23 @@ int free_port() {
       "127.0.0.1", std::chrono::steady_clock::now() + 10s, error);
   EXPECT_GT(port, 0) << error;
   return port;
+}
+
+// A value of DLT_MARK for one run's processes (workers and their children
+// inherit it), unique to this test process and `name`.
+std::string run_mark(const std::string& name) {
+  return "faults-" + std::to_string(::getpid()) + "-" + name;
+}
+
+// The live processes marked DLT_MARK=`mark`.
+std::vector<pid_t> marked(const std::string& mark) {
+  return testing::processes_with_env("DLT_MARK=" + mark);
+}
+
+// Whether no process marked `mark` is left once dlaunch has exited
+// (bounded: a killed process is gone a moment after its group's signal).
+bool none_left(const std::string& mark) {
+  return testing::eventually([&] { return marked(mark).empty(); }, 10s);
 }
 
 // A worker that runs until killed in the first attempt and succeeds in
@@ -311,6 +329,26 @@ TEST(Drill, PrintsAVerdictRowPerFaultAndPassesWhenTheJobRecovers) {
   EXPECT_THAT(r.out, HasSubstr("drill: FAILED\n"));
 }
 
+// A drill leaves no process behind: each worker of the first two attempts
+// starts a child of its own, the stopped rank's and the killed rank's
+// included.
+TEST(Drill, LeavesNoProcessBehind) {
+  TempDir dir;
+  const std::string mark = run_mark("drill");
+  testing::write_file(
+      dir / "drill.yaml",
+      "program: sh\nargs: [-c, 'if [ $TORCHELASTIC_RESTART_COUNT -lt 2 ]; "
+      "then sleep 60 & while :; do touch \"$DLAUNCH_HEARTBEAT_FILE\"; "
+      "sleep 0.05; done; fi']\nnproc_per_node: 3\nmax_restarts: 2\n"
+      "hang_timeout: 1\nfaults:\n  - stop:rank=2:after=0.3\n"
+      "  - kill:rank=1:after=0.3:attempt=1\n");
+  CommandResult r =
+      dlaunch({"--drill", (dir / "drill.yaml").string()}, {{"DLT_MARK", mark}});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.out, HasSubstr("drill: PASSED\n"));
+  EXPECT_TRUE(none_left(mark)) << marked(mark).size() << " processes left";
+}
+
 // dl-sgd, checkpointing each epoch, as two workers under dlaunch.
 class Sgd : public ::testing::Test {
  protected:
@@ -330,6 +368,7 @@ class Sgd : public ::testing::Test {
                              "--limit-train", "2000", "--limit-test", "500",
                              "--checkpoint-dir", (dir_ / ckpt).string()});
     env["DLAUNCH_COMM_TIMEOUT"] = "60";
+    env["DLT_MARK"] = run_mark(ckpt);
     return dlaunch(args, env);
   }
   // The final weights equal those of a run without faults.
@@ -367,6 +406,7 @@ TEST_F(Sgd, RankKilledMidAllReduceResumesToTheSameWeights) {
   EXPECT_EQ(s["attempts"][0]["workers"][1]["injected_by"], "comm");
   // Rank 0 was stopped by the agent, not left to time out.
   EXPECT_TRUE(s["attempts"][0]["workers"][0]["stopped_by_agent"].get<bool>());
+  EXPECT_TRUE(none_left(run_mark("killed")));
   expect_same_weights_as_clean_run("killed");
 }
 
@@ -394,6 +434,8 @@ TEST_F(Sgd, FrozenRankIsFoundHungAndNamedWithItsOperation) {
   EXPECT_TRUE(w[1]["hung"].get<bool>());
   EXPECT_FALSE(w[0]["hung"].get<bool>());
   EXPECT_EQ(w[1]["signal"], "SIGKILL");
+  // The frozen rank (a stopped process ignores SIGTERM) is gone too.
+  EXPECT_TRUE(none_left(run_mark("frozen")));
   expect_same_weights_as_clean_run("frozen");
 }
 
