@@ -240,7 +240,11 @@ void apply_slurm_task(LaunchOptions& o, const SlurmTask& t,
   // etcd needs its own members (--rdzv-endpoint): the check says so.
   if (t.nodes.size() < 2 || r.backend == "etcd") return;
   r.min_nodes = r.max_nodes = static_cast<int>(t.nodes.size());
-  if (r.backend == "static") r.node_rank = t.node_id;
+  if (r.backend == "static") {
+    r.node_rank = t.node_id;
+    // As --master-addr NODE0 would say by hand (c10d refuses it).
+    o.agent.master_addr = t.nodes[0];
+  }
   r.endpoint_host = t.nodes[0];
   r.endpoint_port = slurm_store_port(t, env);
   r.endpoints = {t.nodes[0] + ":" + std::to_string(r.endpoint_port)};

@@ -71,7 +71,8 @@ int slurm_store_port(const SlurmTask& task, const agent::EnvMap& env);
 // Makes `options` (no --nnodes, --node-rank, --rdzv-endpoint, --hosts
 // given) the step's rendezvous when it spans more than one node: the
 // static backend (unless --rdzv-backend chose c10d) with --nnodes the
-// step's node count, --node-rank SLURM_NODEID, the store hosted by the
+// step's node count, --node-rank SLURM_NODEID and --master-addr the first
+// node, the store hosted by the
 // step's first node's agent at that node's name and slurm_store_port(),
 // --local-addr this task's node name, and --rdzv-id JOB.STEP unless given.
 // One node: nothing changes. Throws HostsError from slurm_store_port().

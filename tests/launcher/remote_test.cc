@@ -567,6 +567,7 @@ TEST(SlurmTaskTest, ATaskWithoutARendezvousOfItsOwnJoinsItsStep) {
   EXPECT_EQ(o.rdzv.local_addr, "gpu10");
   EXPECT_EQ(o.agent.run_id, "42.3");
   EXPECT_EQ(o.agent.master_port, 0);  // the workers' own, picked free
+  EXPECT_EQ(o.agent.master_addr, "gpu09");
   // The first node's agent hosts the store.
   env["SLURM_NODEID"] = "0";
   EXPECT_EQ(options_of(parse_command_line({"prog"}, env)).rdzv.is_host,
