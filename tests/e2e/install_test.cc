@@ -71,6 +71,15 @@ TEST_F(Install, PutsProgramsHeadersAndPackageFilesInThePrefix) {
         "include/dlaunch/comm/gloo/process_group.h"}) {
     EXPECT_TRUE(fs::exists(prefix_ / f)) << f;
   }
+  // The benchmarks' binaries: dl-store-bench in PATH, the helpers with
+  // generic names under libexec/dlaunch/.
+  if (DLAUNCH_INSTALLS_BENCH) {
+    for (const char* f :
+         {"bin/dl-store-bench", "libexec/dlaunch/allreduce_bench",
+          "libexec/dlaunch/forkexec8", "libexec/dlaunch/launch-fail-once"}) {
+      EXPECT_TRUE(fs::exists(prefix_ / f)) << f;
+    }
+  }
   // GNUInstallDirs picks lib/ or lib/<multiarch>/ by prefix.
   bool config = false, pc = false;
   for (const auto& e : fs::recursive_directory_iterator(prefix_)) {
