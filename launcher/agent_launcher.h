@@ -69,9 +69,9 @@ struct AgentCommand {
   // head runs, so that its end tells the agent the head is gone. Empty:
   // stdin is /dev/null.
   std::string stdin_data;
-  // Instead of stdin_data: a file of the head's whose bytes are written to
-  // stdin, which then ends (shipping dlaunch: `cat > PATH` there). Empty:
-  // none.
+  // Instead of stdin_data: a file of the head's that is the command's
+  // stdin, opened for it and never read into the head's memory; stdin
+  // ends with the file (shipping dlaunch: `cat > PATH` there). Empty: none.
   std::filesystem::path stdin_file;
   // Its output lines start with "HOST: " (pdsh): the head takes the host
   // from there. Otherwise every line is hosts[0]'s.

@@ -18,7 +18,6 @@
 #include <charconv>
 #include <csignal>
 #include <cstring>
-#include <fstream>
 #include <functional>
 
 #include "agent/line_buffer.h"
@@ -59,7 +58,6 @@ struct CommandRunner::Impl {
     std::array<char, 65536> out_buf{}, err_buf{};
     int open_streams = 0;
     bool reaped = false;
-    std::string file_data;  // AgentCommand::stdin_file's bytes
     CommandResult result;
   };
 
@@ -200,33 +198,43 @@ struct CommandRunner::Impl {
       ++done;
       return;
     }
+    // A file's bytes go to stdin as the file itself: the child reads it
+    // from disk, so a copy of tens of MB is never held in the head's
+    // memory (once per host, at that).
+    int file_fd = -1;
     if (!cmd.stdin_file.empty()) {
-      std::ifstream in(cmd.stdin_file, std::ios::binary);
-      c.file_data.assign(std::istreambuf_iterator<char>(in),
-                         std::istreambuf_iterator<char>());
-      if (!in && !in.eof()) {
+      file_fd = ::open(cmd.stdin_file.c_str(), O_RDONLY | O_CLOEXEC);
+      if (file_fd < 0) {
         c.result.out = "cannot read " + cmd.stdin_file.string() + ": " +
                        std::strerror(errno);
         ++done;
         return;
       }
     }
+    struct CloseFile {
+      int fd;
+      ~CloseFile() {
+        if (fd >= 0) ::close(fd);
+      }
+    } close_file{file_fd};
     c.out = std::make_unique<asio::readable_pipe>(io);
     c.err = std::make_unique<asio::readable_pipe>(io);
-    if (!cmd.stdin_data.empty() || !cmd.stdin_file.empty())
+    if (!cmd.stdin_data.empty())
       c.in = std::make_unique<asio::writable_pipe>(io);
     try {
       std::vector<std::string> args(cmd.argv.begin() + 1, cmd.argv.end());
+      auto spawn = [&](auto&& in) {
+        c.proc = std::make_unique<bp::process>(
+            io, exe, args, bp::process_stdio{in, *c.out, *c.err},
+            bp::process_environment(env_list),
+            DieWithParent{.own_group = cmd.own_process_group});
+      };
       if (c.in) {
-        c.proc = std::make_unique<bp::process>(
-            io, exe, args, bp::process_stdio{*c.in, *c.out, *c.err},
-            bp::process_environment(env_list),
-            DieWithParent{.own_group = cmd.own_process_group});
+        spawn(*c.in);
+      } else if (file_fd >= 0) {
+        spawn(file_fd);
       } else {
-        c.proc = std::make_unique<bp::process>(
-            io, exe, args, bp::process_stdio{nullptr, *c.out, *c.err},
-            bp::process_environment(env_list),
-            DieWithParent{.own_group = cmd.own_process_group});
+        spawn(nullptr);
       }
     } catch (const std::exception& e) {
       c.result.out = "cannot start " + exe + ": " + e.what();
@@ -237,15 +245,7 @@ struct CommandRunner::Impl {
     c.open_streams = 2;
     read(c, *c.out, c.out_buf, c.out_lines, c.result.out, STDOUT_FILENO);
     read(c, *c.err, c.err_buf, c.err_lines, c.result.err, STDERR_FILENO);
-    if (c.in && !cmd.stdin_file.empty()) {
-      // A copy's contents: its end is the end of stdin.
-      asio::async_write(*c.in, asio::buffer(c.file_data),
-                        [&c](const boost::system::error_code&, size_t) {
-                          boost::system::error_code ignored;
-                          c.in->close(ignored);
-                          std::string().swap(c.file_data);
-                        });
-    } else if (c.in) {
+    if (c.in) {
       asio::async_write(*c.in, asio::buffer(cmd.stdin_data),
                         [](const boost::system::error_code&, size_t) {});
     }

@@ -25,12 +25,8 @@ Group parse_group(std::string_view whole, std::string_view text, size_t base,
                         base - 1);
   }
   Group out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t comma = text.find(',', pos);
-    if (comma == std::string_view::npos) comma = text.size();
-    std::string_view part = text.substr(pos, comma - pos);
-    const size_t at = base + pos;
+  for (std::string_view part : split_fields(text, ',')) {
+    const size_t at = base + static_cast<size_t>(part.data() - text.data());
     auto fail = [&](const std::string& what) {
       throw HostlistError(quoted(whole) + ": " + what + " at offset " +
                               std::to_string(at) + kForm.data(),
@@ -68,7 +64,6 @@ Group parse_group(std::string_view whole, std::string_view text, size_t base,
       if (s.size() < width) s.insert(0, width - s.size(), '0');
       out.push_back(std::move(s));
     }
-    pos = comma + 1;
   }
   return out;
 }
@@ -164,6 +159,17 @@ void expand_item(std::string_view whole, std::string_view item, size_t base,
 bool is_host_name_char(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
          c == '_';
+}
+
+std::vector<std::string_view> split_fields(std::string_view text, char sep) {
+  std::vector<std::string_view> out;
+  size_t start = 0;
+  for (size_t at; (at = text.find(sep, start)) != std::string_view::npos;
+       start = at + 1) {
+    out.push_back(text.substr(start, at - start));
+  }
+  out.push_back(text.substr(start));
+  return out;
 }
 
 std::vector<std::string_view> split_hostlist(std::string_view text) {

@@ -43,6 +43,12 @@ std::vector<std::string> expand_hostlist(std::string_view text,
 // ("a[1,2],b" is "a[1,2]" and "b"). Does not check the items.
 std::vector<std::string_view> split_hostlist(std::string_view text);
 
+// The fields of `text` between each `sep`, empty ones kept, as views into
+// `text` (a field's offset is its data() - text.data()): "a,,b" is "a",
+// "", "b"; "" is one empty field. The one splitter of the host parsers
+// (bracket groups, GPU lists, --include's '@' entries, Slurm's task counts).
+std::vector<std::string_view> split_fields(std::string_view text, char sep);
+
 // Whether `c` may appear in a host name outside brackets.
 bool is_host_name_char(char c);
 

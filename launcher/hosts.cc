@@ -75,11 +75,7 @@ std::vector<HostFilter> parse_host_filter(std::string_view text) {
       "node01:0,2@node02";
   if (text.empty()) throw HostsError("it is empty" + form);
   std::vector<HostFilter> out;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t at = text.find('@', start);
-    if (at == std::string_view::npos) at = text.size();
-    std::string_view entry = text.substr(start, at - start);
+  for (std::string_view entry : split_fields(text, '@')) {
     if (entry.empty()) {
       throw HostsError(quoted(text) + ": an empty entry" + form);
     }
@@ -87,12 +83,9 @@ std::vector<HostFilter> parse_host_filter(std::string_view text) {
     std::vector<int> gpus;
     if (size_t colon = entry.find(':'); colon != std::string_view::npos) {
       name = entry.substr(0, colon);
-      std::string_view list = entry.substr(colon + 1);
-      size_t p = 0;
-      while (p <= list.size()) {
-        size_t comma = list.find(',', p);
-        if (comma == std::string_view::npos) comma = list.size();
-        std::string n(list.substr(p, comma - p));
+      for (std::string_view field :
+           split_fields(entry.substr(colon + 1), ',')) {
+        std::string n(field);
         int g = 0;
         if (!parse_number(n, g) || g < 0 || g > (1 << 16)) {
           throw HostsError(quoted(entry) + ": '" + n +
@@ -103,7 +96,6 @@ std::vector<HostFilter> parse_host_filter(std::string_view text) {
                            " is named twice; name it once");
         }
         gpus.push_back(g);
-        p = comma + 1;
       }
     }
     if (name.empty()) {
@@ -112,7 +104,6 @@ std::vector<HostFilter> parse_host_filter(std::string_view text) {
     for (std::string& h : expand(text, name, out.size())) {
       out.push_back(HostFilter{std::move(h), gpus});
     }
-    start = at + 1;
   }
   return out;
 }

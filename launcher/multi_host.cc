@@ -1,6 +1,5 @@
 #include "launcher/multi_host.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include "launcher/flags.h"
 #include "launcher/launcher.h"
 #include "launcher/ship.h"
+#include "launcher/staging.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -444,17 +444,9 @@ int launch_hosts(const LaunchOptions& job) {
                  o.nproc_per_node_unresolved + "\n");
     return 2;
   }
-  // A 0600 folder for what a backend places on its hosts.
-  plan.staging_dir = fs::temp_directory_path(ec) / (tag + ".d");
-  fs::create_directory(plan.staging_dir, ec);
-  ::chmod(plan.staging_dir.c_str(), 0700);
-  struct RemoveStaging {
-    fs::path dir;
-    ~RemoveStaging() {
-      std::error_code ignored;
-      fs::remove_all(dir, ignored);
-    }
-  } remove_staging{plan.staging_dir};
+  // A 0700 folder for what a backend places on its hosts (staging.h).
+  const StagingDir staging(fs::temp_directory_path(ec), tag);
+  plan.staging_dir = staging.path();
 
   if (!plan.jobs.empty()) {
     // The backend's own tool (ssh, pdsh, srun) first: without it every

@@ -31,11 +31,8 @@ std::vector<int> expand_tasks(const std::string& text) {
                       "run under salloc or sbatch, which set it");
   };
   std::vector<int> out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t comma = text.find(',', pos);
-    if (comma == std::string::npos) comma = text.size();
-    std::string item = text.substr(pos, comma - pos);
+  for (std::string_view field : split_fields(text, ',')) {
+    const std::string item(field);
     int count = 0, repeat = 1;
     std::string n = item.substr(0, item.find('('));
     if (!parse_number(n, count) || count < 0) throw bad();
@@ -49,7 +46,6 @@ std::vector<int> expand_tasks(const std::string& text) {
     }
     out.insert(out.end(), static_cast<size_t>(repeat), count);
     if (out.size() > kMaxHostlistHosts) throw bad();
-    pos = comma + 1;
   }
   return out;
 }

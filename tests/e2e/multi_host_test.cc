@@ -377,6 +377,63 @@ TEST(MultiHostHead, TheHeadInTheListRunsItsAgentInProcess) {
                          "127.0.0.3 \\[default0\\]:ENV rank=[01]"));
 }
 
+// A SIGKILLed head cannot remove its staging folder ($TMPDIR/
+// dlaunch-job-TAG.d): the next head of the user does, and leaves the
+// folder of a head that still runs alone.
+TEST(MultiHostHead, TheNextHeadRemovesAKilledHeadsStagingFolderNotALiveOnes) {
+  TempDir tmp;
+  const std::map<std::string, std::string> env = {
+      {"TMPDIR", tmp.path().string()}};
+  auto staging = [&] {
+    std::set<fs::path> out;
+    for (const auto& e : fs::directory_iterator(tmp.path())) {
+      const std::string name = e.path().filename();
+      if (name.starts_with("dlaunch-job-") && name.ends_with(".d")) {
+        out.insert(e.path());
+      }
+    }
+    return out;
+  };
+  auto start = [&](const std::string& mark) {
+    auto job = std::make_unique<Subprocess>(
+        cmd(head("local", "127.0.0.[2-3]", mark,
+                 {"--nproc-per-node", "1", "sh", "-c",
+                  "echo up-$RANK; exec sleep 300"}),
+            env));
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_TRUE(job->wait_for_output("up-" + std::to_string(rank), 60s))
+          << job->out() << job->err();
+    }
+    return job;
+  };
+  const std::string killed_mark = unique_mark();
+  std::unique_ptr<Subprocess> killed = start(killed_mark);
+  const std::set<fs::path> killed_dir = staging();
+  ASSERT_EQ(killed_dir.size(), 1u);
+  killed->signal(SIGKILL);
+  EXPECT_EQ(killed->wait(10s).signal, SIGKILL);
+  EXPECT_TRUE(none_left(killed_mark, 60s));
+  EXPECT_EQ(staging(), killed_dir) << "nothing else removes it";
+
+  // The next head: the killed head's folder goes, its own is made.
+  const std::string live_mark = unique_mark();
+  std::unique_ptr<Subprocess> live = start(live_mark);
+  const std::set<fs::path> live_dir = staging();
+  ASSERT_EQ(live_dir.size(), 1u);
+  EXPECT_NE(live_dir, killed_dir);
+
+  // One more head, run to its end: the live head's folder stays.
+  CommandResult r = testing::run_command(
+      cmd(head("local", "127.0.0.2", unique_mark(), {"true"}), env), 60s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(staging(), live_dir);
+
+  live->signal(SIGINT);
+  EXPECT_FALSE(live->wait(60s).timed_out);
+  EXPECT_TRUE(staging().empty());
+  EXPECT_TRUE(none_left(live_mark, 30s));
+}
+
 TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {
   TempDir dir;
   const std::string mark = unique_mark();

@@ -186,6 +186,16 @@ TEST(HostlistTest, SplitKeepsBracketedCommas) {
   EXPECT_EQ(split_hostlist(""), (std::vector<std::string_view>{""}));
 }
 
+TEST(HostlistTest, SplitFieldsKeepsEmptyFieldsAsViewsIntoTheText) {
+  using V = std::vector<std::string_view>;
+  EXPECT_EQ(split_fields("a,,b", ','), (V{"a", "", "b"}));
+  EXPECT_EQ(split_fields("0,2@n", '@'), (V{"0,2", "n"}));
+  EXPECT_EQ(split_fields(",", ','), (V{"", ""}));
+  EXPECT_EQ(split_fields("", ','), (V{""}));
+  const std::string_view text = "x,yz";
+  EXPECT_EQ(split_fields(text, ',')[1].data(), text.data() + 2);
+}
+
 TEST(HostfileTest, ReadsSlotsCommentsBlankLinesAndHostlists) {
   const std::string text =
       "# the cluster\n"

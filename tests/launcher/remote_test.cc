@@ -18,6 +18,7 @@
 #include "launcher/remote_job.h"
 #include "launcher/ship.h"
 #include "launcher/slurm.h"
+#include "launcher/staging.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -348,6 +349,99 @@ TEST(ShipTest, ChecksumsDifferWithTheBytesAndNameTheCache) {
   EXPECT_TRUE(name.ends_with("-0123456789abcdef")) << name;
   EXPECT_EQ(name.find('/'), std::string::npos);
   EXPECT_NE(name, cache_name("0123456789abcdee"));
+}
+
+// A shipped file reaches each copy command as its stdin, the file itself:
+// the head never holds the tens of MB in memory, once per host.
+TEST(ShipTest, AFileOnStdinIsTheFileItselfForEveryCommand) {
+  testing::TempDir dir;
+  const std::string bytes(300 * 1024, 'x');
+  testing::write_file(dir / "payload", bytes);
+  std::vector<AgentCommand> cmds(3);
+  for (size_t i = 0; i < cmds.size(); ++i) {
+    cmds[i].argv = {"sh", "-c", "readlink /proc/self/fd/0 && wc -c"};
+    cmds[i].hosts = {"host" + std::to_string(i)};
+    cmds[i].stdin_file = dir / "payload";
+  }
+  // One that cannot be read fails alone, saying why.
+  AgentCommand missing = cmds[0];
+  missing.stdin_file = dir / "absent";
+  cmds.push_back(missing);
+  CommandRunner run(cmds, CommandOutput::kCapture);
+  ASSERT_TRUE(run.wait(std::chrono::seconds(30)));
+  std::vector<CommandResult> results = run.results();
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(results[i].exited);
+    EXPECT_EQ(results[i].exit_code, 0) << results[i].err;
+    EXPECT_EQ(results[i].out, (dir / "payload").string() + "\n" +
+                                  std::to_string(bytes.size()) + "\n");
+  }
+  EXPECT_FALSE(results[3].started);
+  EXPECT_THAT(results[3].out,
+              AllOf(HasSubstr("cannot read"), HasSubstr("absent")));
+}
+
+// The head's staging folders: private, recorded, removed at its end; the
+// folders of heads that are gone (or whose pid was reused) are removed by
+// the next head, nothing else is.
+TEST(StagingTest, TheNextHeadRemovesOnlyTheFoldersOfGoneHeads) {
+  namespace fs = std::filesystem;
+  testing::TempDir dir;
+  const std::optional<unsigned long long> start =
+      process_start_time(::getpid());
+  ASSERT_TRUE(start.has_value());
+  // A pid that ran and is gone: a shell's, reaped by run_command().
+  testing::CommandOptions sh;
+  sh.argv = {"sh", "-c", "echo $$"};
+  const std::string gone = testing::run_command(sh).out;
+  ASSERT_FALSE(gone.empty());
+  const std::string me = std::to_string(::getpid());
+  auto make = [&](const std::string& name, const std::string& record) {
+    fs::path d = dir / name;
+    fs::create_directory(d);
+    if (!record.empty()) testing::write_file(d / "head", record);
+    testing::write_file(d / "job", "secret");
+    return d;
+  };
+  const fs::path live =
+      make("dlaunch-job-01.d", me + " " + std::to_string(*start));
+  const fs::path dead =
+      make("dlaunch-job-02.d", gone.substr(0, gone.size() - 1) + " 1\n");
+  const fs::path reused =
+      make("dlaunch-job-03.d", me + " " + std::to_string(*start + 1));
+  const fs::path unrecorded = make("dlaunch-job-04.d", "");
+  const fs::path not_ours = make("dlaunch-job-xyz.d", me + " 1");
+  // A link named like a staging folder is never followed nor removed.
+  const fs::path target = make("elsewhere", me + " 1");
+  fs::create_directory_symlink(target, dir / "dlaunch-job-05.d");
+
+  EXPECT_EQ(remove_stale_staging(dir.path()), 2u);
+  EXPECT_TRUE(fs::exists(live / "job"));
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_FALSE(fs::exists(reused));
+  EXPECT_TRUE(fs::exists(unrecorded / "job"));
+  EXPECT_TRUE(fs::exists(not_ours / "job"));
+  EXPECT_TRUE(fs::exists(target / "job"));
+  EXPECT_TRUE(fs::is_symlink(dir / "dlaunch-job-05.d"));
+
+  // A head's own: 0700, recording this process; gone at its end; making
+  // one sweeps the stale ones first.
+  make("dlaunch-job-06.d", me + " " + std::to_string(*start + 2));
+  fs::path made;
+  {
+    StagingDir staging(dir.path(), "dlaunch-job-0a0b");
+    made = staging.path();
+    EXPECT_EQ(made, dir / "dlaunch-job-0a0b.d");
+    struct ::stat st;
+    ASSERT_EQ(::stat(made.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    EXPECT_EQ(testing::read_file(made / "head"),
+              me + " " + std::to_string(*start) + "\n");
+    EXPECT_FALSE(fs::exists(dir / "dlaunch-job-06.d"));
+    EXPECT_EQ(remove_stale_staging(dir.path()), 0u);
+    EXPECT_TRUE(fs::exists(made));
+  }
+  EXPECT_FALSE(fs::exists(made));
 }
 
 TEST(BackendsTest, SlurmRunsOneSrunTaskPerNodeWithEveryJobOnStdin) {
