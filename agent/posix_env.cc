@@ -17,8 +17,6 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/process/v2/posix/vfork_launcher.hpp>
-#include <boost/process/v2/process.hpp>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -36,7 +34,6 @@
 namespace dlaunch::agent {
 
 namespace asio = boost::asio;
-namespace bp = boost::process::v2;
 
 bool write_all(int fd, std::string_view data) {
   while (!data.empty()) {
@@ -107,9 +104,11 @@ bool environ_has(pid_t pid, const std::string& entry) {
   return false;
 }
 
-// Runs in the vforked child before execve (async-signal-safe calls only,
-// and nothing that allocates: the memory is the agent's):
-// stdio, a process group of its own, death with the agent.
+// What the vforked child does before execve (async-signal-safe calls only,
+// and nothing that allocates: the memory is the agent's): stdio, the
+// user's open-file limit, a process group of its own, death with the
+// agent, default signal handling. The child writes only `failed_step` and
+// `error`, which the agent reads once vfork() returns.
 struct WorkerInit {
   const char* const* envp;
   int in_fd;  // -1: inherit the agent's stdin
@@ -117,60 +116,62 @@ struct WorkerInit {
   int err_fd;
   pid_t parent;
   rlimit nofile;  // the open-file limit dlaunch itself was started with
-  // Set by the child (vfork: the agent's memory) to the step that failed.
-  const char* failed_step = nullptr;
+  // Set by the child to the step that failed ("" for execve) and errno;
+  // volatile: the compiler cannot see the child's writes.
+  const char* volatile failed_step = nullptr;
+  volatile int error = 0;
 
-  template <typename Launcher, typename Path>
-  bp::error_code on_setup(Launcher& launcher, const Path&, const char* const*) {
-    launcher.env = envp;
-    return {};
+  // exit() would run the agent's atexit handlers in its own memory.
+  [[noreturn]] void fail(const char* step) {
+    failed_step = step;
+    error = errno;
+    ::_exit(127);
   }
 
-  template <typename Launcher, typename Path>
-  bp::error_code on_exec_setup(Launcher&, const Path&, const char* const*) {
-    auto fail = [&](const char* step) {
-      failed_step = step;
-      return bp::error_code(errno, boost::system::system_category());
-    };
+  [[noreturn]] void exec_child(const char* path, const char* const* argv) {
     if ((in_fd >= 0 && ::dup2(in_fd, STDIN_FILENO) < 0) ||
         ::dup2(out_fd, STDOUT_FILENO) < 0 ||
         ::dup2(err_fd, STDERR_FILENO) < 0) {
-      return fail("redirecting its output");
+      fail("redirecting its output");
     }
     // The embedded store raises dlaunch's own limit; workers get the user's.
     if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
-      return fail("restoring its open-file limit (setrlimit)");
+      fail("restoring its open-file limit (setrlimit)");
     }
     // A group of its own is what stopping the worker signals; without it
-    // the agent could not stop the worker's children.
-    if (::setpgid(0, 0) != 0)
-      return fail("giving it a process group (setpgid)");
+    // the agent could not stop the worker's children. From here no
+    // terminal's signal reaches the child.
+    if (::setpgid(0, 0) != 0) fail("giving it a process group (setpgid)");
     die_with_parent(parent);
     // The agent ignores SIGPIPE (a vanished console must not kill it);
     // an ignored signal stays ignored across exec, so give workers the
-    // default back.
+    // default back. Every signal is blocked since before vfork: one that
+    // arrived meanwhile must not run the agent's handler here, in the
+    // agent's memory, when it is unblocked; it gets its default action, as
+    // it would in the worker.
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     ::sigaction(SIGPIPE, &dfl, nullptr);
+    sigset_t pending;
+    if (::sigpending(&pending) == 0) {
+      for (int sig = 1; sig < NSIG; ++sig) {
+        struct sigaction cur {};
+        if (::sigismember(&pending, sig) == 1 &&
+            ::sigaction(sig, nullptr, &cur) == 0 && cur.sa_handler != SIG_DFL &&
+            cur.sa_handler != SIG_IGN) {
+          ::sigaction(sig, &dfl, nullptr);
+        }
+      }
+    }
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    return {};
-  }
-
-  // execve failed. The launcher would call exit(), which in a vfork child
-  // runs the agent's atexit handlers in the agent's own memory: leave now.
-  // (errno is already in the launcher's error_code.) Boost 1.81 detects the
-  // hook through a five-argument form and calls the four-argument one.
-  template <typename Launcher, typename Path>
-  void on_exec_error(Launcher&, const Path&, const char* const*,
-                     const bp::error_code&) {
-    ::_exit(127);
-  }
-  template <typename Launcher, typename Path>
-  void on_exec_error(Launcher&, const bp::error_code&, const Path&,
-                     const char* const*, const bp::error_code&) {
-    ::_exit(127);
+    // Nothing else of the agent's reaches the worker (its fds are
+    // close-on-exec; these are the ones dlaunch itself inherited).
+    ::close_range(3, ~0U, 0);
+    ::execve(path, const_cast<char* const*>(argv),
+             const_cast<char* const*>(envp));
+    fail("");
   }
 };
 
@@ -183,9 +184,10 @@ struct PosixEnv::Impl {
   Watchdog watchdog;
   std::filesystem::path orphan_dir;  // the watchdog's to remove
   std::chrono::milliseconds drain_timeout{std::chrono::seconds(2)};
-  Fd dev_null;      // write end for discarded streams
-  Fd null_in;       // stdin for workers when the agent's is a terminal
-  rlimit nofile{};  // RLIMIT_NOFILE when the env was made
+  Fd dev_null;  // write end for discarded streams
+  Fd null_in;   // stdin for workers when the agent's is a terminal
+  bool stdin_checked = false;  // whether null_in was decided (first spawn)
+  rlimit nofile{};             // RLIMIT_NOFILE when the env was made
   // "DLAUNCH_AGENT_TAG=<random>", in every worker's environment and so in
   // their descendants': how strays are found (see end_strays()).
   std::string tag;
@@ -679,8 +681,11 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
   // A worker in a process group of its own is in the terminal's
   // background: reading a terminal stdin would stop it (SIGTTIN) for good.
   // Pipes and files are inherited as they are.
-  if (env.null_in.get() < 0 && ::isatty(STDIN_FILENO)) {
-    env.null_in.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!env.stdin_checked) {
+    env.stdin_checked = true;
+    if (::isatty(STDIN_FILENO)) {
+      env.null_in.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    }
   }
   WorkerInit init{
       envp.data(),
@@ -690,33 +695,37 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
       ::getpid(),
       env.nofile};
 
-  // vfork: no copy of the agent's page tables, so a spawn costs about what
-  // it costs a tiny C program. The launcher calls notify_fork() on the
-  // executor's context, in the child too, which would rebuild the live
-  // reactor inside the agent's shared memory; a private idle context takes
-  // those calls instead (the pidfd we watch is our own, below).
-  asio::io_context launch_ctx;
-  bp::posix::vfork_launcher launcher;
-  bp::error_code ec;
-  const char** args = argv.data();
-  auto proc =
-      launcher(launch_ctx.get_executor(), ec, spec.executable, args, init);
-  if (ec) {
+  // vfork: no copy of the agent's page tables, and no event loop or
+  // handle of a process library: a spawn costs about what it costs a tiny
+  // C program. Every signal stays blocked until the child has its own
+  // group (WorkerInit).
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
+  const pid_t pid = ::vfork();
+  if (pid == 0) init.exec_child(spec.executable.c_str(), argv.data());
+  const int vfork_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (pid < 0) {
+    throw SpawnError("cannot start '" + spec.executable +
+                     "': vfork failed: " + std::strerror(vfork_errno));
+  }
+  if (init.failed_step != nullptr) {
     // The child has already _exit()ed (vfork resumes us only then).
-    if (launcher.pid > 0) ::waitpid(launcher.pid, nullptr, 0);
-    if (init.failed_step != nullptr) {
+    ::waitpid(pid, nullptr, 0);
+    if (*init.failed_step != '\0') {
       throw SpawnError("cannot start '" + spec.executable +
-                       "': " + init.failed_step + " failed: " + ec.message());
+                       "': " + init.failed_step +
+                       " failed: " + std::strerror(init.error));
     }
     throw SpawnError("cannot execute '" + spec.executable +
-                     "': " + ec.message());
+                     "': " + std::strerror(init.error));
   }
-  w->pid = proc.id();
+  w->pid = pid;
   env.workers.insert(w->pid);
   ++env.running;
   // Our own pidfd, so that we can kill the group between exit and reaping.
   int pidfd = dlaunch::pidfd_open(w->pid);
-  proc.detach();
   if (!env.watchdog.add_group(w->pid) && !env.watchdog_warned) {
     env.watchdog_warned = true;
     env.console_err.write(

@@ -66,13 +66,14 @@ int kill_tagged(const char* tag) {
 [[noreturn]] void watchdog_main(int read_fd, const char* orphan_dir,
                                 const char* tag) {
   ::setsid();  // no terminal signals; survives a kill of the agent's group
-  for (int s = 1; s < NSIG; ++s) {
-    if (s != SIGKILL && s != SIGSTOP && s != SIGCHLD) ::signal(s, SIG_IGN);
-  }
+  // Every catchable signal stays blocked, as Watchdog::start() forked it:
+  // as good as ignored for a process that never unblocks them (`pkill
+  // dlaunch` must not end it), and the agent's handlers, copied by fork,
+  // never run here.
   int null_fd = ::open("/dev/null", O_RDWR);
   for (int fd = 0; fd < 3; ++fd) ::dup2(null_fd, fd);
   // Hold nothing of the agent's (its stdout pipe would keep readers waiting).
-  for (int fd = 3; fd < read_fd; ++fd) ::close(fd);
+  if (read_fd > 3) ::close_range(3, static_cast<unsigned>(read_fd) - 1, 0);
   ::close_range(static_cast<unsigned>(read_fd) + 1, ~0U, 0);
 
   std::set<int> groups;
@@ -119,9 +120,14 @@ void Watchdog::start(const std::filesystem::path& orphan_dir,
   if (::pipe2(p, O_CLOEXEC) != 0) {
     throw std::system_error(errno, std::generic_category(), "watchdog pipe");
   }
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
   pid_t pid = ::fork();
+  const int fork_errno = errno;
+  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   if (pid < 0) {
-    int e = errno;
+    int e = fork_errno;
     ::close(p[0]);
     ::close(p[1]);
     throw std::system_error(e, std::generic_category(), "watchdog fork");

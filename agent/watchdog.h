@@ -21,7 +21,8 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   // Closes the pipe (the watchdog kills whatever is still registered) and
-  // reaps it, waiting at most one second.
+  // reaps it, waiting at most one second (it ends at once: nothing of
+  // dlaunch, which holds its binary busy, outlives dlaunch).
   ~Watchdog();
 
   // Forks the watchdog; `orphan_dir` (may be empty) is removed with its

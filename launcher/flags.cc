@@ -716,8 +716,10 @@ std::vector<FlagSpec> make_table() {
       {.name = "standalone",
        .type = T::kSwitch,
        .key = "standalone",
-       .default_text = "on for one node without --rdzv-endpoint",
-       .help = "Host the rendezvous store locally on a free port.",
+       .default_text = "off (one node without --rdzv-endpoint needs no store)",
+       .help = "Host a TCP store on a free port while the job runs, as "
+               "torchrun's --standalone does (one node meets no other "
+               "agent; its workers use rank 0's store).",
        .section = "RENDEZVOUS",
        .apply = [](const FlagSpec&, const std::string& v, Options& o,
                    const agent::EnvMap&) { o.standalone = parse_switch(v); },
@@ -1298,7 +1300,6 @@ void check_rendezvous(LaunchOptions& o) {
                    "workers' rank 0 must bind another: pick a different "
                    "--master-port"};
   }
-  if (r.endpoint_host.empty()) o.standalone = true;
 }
 
 void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {

@@ -126,9 +126,8 @@ std::chrono::milliseconds parse_duration(const FlagSpec& flag,
 
 // Checks the rendezvous flags together, once every flag is applied (static
 // needs --node-rank, c10d across nodes needs --rdzv-endpoint, ...), and
-// fills what follows from them (static's endpoint, --standalone on one
-// node, the agent's rendezvous timeout). Throws BadValue with the whole
-// message.
+// fills what follows from them (static's endpoint, the agent's rendezvous
+// timeout). Throws BadValue with the whole message.
 void check_rendezvous(LaunchOptions& options);
 
 // Checks the HOSTS flags together once every flag is applied: one host

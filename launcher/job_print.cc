@@ -168,8 +168,9 @@ std::string dry_run_plan(const LaunchOptions& o) {
   }
   s << "  rendezvous: " << o.rdzv.backend
     << (o.standalone ? ", store hosted here on a free port (standalone)"
-        : o.rdzv.backend == "etcd"
-            ? etcd
+        : o.rdzv.backend == "etcd" ? etcd
+        : o.rdzv.endpoint_host.empty()
+            ? ", this node alone (no store)"
             : ", store at " + o.rdzv.endpoint_host + ":" +
                   std::to_string(o.rdzv.endpoint_port))
     << "\n";

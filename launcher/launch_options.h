@@ -70,9 +70,9 @@ struct LaunchOptions {
   // How this node meets the others (--nnodes, --rdzv-*, --node-rank,
   // --local-addr, --exit-barrier-timeout). Default: one node.
   agent::rendezvous::RendezvousOptions rdzv;
-  // Host an embedded TCP store on a free port for rendezvous (torchrun's
-  // --standalone). Default: on exactly when one node runs and no endpoint
-  // was given.
+  // Host an embedded TCP store on a free port while the job runs (torchrun's
+  // --standalone). Default: off; one node without an endpoint meets no
+  // other agent and needs none (a thread and a socket saved per launch).
   bool standalone = false;
   // Rendezvous settings (--rdzv-conf K=V,...); accepted as torchrun does.
   // Default empty.

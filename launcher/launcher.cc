@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -152,6 +153,13 @@ std::unique_ptr<agent::rendezvous::Rendezvous> etcd_rendezvous(
 
 }  // namespace
 
+void store_logs_to_stderr() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    spdlog::set_default_logger(spdlog::stderr_color_mt("dlaunch"));
+  });
+}
+
 int launch(const LaunchOptions& job, agent::RunResult* out) {
   LaunchOptions options = job;
   // Agents of one job must agree on its id: torchrun's default is "none".
@@ -177,6 +185,7 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   std::unique_ptr<agent::rendezvous::Rendezvous> rdzv;
   if (r.endpoint_host.empty()) {
     if (options.standalone) {
+      store_logs_to_stderr();
       try {
         store = comm::store::StoreServer::start(
             {.host = "127.0.0.1", .port = 0, .token = token.job});
@@ -197,6 +206,7 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
     int port = r.endpoint_port;
     if (asked ? *r.is_host
               : names_this_machine(r.endpoint_host, r.local_addr)) {
+      store_logs_to_stderr();
       try {
         store = comm::store::StoreServer::start(
             {.host = is_loopback(r.endpoint_host) ? r.endpoint_host : "0.0.0.0",
@@ -277,10 +287,6 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
 }
 
 int main(int argc, char** argv) {
-  // The store an agent hosts logs through spdlog, whose default logger
-  // writes to stdout: its warnings go to stderr with dlaunch's own, so that
-  // stdout carries only the workers' output (dl-store does the same).
-  spdlog::set_default_logger(spdlog::stderr_color_mt("dlaunch"));
   std::vector<std::string> args(argv + 1, argv + argc);
   // The head's commands on its hosts (agent_launcher.h).
   if (!args.empty() && args[0] == "--remote-agent") {

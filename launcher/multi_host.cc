@@ -381,6 +381,7 @@ int launch_hosts(const LaunchOptions& job) {
           : (o.rdzv.endpoint_host.empty() ? machine_name()
                                           : o.rdzv.endpoint_host);
   std::unique_ptr<comm::store::StoreServer> store;
+  store_logs_to_stderr();
   try {
     store = comm::store::StoreServer::start(
         {.host = "0.0.0.0",

@@ -1,5 +1,6 @@
 // `dlaunch --standalone` hosts a real TCP store (comm/store) for the
-// job's lifetime: found through /proc and used with the store client.
+// job's lifetime: found through /proc and used with the store client;
+// without the flag one node hosts none.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -39,6 +40,23 @@ TEST(Standalone, HostsAWorkingStoreWhileTheJobRuns) {
   store->set("k", "v");
   EXPECT_EQ(store->get("k"), "v");
   EXPECT_EQ(store->add("n", 2), 2);
+  testing::write_file(go, "");
+  EXPECT_EQ(p.wait(10s).exit_code, 0);
+}
+
+// One node without --standalone or an endpoint meets nobody: no store, no
+// listening socket (its workers use rank 0's store, on MASTER_PORT).
+TEST(Standalone, OneNodeWithoutTheFlagHostsNoStore) {
+  testing::TempDir dir;
+  std::string go = (dir / "go").string();
+  testing::Subprocess p(
+      {{dlaunch::testing::bin("dlaunch"), "--nproc-per-node", "1", "sh", "-c",
+        "echo ready; while [ ! -e " + go + " ]; do sleep 0.02; done"},
+       {},
+       {},
+       ""});
+  ASSERT_TRUE(p.wait_for_output("[default0]:ready", 10s)) << p.err();
+  EXPECT_EQ(testing::listening_ports(p.pid()), std::set<int>{});
   testing::write_file(go, "");
   EXPECT_EQ(p.wait(10s).exit_code, 0);
 }

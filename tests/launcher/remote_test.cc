@@ -693,7 +693,8 @@ TEST(SlurmTaskTest, AGivenRendezvousOrOneNodeIsLeftAlone) {
   env["SLURM_STEP_NUM_TASKS"] = env["SLURM_NTASKS"] = "1";
   env["SLURM_NODEID"] = "0";
   const LaunchOptions& one = options_of(parse_command_line({"prog"}, env));
-  EXPECT_TRUE(one.standalone);
+  EXPECT_EQ(one.standalone,
+            options_of(parse_command_line({"prog"}, {})).standalone);
   EXPECT_EQ(one.rdzv.endpoint_host, "");
 }
 
