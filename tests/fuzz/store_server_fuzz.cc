@@ -91,10 +91,20 @@ int connect_to(uint16_t port) {
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(port);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+  int err =
+      ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 ? 0 : errno;
+  if (err == EINTR) {
+    // libFuzzer's timeout alarm (SIGALRM) interrupted it; the connection
+    // goes on in the background: wait for it and take its result.
+    pollfd p{fd, POLLOUT, 0};
+    while (::poll(&p, 1, 10000) < 0 && errno == EINTR) {
+    }
+    socklen_t len = sizeof err;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  }
+  if (err != 0) {
     // Says why, with the process's open descriptors (the server's
     // connections are among them): a leak shows as a large count.
-    int err = errno;
     std::fprintf(
         stderr,
         "store fuzz: connect to 127.0.0.1:%u failed: %s; %zu open fds\n", port,
