@@ -585,6 +585,7 @@ bool Agent::spawn_worker(size_t i, const rendezvous::RendezvousResult& round) {
                      options_.local_ranks_filter->contains(local_rank);
   ProcessSpec spec;
   spec.executable = executable_;
+  if (options_.cpu_binding == CpuBinding::kCore) spec.core_slot = local_rank;
   std::map<std::string, std::string> vars{
       {"local_rank", std::to_string(local_rank)}};
   spec.argv.push_back(options_.entrypoint[0]);

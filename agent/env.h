@@ -45,6 +45,10 @@ struct ProcessSpec {
   std::string prefix;             // prepended to each console line
   StreamTarget out;               // stdout
   StreamTarget err;               // stderr
+  // >= 0: the process runs only on core number core_slot mod N of the N
+  // cores the agent may run on (--cpu-bind core); -1: wherever the agent
+  // may (default).
+  int core_slot = -1;
 };
 
 // A failure to start a process (fork, exec, open of a log file).

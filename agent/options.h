@@ -38,6 +38,9 @@ StreamsSpec parse_streams(std::string_view text);
 // How workers are bound to GPUs (--gpu-binding).
 enum class GpuBinding { kNone, kPerRank };
 
+// How workers are bound to CPU cores (--cpu-bind).
+enum class CpuBinding { kNone, kCore };
+
 // Everything one node agent needs to run a worker group, with documented
 // defaults. The command line (launcher/cli.h) fills it; a YAML job config
 // will fill the same struct. Plain data: copy freely.
@@ -93,6 +96,12 @@ struct AgentOptions {
   // of the agent's CUDA_VISIBLE_DEVICES (or to L when unset) and
   // DLAUNCH_CUDA_DEVICE=0, the device comm's nccl backend then uses.
   GpuBinding gpu_binding = GpuBinding::kNone;
+  // Which CPUs each worker may run on. kNone (default): the agent's own
+  // (no binding, as torchrun). kCore: worker L runs only on core
+  // L mod N of the N cores the agent may use (mpirun's --bind-to core,
+  // srun's --cpu-bind=cores), so that ranks on one host neither share a
+  // core nor migrate; the worker's children inherit it.
+  CpuBinding cpu_binding = CpuBinding::kNone;
   // This host's name in a multi-host job as the head knows it (${hostname}
   // in the line prefix). Empty (default): the machine's host name.
   std::string hostname;

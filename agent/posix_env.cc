@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -26,6 +27,7 @@
 #include <set>
 
 #include "agent/console.h"
+#include "agent/cpu_cores.h"
 #include "agent/line_buffer.h"
 #include "agent/watchdog.h"
 #include "comm/pidfd.h"
@@ -115,7 +117,8 @@ struct WorkerInit {
   int out_fd;
   int err_fd;
   pid_t parent;
-  rlimit nofile;  // the open-file limit dlaunch itself was started with
+  rlimit nofile;          // the open-file limit dlaunch itself was started with
+  const cpu_set_t* cpus;  // the CPUs it may run on; null: the agent's
   // Set by the child to the step that failed ("" for execve) and errno;
   // volatile: the compiler cannot see the child's writes.
   const char* volatile failed_step = nullptr;
@@ -142,6 +145,9 @@ struct WorkerInit {
     // the agent could not stop the worker's children. From here no
     // terminal's signal reaches the child.
     if (::setpgid(0, 0) != 0) fail("giving it a process group (setpgid)");
+    if (cpus != nullptr && ::sched_setaffinity(0, sizeof(*cpus), cpus) != 0) {
+      fail("binding it to its core (sched_setaffinity)");
+    }
     die_with_parent(parent);
     // The agent ignores SIGPIPE (a vanished console must not kill it);
     // an ignored signal stays ignored across exec, so give workers the
@@ -188,6 +194,8 @@ struct PosixEnv::Impl {
   Fd null_in;   // stdin for workers when the agent's is a terminal
   bool stdin_checked = false;  // whether null_in was decided (first spawn)
   rlimit nofile{};             // RLIMIT_NOFILE when the env was made
+  // The cores the agent may run on (read at the first bound spawn).
+  std::optional<std::vector<std::vector<int>>> cores;
   // "DLAUNCH_AGENT_TAG=<random>", in every worker's environment and so in
   // their descendants': how strays are found (see end_strays()).
   std::string tag;
@@ -211,6 +219,23 @@ struct PosixEnv::Impl {
       wait_signal();
       signal_handler(sig);
     });
+  }
+
+  // The CPUs of core number `slot` mod the number of cores the agent may
+  // run on (--cpu-bind core).
+  cpu_set_t core_set(int slot) {
+    if (!cores) cores = allowed_cores();
+    if (cores->empty()) {
+      throw SpawnError(
+          "--cpu-bind core: cannot read the CPUs dlaunch may run on "
+          "(sched_getaffinity failed); use --cpu-bind none");
+    }
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (int cpu : (*cores)[static_cast<size_t>(slot) % cores->size()]) {
+      CPU_SET(cpu, &set);
+    }
+    return set;
   }
 
   void start_watchdog() {
@@ -627,6 +652,8 @@ void PosixEnv::set_drain_timeout(std::chrono::milliseconds t) {
 std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
                                          ExitCallback on_exit) {
   Impl& env = *impl_;
+  cpu_set_t cpus;
+  if (spec.core_slot >= 0) cpus = env.core_set(spec.core_slot);
   env.start_watchdog();
   env.become_subreaper();
   if (env.dev_null.get() < 0) {
@@ -693,7 +720,8 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
       child_ends[0].get() >= 0 ? child_ends[0].get() : env.dev_null.get(),
       child_ends[1].get() >= 0 ? child_ends[1].get() : env.dev_null.get(),
       ::getpid(),
-      env.nofile};
+      env.nofile,
+      spec.core_slot >= 0 ? &cpus : nullptr};
 
   // vfork: no copy of the agent's page tables, and no event loop or
   // handle of a process library: a spawn costs about what it costs a tiny

@@ -311,6 +311,28 @@ std::vector<FlagSpec> make_table() {
          return o.agent.gpu_binding == agent::GpuBinding::kPerRank ? "per-rank"
                                                                    : "none";
        }},
+      {.name = "cpu-bind",
+       .placeholder = "none|core",
+       .key = "cpu_bind",
+       .default_text = "none",
+       .help = "core: local rank L runs only on core L mod N of the N cores "
+               "dlaunch may use (mpirun's --bind-to core, srun's "
+               "--cpu-bind=cores): ranks on one host neither share a core "
+               "nor migrate, and the worker's children (data loaders) share "
+               "its core; none: workers run wherever dlaunch may.",
+       .section = "WORKERS",
+       .choices = {"none", "core"},
+       .apply =
+           [](const FlagSpec& f, const std::string& v, Options& o,
+              const agent::EnvMap&) {
+             o.agent.cpu_binding = one_of(f, v) == "core"
+                                       ? agent::CpuBinding::kCore
+                                       : agent::CpuBinding::kNone;
+           },
+       .print = [](const Options& o) -> std::optional<std::string> {
+         return o.agent.cpu_binding == agent::CpuBinding::kCore ? "core"
+                                                                : "none";
+       }},
       {.name = "max-restarts",
        .placeholder = "N",
        .type = T::kInt,

@@ -71,6 +71,7 @@ TEST_F(AgentTest, SetsTheWholeEnvContract) {
   run();
   ASSERT_EQ(env.spawned.size(), 4u);
   const ProcessSpec& s = env.spawned[2];
+  EXPECT_EQ(s.core_slot, -1);  // no --cpu-bind: runs wherever dlaunch may
   EXPECT_EQ(env_value(s, "RANK"), "2");
   EXPECT_EQ(env_value(s, "LOCAL_RANK"), "2");
   EXPECT_EQ(env_value(s, "WORLD_SIZE"), "4");
@@ -94,6 +95,18 @@ TEST_F(AgentTest, SetsTheWholeEnvContract) {
   EXPECT_EQ(s.argv, (std::vector<std::string>{"/bin/true", "--rank", "2"}));
   EXPECT_EQ(s.prefix, "[default2]:");
   EXPECT_EQ(messages.find("OMP_NUM_THREADS"), std::string::npos);
+}
+
+// --cpu-bind core: local rank L asks for core slot L (the default, -1,
+// binds nothing: SetsTheWholeEnvContract).
+TEST_F(AgentTest, CpuBindCoreGivesEachLocalRankItsCoreSlot) {
+  options.cpu_binding = CpuBinding::kCore;
+  ASSERT_EQ(run().exit_code, 0);
+  ASSERT_EQ(env.spawned.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(env.spawned[i].core_slot,
+              std::stoi(env_value(env.spawned[i], "LOCAL_RANK")));
+  }
 }
 
 TEST_F(AgentTest, SetsOmpNumThreadsAndSaysSoWhenUnset) {

@@ -237,6 +237,20 @@ TEST(Cli, OtherDriverErrorsAreReportedNotTakenForNoGpu) {
                   HasSubstr("cuInit failed with unknown CUDA error (35)")));
 }
 
+TEST(Cli, CpuBindIsNoneOrCore) {
+  EXPECT_EQ(ok({"true"}).agent.cpu_binding, agent::CpuBinding::kNone);
+  EXPECT_EQ(ok({"--cpu-bind", "core", "true"}).agent.cpu_binding,
+            agent::CpuBinding::kCore);
+  EXPECT_EQ(ok({"--cpu_bind=none", "true"}).agent.cpu_binding,
+            agent::CpuBinding::kNone);
+  EXPECT_EQ(ok({"true"}, {{"PET_CPU_BIND", "core"}}).agent.cpu_binding,
+            agent::CpuBinding::kCore);
+  UsageError e = bad({"--cpu-bind", "socket", "true"});
+  EXPECT_EQ(e.exit_code, 2);
+  EXPECT_THAT(e.message,
+              HasSubstr("--cpu-bind: 'socket' is not valid; use none or core"));
+}
+
 TEST(Cli, GpuBindingIsNoneOrPerRankAndChecksTheUsersDeviceList) {
   EXPECT_EQ(ok({"true"}).agent.gpu_binding, agent::GpuBinding::kNone);
   EXPECT_EQ(ok({"--gpu-binding", "per-rank", "true"}).agent.gpu_binding,

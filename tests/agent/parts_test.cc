@@ -2,7 +2,9 @@
 // ${...} substitution, program lookup, reports.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
+#include "agent/cpu_cores.h"
 #include "agent/line_buffer.h"
 #include "agent/options.h"
 #include "agent/program.h"
@@ -84,6 +86,32 @@ TEST(WorkerEnv, OverridesContractKeysAndKeepsTheRest) {
   id.local_world_size = 1;
   env = worker_environment(base, id, job, "/tmp/e.json");
   EXPECT_FALSE(has("OMP_NUM_THREADS=1"));  // one worker: left alone
+}
+
+// --cpu-bind core hands out cores: hardware threads of one core together,
+// in the order of their lowest CPU; a CPU of unknown place is a core alone.
+TEST(CpuCores, GroupsHardwareThreadsByPackageAndCore) {
+  using Cores = std::vector<std::vector<int>>;
+  EXPECT_EQ(group_cores({{1, 0, 1}, {0, 0, 0}}), (Cores{{0}, {1}}));
+  // Two packages reusing core ids, threads numbered as Linux does on x86.
+  EXPECT_EQ(group_cores({{0, 0, 0},
+                         {1, 0, 1},
+                         {2, 1, 0},
+                         {3, 1, 1},
+                         {4, 0, 0},
+                         {5, 0, 1},
+                         {6, 1, 0},
+                         {7, 1, 1}}),
+            (Cores{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(group_cores({{3, -1, -1}, {2, -1, 5}, {1, 0, 7}}),
+            (Cores{{1}, {2}, {3}}));
+  EXPECT_EQ(group_cores({}), Cores{});
+  // This machine: every CPU this process may use, each in one core.
+  size_t cpus = 0;
+  for (const auto& core : allowed_cores()) cpus += core.size();
+  cpu_set_t set;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  EXPECT_EQ(cpus, static_cast<size_t>(CPU_COUNT(&set)));
 }
 
 // --gpu-binding per-rank: each worker sees its own GPU as device 0.

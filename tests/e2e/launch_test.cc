@@ -9,12 +9,14 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
 
+#include "agent/cpu_cores.h"
 #include "tests/testing/bin.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
@@ -101,6 +103,53 @@ TEST(Launch, GpuBindingPerRankGivesEachWorkerItsOwnGpu) {
          {{"CUDA_VISIBLE_DEVICES", "7,5"}});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err, HasSubstr("CUDA_VISIBLE_DEVICES=7,5 lists 2"));
+}
+
+// The CPUs in a Cpus_allowed_list value ("0-2,5").
+std::set<int> cpu_list(const std::string& text) {
+  std::set<int> out;
+  std::istringstream in(text);
+  for (std::string part; std::getline(in, part, ',');) {
+    const size_t dash = part.find('-');
+    const int lo = std::stoi(part.substr(0, dash));
+    const int hi =
+        dash == std::string::npos ? lo : std::stoi(part.substr(dash + 1));
+    for (int c = lo; c <= hi; ++c) out.insert(c);
+  }
+  return out;
+}
+
+// --cpu-bind core: each real worker (and its children) may run on one core
+// only, local rank L on core L mod N of the N cores dlaunch may use, in
+// the order of their lowest CPU; without it, wherever dlaunch may.
+TEST(Launch, CpuBindCorePinsEachLocalRankToItsOwnCore) {
+  const std::vector<std::vector<int>> cores = agent::allowed_cores();
+  ASSERT_FALSE(cores.empty());
+  std::set<int> all;
+  for (const auto& core : cores) all.insert(core.begin(), core.end());
+  // A child of the worker reports, so inheritance is checked too.
+  const std::string show =
+      "sh -c 'grep Cpus_allowed_list: /proc/self/status' | "
+      "sed \"s/^/L=$LOCAL_RANK /\"";
+  const int n = 3;
+  for (const bool bind : {false, true}) {
+    CommandResult r = sh(n, show,
+                         bind ? std::vector<std::string>{"--cpu-bind", "core"}
+                              : std::vector<std::string>{});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::map<int, std::set<int>> got;
+    std::regex line(R"(L=(\d+) Cpus_allowed_list:\s*(\S+))");
+    for (const std::string& l : lines_of(r.out)) {
+      std::smatch m;
+      if (std::regex_search(l, m, line)) got[std::stoi(m[1])] = cpu_list(m[2]);
+    }
+    ASSERT_EQ(got.size(), static_cast<size_t>(n)) << r.out;
+    for (int l = 0; l < n; ++l) {
+      const auto& core = cores[l % cores.size()];
+      EXPECT_EQ(got[l], bind ? std::set<int>(core.begin(), core.end()) : all)
+          << "local rank " << l << (bind ? " bound" : " unbound");
+    }
+  }
 }
 
 TEST(Launch, RankZeroCanBindMasterPort) {
