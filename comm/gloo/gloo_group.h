@@ -306,6 +306,13 @@ class GlooProcessGroup : public ProcessGroup {
 
   // The path the group's last operation took (see last_path()).
   const char* path() const { return path_; }
+  // The ranks whose connection failed (see lost_peers()).
+  std::vector<int> lost_peers() const {
+    std::lock_guard lock(g_->mu);
+    std::vector<int> out;
+    for (const auto& [r, what] : g_->lost) out.push_back(r);
+    return out;
+  }
 
   // p2p.cc: point to point (shared memory between ranks on one host).
   std::unique_ptr<Work> isend(Tensor t, int dst, int tag) override;

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/gloo/completions.h"
 #include "comm/gloo/gloo_group.h"
 #include "comm/gloo/shm_p2p.h"
 
@@ -248,12 +249,14 @@ class P2pWork : public Work, public PeerWaiter {
     using std::runtime_error::runtime_error;
   };
 
-  // Registers with the group's connection watch for the waits to come, or
-  // throws Lost if the peer's connection already failed.
+  // Registers with the group's connection watch for the waits to come.
+  // When the peer's connection already failed, the waits return at once:
+  // each takes what arrived before (the peer may have finished and left)
+  // or throws Lost.
   void watched() {
     std::lock_guard lock(g_->mu);
-    throw_if_lost();
     g_->waiters.insert(this);
+    if (g_->lost.count(peer_)) abort();
   }
   void unwatched() {
     std::lock_guard lock(g_->mu);
@@ -269,14 +272,19 @@ class P2pWork : public Work, public PeerWaiter {
     fix_buf_ = std::move(b);
     if (aborted_) throw_if_lost();
   }
-  // Gloo's waits, turning an abort by the watch into Lost.
+  // Gloo's waits, turning an abort by the watch into Lost unless the
+  // operation completed before it.
   void wait_recv(::gloo::transport::UnboundBuffer& b,
                  std::chrono::steady_clock::time_point deadline) {
-    if (!b.waitRecv(nullptr, left_until(deadline))) lost();
+    if (!b.waitRecv(nullptr, left_until(deadline)) && !recv_completed(b)) {
+      lost();
+    }
   }
   void wait_send(::gloo::transport::UnboundBuffer& b,
                  std::chrono::steady_clock::time_point deadline) {
-    if (!b.waitSend(nullptr, left_until(deadline))) lost();
+    if (!b.waitSend(nullptr, left_until(deadline)) && !send_completed(b)) {
+      lost();
+    }
   }
   [[noreturn]] void lost() {
     std::lock_guard lock(g_->mu);

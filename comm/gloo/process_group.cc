@@ -302,6 +302,11 @@ std::string last_path(const ProcessGroup& group) {
   return g ? g->path() : "";
 }
 
+std::vector<int> lost_peers(const ProcessGroup& group) {
+  auto* g = dynamic_cast<const GlooProcessGroup*>(&group);
+  return g ? g->lost_peers() : std::vector<int>{};
+}
+
 std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& o) {
   ignore_sigpipe_once();
   if (!o.store) throw CommError("gloo::create_process_group: no store given");

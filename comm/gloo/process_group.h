@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/process_group.h"
 #include "comm/store/store.h"
@@ -54,5 +55,10 @@ std::unique_ptr<ProcessGroup> create_process_group(const GroupOptions& options);
 // (Gloo's pairs), "local" (nothing moved between ranks), "none" (no
 // operation yet). Empty for a group of another backend.
 std::string last_path(const ProcessGroup& group);
+
+// The ranks whose connection `group` (a gloo group) has seen fail (they
+// failed, exited or destroyed the group), in order, for tests. Empty for a
+// group of another backend.
+std::vector<int> lost_peers(const ProcessGroup& group);
 
 }  // namespace dlaunch::comm::gloo

@@ -17,11 +17,13 @@
 
 #include "comm/gloo/process_group.h"
 #include "tests/comm/rank_threads.h"
+#include "tests/testing/subprocess.h"
 
 namespace dlaunch::comm {
 namespace {
 
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
 using testing::run_ranks;
 
 // Larger than a pair's ring (256 KiB), so that it streams.
@@ -80,6 +82,33 @@ TEST_P(GlooP2pTest, EveryPairAndSizeWithReceivesPostedInReverseTagOrder) {
       EXPECT_EQ(in[i], pattern(sizes[k], from, k))
           << "rank " << r << " from " << from << " tag " << k;
     }
+  });
+}
+
+// A message that arrived completes even when its sender left right after
+// (it finished and destroyed its group, closing its connections): rank 1
+// waits for it only once it has seen rank 0's connection fail. A receive
+// whose message never came fails naming the rank.
+TEST_P(GlooP2pTest, AMessageThatArrivedCompletesAfterItsSenderLeft) {
+  auto sent = pattern(1000, 0, 1);
+  run_ranks(2, [&](ProcessGroup& pg) {
+    if (pg.rank() == 0) {
+      pg.send(Tensor::of(sent), 1, 1);
+      return;  // run_ranks destroys the group: rank 0 leaves
+    }
+    std::vector<float> got(sent.size()), never(1);
+    auto arrived = pg.irecv(Tensor::of(got), 0, 1);
+    auto missing = pg.irecv(Tensor::of(never), 0, 2);  // rank 0 sends no tag 2
+    ASSERT_TRUE(dlaunch::testing::eventually(
+        [&] { return gloo::lost_peers(pg) == std::vector<int>{0}; },
+        std::chrono::seconds(20)))
+        << "rank 1 never saw rank 0 leave";
+    arrived->wait(pg.timeout());
+    EXPECT_EQ(got, sent);
+    const std::string error =
+        testing::error_of([&] { missing->wait(pg.timeout()); });
+    EXPECT_THAT(error, HasSubstr("recv from rank 0 (tag 2)"));
+    EXPECT_THAT(error, HasSubstr("connection to rank 0 lost"));
   });
 }
 
