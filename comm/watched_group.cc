@@ -18,6 +18,7 @@
 #include "comm/fault_spec.h"
 #include "comm/op.h"
 #include "comm/progress.h"
+#include "comm/say.h"
 
 namespace dlaunch::comm {
 
@@ -83,13 +84,6 @@ std::optional<CommFault> parse_comm_fault(const std::string& text, int rank,
   }
   if (want_rank != rank || want_attempt != attempt) return std::nullopt;
   return f;
-}
-
-void say(const std::string& line) {
-  std::string text = "dlaunch comm: " + line + "\n";
-  if (::write(STDERR_FILENO, text.data(), text.size()) < 0) {
-    // Nothing more to do: stderr is gone.
-  }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "comm/gloo/completions.h"
 #include "comm/gloo/gloo_group.h"
 #include "comm/gloo/shm_p2p.h"
+#include "comm/say.h"
 
 namespace dlaunch::comm::gloo {
 namespace {
@@ -100,8 +101,11 @@ class P2pWork : public Work, public PeerWaiter {
       }
     } catch (const std::exception& e) {
       release();
-      throw CommError(op() + ": connection to rank " + std::to_string(peer) +
-                      " is unusable: " + e.what());
+      const std::string what = op() + ": connection to rank " +
+                               std::to_string(peer) +
+                               " is unusable: " + e.what();
+      say(what);
+      throw CommError(what);
     }
   }
 
@@ -210,14 +214,17 @@ class P2pWork : public Work, public PeerWaiter {
       // keeps, not by Gloo's wording.
       const bool timed_out = std::chrono::steady_clock::now() >= deadline;
       const std::string gloo = std::string(" [gloo: ") + e.what() + "]";
-      error = timed_out
-                  ? std::make_exception_ptr(CommTimeoutError(
-                        op() + ": timed out after " + ms_text(g_->timeout) +
-                        " (the group timeout) waiting for rank " +
-                        std::to_string(peer_) + gloo))
-                  : std::make_exception_ptr(
-                        CommError(op() + ": connection to rank " +
-                                  std::to_string(peer_) + " lost" + gloo));
+      const std::string what =
+          timed_out ? op() + ": timed out after " + ms_text(g_->timeout) +
+                          " (the group timeout) waiting for rank " +
+                          std::to_string(peer_) + gloo
+                    : op() + ": connection to rank " + std::to_string(peer_) +
+                          " lost" + gloo;
+      // Told now, as fail() does for collectives: the waiter may be
+      // stopped before it prints the CommError.
+      say(what);
+      error = timed_out ? std::make_exception_ptr(CommTimeoutError(what))
+                        : std::make_exception_ptr(CommError(what));
     }
     unwatched();
     release();
@@ -342,8 +349,10 @@ class ShmP2pWork : public Work {
     std::string error;
     if (!g_->p2p->post(op_, error)) {
       release();
-      throw CommError(op() + ": connection to rank " + std::to_string(peer) +
-                      " is unusable: " + error);
+      const std::string what = op() + ": connection to rank " +
+                               std::to_string(peer) + " is unusable: " + error;
+      say(what);
+      throw CommError(what);
     }
   }
 
@@ -372,13 +381,19 @@ class ShmP2pWork : public Work {
       }
     }
     release();
+    // Told as they are raised, as fail() does for collectives.
     if (op_.timed_out) {
-      throw CommTimeoutError(
+      const std::string what =
           op() + ": timed out after " + ms_text(g_->timeout) +
           " (the group timeout) waiting for rank " + std::to_string(op_.peer) +
-          " (" + op_.failure + ")");
+          " (" + op_.failure + ")";
+      say(what);
+      throw CommTimeoutError(what);
     }
-    if (!op_.failure.empty()) throw CommError(op() + ": " + op_.failure);
+    if (!op_.failure.empty()) {
+      say(op() + ": " + op_.failure);
+      throw CommError(op() + ": " + op_.failure);
+    }
     if (op_.mismatch) {
       throw CommError(op() + ": " +
                       mismatch_text(op_.is_send, op_.peer, op_.their_dtype,

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "comm/gloo/gloo_group.h"
+#include "comm/say.h"
 
 namespace dlaunch::comm::gloo {
 namespace {
@@ -182,6 +183,10 @@ void GlooProcessGroup::fail(const char* op, const std::string& what,
     std::lock_guard lock(g_->mu);
     if (g_->broken.empty()) g_->broken = msg;
   }
+  // Told before the peers can learn of it (closing the connections below):
+  // once they fail too, the agent may stop this process before the caller
+  // prints the CommError.
+  say(msg);
   g_->ctx->closeConnections();
   if (channel_) channel_->close();  // peers waiting in shared memory too
   if (g_->p2p) g_->p2p->close(msg);

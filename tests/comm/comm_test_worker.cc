@@ -10,8 +10,11 @@
 //                                           every other rank
 //   comm_test_worker op-loop OP BYTES       collective OP on BYTES until an
 //                                           error ("rank R ready" after one)
+//   comm_test_worker allreduce-until-stopped  all_reduce until an error, then
+//                                           silent until SIGTERM (exit 143)
 //
 // Exit 0 on success, 1 on a wrong result, 3 on a CommError (printed).
+#include <pthread.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -235,6 +238,30 @@ int allreduce_loop(ProcessGroup& pg) {
   return 0;
 }
 
+sigset_t sigterm_set() {
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  return term;
+}
+
+// all_reduce until it fails; then, printing nothing, waits for SIGTERM
+// (blocked in every thread since main started, so held pending) and exits
+// 143: a worker its agent stops before it could print its error, as when a
+// peer that failed first made the agent end the group. Whatever tells the
+// failure must come from comm.
+[[noreturn]] void allreduce_until_stopped(ProcessGroup& pg) {
+  std::vector<float> v(256, 1.0f);
+  try {
+    for (;;) pg.all_reduce(Tensor::of(v));
+  } catch (const CommError&) {
+  }
+  const sigset_t term = sigterm_set();
+  int sig = 0;
+  sigwait(&term, &sig);
+  std::_Exit(128 + SIGTERM);
+}
+
 // Runs collective `op` on f32 tensors of `bytes` until it fails.
 int op_loop(ProcessGroup& pg, const std::string& op, size_t bytes) {
   const int n = pg.size();
@@ -286,6 +313,11 @@ int main(int argc, char** argv) {
     rl.rlim_cur = rl.rlim_max = std::strtoull(limit, nullptr, 10);
     setrlimit(RLIMIT_FSIZE, &rl);
   }
+  if (mode == "allreduce-until-stopped") {
+    // Before any thread starts: threads inherit the mask.
+    const sigset_t term = sigterm_set();
+    pthread_sigmask(SIG_BLOCK, &term, nullptr);
+  }
   InitOptions opts;
   if (argc > 2 && mode != "op-loop") {
     opts.init_method = argv[2];
@@ -306,6 +338,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "allreduce-loop") return allreduce_loop(*pg);
+    if (mode == "allreduce-until-stopped") allreduce_until_stopped(*pg);
     if (mode == "op-loop" && argc == 4) {
       return op_loop(*pg, argv[2], std::strtoull(argv[3], nullptr, 10));
     }

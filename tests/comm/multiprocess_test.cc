@@ -223,6 +223,23 @@ TEST(MultiProcessTest, EachCollectiveUnderDlaunch) {
   }
 }
 
+// Rank 0 exits in its third all_reduce; rank 1 fails in it and then, silent,
+// waits for the agent's SIGTERM, as a worker stopped before it could print
+// its CommError: the line comm wrote as it raised the failure is in the
+// job's output all the same.
+TEST(MultiProcessTest, AFailureIsToldBeforeTheAgentStopsTheWorker) {
+  CommandOptions o;
+  o.argv = {kDlaunch, "--nproc-per-node", "2", kWorker,
+            "allreduce-until-stopped"};
+  o.env["DLAUNCH_COMM_TIMEOUT"] = "60";
+  o.env["DLAUNCH_COMM_FAULTS"] = "exit:rank=0:op=all_reduce:call=3:code=4";
+  CommandResult res = dlaunch::testing::run_command(o, seconds(90));
+  EXPECT_NE(res.exit_code, 0) << res.out << res.err;
+  EXPECT_THAT(res.err, HasSubstr("dlaunch comm: all_reduce on group 'world' "
+                                 "(rank 1 of 2) failed: "));
+  EXPECT_THAT(res.err, HasSubstr("rank 0 has left the group"));
+}
+
 TEST(MultiProcessTest, BusyMasterPortAndUnreachableStoreAreClearErrors) {
   // Something else listens on the port rank 0 should serve the store on.
   int fd = socket(AF_INET, SOCK_STREAM, 0);

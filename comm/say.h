@@ -1,0 +1,24 @@
+#pragma once
+
+#include <unistd.h>
+
+#include <string>
+#include <string_view>
+
+namespace dlaunch::comm {
+
+// Writes "dlaunch comm: LINE" to stderr in one write(2), for what comm tells
+// as it happens (a failure it is about to raise, an injected fault): before
+// the caller acts on it, so that a process stopped right after (its agent
+// ending the job because a peer reacted) still leaves the line. Any thread;
+// never throws.
+inline void say(std::string_view line) {
+  std::string text = "dlaunch comm: ";
+  text.append(line);
+  text += '\n';
+  if (::write(STDERR_FILENO, text.data(), text.size()) < 0) {
+    // Nothing more to do: stderr is gone.
+  }
+}
+
+}  // namespace dlaunch::comm
