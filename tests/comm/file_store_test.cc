@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -47,19 +48,26 @@ TEST(FileStoreTest, OperationsAndSharingThroughTheFile) {
   EXPECT_THROW(a.add("k", 1), store::StoreError);  // "v2" is no integer
 }
 
+// The other instance writes once the getter sleeps in get() (seen in
+// /proc); the get wakes, long before its 60 s timeout.
 TEST(FileStoreTest, GetWakesWhenAnotherInstanceWrites) {
   dlaunch::testing::TempDir dir;
-  FileStore a(dir / "store");
+  FileStore a(dir / "store", std::chrono::seconds(60));
+  std::atomic<pid_t> getter{0};
   std::thread writer([&] {
     FileStore b(dir / "store");
-    std::this_thread::sleep_for(milliseconds(100));
+    EXPECT_TRUE(dlaunch::testing::eventually(
+        [&] {
+          return getter != 0 && dlaunch::testing::process_state(getter) == 'S';
+        },
+        std::chrono::seconds(10)));
     b.set("late", "here");
   });
   auto start = std::chrono::steady_clock::now();
+  getter = ::gettid();
   EXPECT_EQ(a.get("late"), "here");
-  auto elapsed = std::chrono::steady_clock::now() - start;
-  EXPECT_GE(elapsed, milliseconds(90));
-  EXPECT_LT(elapsed, milliseconds(1000));
+  // Hang guard, far below the timeout: woken by the write.
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
   writer.join();
 }
 

@@ -221,29 +221,34 @@ TEST(GlooErrorsTest, ZeroLengthTensorsAndP2pDtypeMismatch) {
 }
 
 TEST(GlooErrorsTest, WorkWaitTimesOutAndCanBeWaitedAgain) {
-  run_ranks(2, [](ProcessGroup& pg) {
-    std::vector<int64_t> v{pg.rank() == 0 ? 42 : 0};
-    if (pg.rank() == 1) {
-      auto w = pg.irecv(Tensor::of(v), 0, 1);
-      EXPECT_FALSE(w->is_completed());
-      auto start = std::chrono::steady_clock::now();
-      try {
-        w->wait(milliseconds(100));
-        ADD_FAILURE() << "wait returned before the send was posted";
-      } catch (const CommTimeoutError& e) {
-        EXPECT_THAT(e.what(), HasSubstr("recv from rank 0 (tag 1)"));
-        EXPECT_THAT(e.what(), HasSubstr("timed out after 100 ms"));
-      }
-      EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(2000));
-      pg.barrier();
-      w->wait(pg.timeout());
-      EXPECT_TRUE(w->is_completed());
-      EXPECT_EQ(v[0], 42);
-    } else {
-      pg.barrier();
-      pg.send(Tensor::of(v), 1, 1);
-    }
-  });
+  run_ranks(
+      2,
+      [](ProcessGroup& pg) {
+        std::vector<int64_t> v{pg.rank() == 0 ? 42 : 0};
+        if (pg.rank() == 1) {
+          auto w = pg.irecv(Tensor::of(v), 0, 1);
+          EXPECT_FALSE(w->is_completed());
+          auto start = std::chrono::steady_clock::now();
+          try {
+            w->wait(milliseconds(100));
+            ADD_FAILURE() << "wait returned before the send was posted";
+          } catch (const CommTimeoutError& e) {
+            EXPECT_THAT(e.what(), HasSubstr("recv from rank 0 (tag 1)"));
+            EXPECT_THAT(e.what(), HasSubstr("timed out after 100 ms"));
+          }
+          // Hang guard, far below the group timeout: the wait's own 100 ms.
+          EXPECT_LT(std::chrono::steady_clock::now() - start,
+                    std::chrono::seconds(30));
+          pg.barrier();
+          w->wait(pg.timeout());
+          EXPECT_TRUE(w->is_completed());
+          EXPECT_EQ(v[0], 42);
+        } else {
+          pg.barrier();
+          pg.send(Tensor::of(v), 1, 1);
+        }
+      },
+      std::chrono::seconds(120));
 }
 
 // Timeouts and departures, on each path the argument check can take: the

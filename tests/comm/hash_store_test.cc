@@ -79,7 +79,7 @@ TEST(HashStoreTest, WaitTimesOutNamingMissingKeys) {
   }
   auto elapsed = std::chrono::steady_clock::now() - start;
   EXPECT_GE(elapsed, milliseconds(100));
-  EXPECT_LT(elapsed, milliseconds(2000));
+  EXPECT_LT(elapsed, milliseconds(15000));  // hang guard: not the 5 min default
 }
 
 TEST(HashStoreTest, GetUsesTheStoreTimeout) {

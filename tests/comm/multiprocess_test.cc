@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "comm/file_store.h"
-#include "comm/store/resolve.h"
 #include "tests/testing/bin.h"
+#include "tests/testing/net.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -29,6 +29,9 @@ namespace {
 
 using dlaunch::testing::CommandOptions;
 using dlaunch::testing::CommandResult;
+using dlaunch::testing::eventually;
+using dlaunch::testing::free_port;
+using dlaunch::testing::process_state;
 using dlaunch::testing::Subprocess;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
@@ -36,16 +39,6 @@ using ::testing::HasSubstr;
 
 const std::string kWorker = dlaunch::testing::bin("comm_test_worker");
 const std::string kDlaunch = dlaunch::testing::bin("dlaunch");
-
-// A port nobody listens on right now on 127.0.0.1.
-int free_port() {
-  std::string error;
-  int port = dlaunch::comm::store::free_port(
-      "127.0.0.1", std::chrono::steady_clock::now() + std::chrono::seconds(5),
-      error);
-  EXPECT_GT(port, 0) << error;
-  return port;
-}
 
 // Starts `n` workers: rank r gets RANK=r, WORLD_SIZE=n and `env`.
 std::vector<std::unique_ptr<Subprocess>> start_workers(
@@ -62,28 +55,6 @@ std::vector<std::unique_ptr<Subprocess>> start_workers(
     procs.push_back(std::make_unique<Subprocess>(o));
   }
   return procs;
-}
-
-// Polls `ok` every 10 ms for at most `timeout` (for state only /proc shows).
-template <class F>
-bool eventually(F&& ok, milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (!ok()) {
-    if (std::chrono::steady_clock::now() >= end) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
-}
-
-// The state letter of /proc/PID/stat ('S' sleeping, 'T' stopped, ...).
-char process_state(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  std::getline(f, line);
-  size_t paren = line.rfind(')');
-  return paren == std::string::npos || paren + 2 >= line.size()
-             ? '?'
-             : line[paren + 2];
 }
 
 // How many of `pid`'s TCP sockets have at least `bytes` written and not yet

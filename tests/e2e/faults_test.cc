@@ -14,8 +14,8 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/store/resolve.h"
 #include "tests/testing/bin.h"
+#include "tests/testing/net.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 #include "workloads/checkpoint.h"
@@ -26,6 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::CommandResult;
+using testing::free_port;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::read_file;
@@ -48,14 +49,6 @@ std::string describe(const CommandResult& r) {
 
 nlohmann::json summary(const fs::path& log_dir, const std::string& id) {
   return nlohmann::json::parse(read_file(log_dir / id / "summary.json"));
-}
-
-int free_port() {
-  std::string error;
-  int port = comm::store::free_port(
-      "127.0.0.1", std::chrono::steady_clock::now() + 10s, error);
-  EXPECT_GT(port, 0) << error;
-  return port;
 }
 
 // A value of DLT_MARK for one run's processes (workers and their children

@@ -634,16 +634,23 @@ long cpu_ticks(pid_t pid) {
 }
 
 TEST(Launch, TheAgentUsesNoCpuWhileWorkersRun) {
-  Subprocess p(
-      {{kDlaunch, "--nproc-per-node", "2", "sh", "-c", "echo ready; sleep 1.5"},
-       {},
-       {},
-       ""});
+  // The workers hold still on a gate until the measurement is over, however
+  // late the test gets to it: none may end (and keep the agent busy) inside
+  // the measured second.
+  TempDir dir;
+  testing::Gate gate((dir / "go").string());
+  Subprocess p({{kDlaunch, "--nproc-per-node", "2", "sh", "-c",
+                 "echo ready; read x < " + gate.path()},
+                {},
+                {},
+                ""});
   ASSERT_TRUE(p.wait_for_output("[default0]:ready", 10s));
   ASSERT_TRUE(p.wait_for_output("[default1]:ready", 10s));
   long before = cpu_ticks(p.pid());
-  std::this_thread::sleep_for(1s);
+  std::this_thread::sleep_for(1s);  // the measured interval, not a wait
   long after = cpu_ticks(p.pid());
+  gate.open_once();
+  gate.open_once();
   // Polling at torchrun's 0.1 s would cost ticks; an idle epoll costs none.
   EXPECT_LE(after - before, 1);
   EXPECT_EQ(p.wait(10s).exit_code, 0);

@@ -21,8 +21,8 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/store/resolve.h"
 #include "tests/testing/bin.h"
+#include "tests/testing/net.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -30,6 +30,7 @@ namespace dlaunch {
 namespace {
 
 using testing::CommandResult;
+using testing::free_port;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::Subprocess;
@@ -38,14 +39,6 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 const std::string kDlaunch = testing::bin("dlaunch");
-
-int free_port() {
-  std::string error;
-  int port = comm::store::free_port(
-      "127.0.0.1", std::chrono::steady_clock::now() + 10s, error);
-  EXPECT_GT(port, 0) << error;
-  return port;
-}
 
 // What an agent holds, read from /proc.
 struct Holdings {

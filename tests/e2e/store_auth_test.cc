@@ -19,6 +19,7 @@
 #include "comm/store/wire.h"
 #include "tests/comm/store/store_test_util.h"
 #include "tests/testing/bin.h"
+#include "tests/testing/net.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -30,6 +31,7 @@ using comm::store::TcpStore;
 using comm::store::TcpStoreOptions;
 using testing::CommandOptions;
 using testing::CommandResult;
+using testing::free_port;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing::Subprocess;
@@ -38,14 +40,6 @@ using namespace std::chrono_literals;
 const std::string kDlaunch = testing::bin("dlaunch");
 const std::string kWorker = testing::bin("comm_test_worker");
 const std::string kToken = "e2e-job-token-0123456789abcdef";
-
-int free_port() {
-  std::string error;
-  int port = comm::store::free_port(
-      "127.0.0.1", std::chrono::steady_clock::now() + 5s, error);
-  EXPECT_GT(port, 0) << error;
-  return port;
-}
 
 // What a client presenting `token` (empty: none) gets from the store at
 // 127.0.0.1:port: the StoreAuthError's message, or "connected".

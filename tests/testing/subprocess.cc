@@ -220,15 +220,18 @@ bool eventually(const std::function<bool()>& done,
   return done();
 }
 
-bool process_alive(pid_t pid) {
+char process_state(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  if (!stat) return false;
   std::string line;
-  std::getline(stat, line);
+  if (!stat || !std::getline(stat, line)) return '?';
   size_t close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return false;
-  char state = line[close + 2];
-  return state != 'Z' && state != 'X';
+  if (close == std::string::npos || close + 2 >= line.size()) return '?';
+  return line[close + 2];
+}
+
+bool process_alive(pid_t pid) {
+  const char state = process_state(pid);
+  return state != '?' && state != 'Z' && state != 'X';
 }
 
 std::vector<pid_t> descendants(pid_t root) {

@@ -84,6 +84,11 @@ std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout);
 // True while `pid` exists (zombies count as gone).
 bool process_alive(pid_t pid);
 
+// The state letter of /proc/PID/stat ('R' running, 'S' sleeping, 'T'
+// stopped, 'Z' zombie, ...; '?' when there is no such process). A thread's
+// id works too.
+char process_state(pid_t pid);
+
 // The live processes whose environment (as they started) holds `entry`
 // ("NAME=VALUE"), read from /proc: a test marks a job's processes with a
 // variable of its own and finds them by it.

@@ -27,6 +27,7 @@
 #include "comm/store/server.h"
 #include "comm/store/wire.h"
 #include "tests/testing/bin.h"
+#include "tests/testing/net.h"
 #include "tests/testing/subprocess.h"
 
 namespace dlaunch::comm::store::testing {
@@ -268,13 +269,9 @@ class RawListener {
   uint16_t port_ = 0;
 };
 
-// A port on 127.0.0.1 that nothing listens on (bound, then released).
+// A port on 127.0.0.1 that nothing listens on (see testing::free_port).
 inline uint16_t unused_port() {
-  std::string error;
-  int port =
-      free_port("127.0.0.1", std::chrono::steady_clock::now() + 5s, error);
-  EXPECT_GT(port, 0) << error;
-  return static_cast<uint16_t>(port);
+  return static_cast<uint16_t>(::dlaunch::testing::free_port());
 }
 
 using ::dlaunch::testing::bin;

@@ -75,7 +75,7 @@ TEST_F(TcpStoreTest, GetTimesOutNamingTheKey) {
                  "present)");
   }
   EXPECT_GE(ms_since(start), 200);
-  EXPECT_LT(ms_since(start), 2000);
+  EXPECT_LT(ms_since(start), 15000);  // hang guard, far below the defaults
   // The connection stays usable after a server-reported timeout.
   store_->set("missing", "now");
   EXPECT_EQ(store_->get("missing"), "now");
@@ -148,7 +148,7 @@ TEST_F(TcpStoreTest, WaitTimesOutNamingMissingKeysAndProgress) {
                   "timed out after 300 ms waiting for keys 'rank_3','rank_7' "
                   "(6/8 present)")));
   EXPECT_GE(ms_since(start), 300);
-  EXPECT_LT(ms_since(start), 2000);
+  EXPECT_LT(ms_since(start), 15000);  // hang guard, far below the defaults
 }
 
 TEST_F(TcpStoreTest, TimeoutMessageListsTenMissingKeysAndCountsTheRest) {
@@ -341,7 +341,7 @@ TEST(TcpStoreConnectTest, UnreachableServerFailsAfterTheConnectTimeout) {
                   "store 127.0.0.1:" + std::to_string(port) +
                   " unreachable after 300 ms (connection refused)")));
   EXPECT_GE(ms_since(start), 300);
-  EXPECT_LT(ms_since(start), 2000);
+  EXPECT_LT(ms_since(start), 15000);  // hang guard, far below the defaults
 }
 
 TEST(TcpStoreConnectTest, UnresolvableHostNamesTheResolverError) {
@@ -433,7 +433,7 @@ TEST(TcpStoreSilentServerTest, ClientGivesUpOnItsOwnDeadline) {
                   "timed out after 100 ms waiting for key 'k' (store " + addr +
                   " did not answer)")));
   EXPECT_GE(ms_since(start), 100);
-  EXPECT_LT(ms_since(start), 2000);
+  EXPECT_LT(ms_since(start), 15000);  // hang guard, far below the defaults
   EXPECT_THAT([&] { c->num_keys(); },
               ::testing::ThrowsMessage<StoreError>(
                   HasSubstr("is closed after an earlier error")));
