@@ -29,7 +29,6 @@ namespace {
 
 using dlaunch::testing::CommandOptions;
 using dlaunch::testing::CommandResult;
-using dlaunch::testing::eventually;
 using dlaunch::testing::free_port;
 using dlaunch::testing::process_state;
 using dlaunch::testing::Subprocess;
@@ -86,6 +85,19 @@ int sockets_with_queued_bytes(pid_t pid, uint64_t bytes) {
     }
   }
   return n;
+}
+
+// Polls `ok` every 10 ms for at most `timeout` (for state only /proc shows;
+// finer than testing::eventually: start_p2p_stopping_receivers stops each
+// receiver before its sender can finish).
+template <class F>
+bool eventually(F&& ok, milliseconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (!ok()) {
+    if (std::chrono::steady_clock::now() >= end) return false;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  return true;
 }
 
 void expect_all_ok(std::vector<std::unique_ptr<Subprocess>>& procs) {
