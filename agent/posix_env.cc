@@ -18,6 +18,8 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/process/v2/posix/vfork_launcher.hpp>
+#include <boost/process/v2/process.hpp>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -36,6 +38,7 @@
 namespace dlaunch::agent {
 
 namespace asio = boost::asio;
+namespace bp = boost::process::v2;
 
 bool write_all(int fd, std::string_view data) {
   while (!data.empty()) {
@@ -106,11 +109,10 @@ bool environ_has(pid_t pid, const std::string& entry) {
   return false;
 }
 
-// What the vforked child does before execve (async-signal-safe calls only,
-// and nothing that allocates: the memory is the agent's): stdio, the
-// user's open-file limit, a process group of its own, death with the
-// agent, default signal handling. The child writes only `failed_step` and
-// `error`, which the agent reads once vfork() returns.
+// Boost.Process initializer for the vforked child (async-signal-safe
+// calls only, and nothing that allocates: the memory is the agent's):
+// stdio, the user's open-file limit, a process group of its own, an
+// optional core, death with the agent, default signal handling.
 struct WorkerInit {
   const char* const* envp;
   int in_fd;  // -1: inherit the agent's stdin
@@ -119,34 +121,38 @@ struct WorkerInit {
   pid_t parent;
   rlimit nofile;          // the open-file limit dlaunch itself was started with
   const cpu_set_t* cpus;  // the CPUs it may run on; null: the agent's
-  // Set by the child to the step that failed ("" for execve) and errno;
-  // volatile: the compiler cannot see the child's writes.
-  const char* volatile failed_step = nullptr;
-  volatile int error = 0;
+  // Set by the child (vfork: the agent's memory) to the step that failed.
+  const char* failed_step = nullptr;
 
-  // exit() would run the agent's atexit handlers in its own memory.
-  [[noreturn]] void fail(const char* step) {
-    failed_step = step;
-    error = errno;
-    ::_exit(127);
+  template <typename Launcher, typename Path>
+  bp::error_code on_setup(Launcher& launcher, const Path&, const char* const*) {
+    launcher.env = envp;
+    return {};
   }
 
-  [[noreturn]] void exec_child(const char* path, const char* const* argv) {
+  template <typename Launcher, typename Path>
+  bp::error_code on_exec_setup(Launcher&, const Path&, const char* const*) {
+    auto fail = [&](const char* step) {
+      failed_step = step;
+      return bp::error_code(errno, boost::system::system_category());
+    };
     if ((in_fd >= 0 && ::dup2(in_fd, STDIN_FILENO) < 0) ||
         ::dup2(out_fd, STDOUT_FILENO) < 0 ||
         ::dup2(err_fd, STDERR_FILENO) < 0) {
-      fail("redirecting its output");
+      return fail("redirecting its output");
     }
     // The embedded store raises dlaunch's own limit; workers get the user's.
     if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) {
-      fail("restoring its open-file limit (setrlimit)");
+      return fail("restoring its open-file limit (setrlimit)");
     }
     // A group of its own is what stopping the worker signals; without it
     // the agent could not stop the worker's children. From here no
     // terminal's signal reaches the child.
-    if (::setpgid(0, 0) != 0) fail("giving it a process group (setpgid)");
+    if (::setpgid(0, 0) != 0) {
+      return fail("giving it a process group (setpgid)");
+    }
     if (cpus != nullptr && ::sched_setaffinity(0, sizeof(*cpus), cpus) != 0) {
-      fail("binding it to its core (sched_setaffinity)");
+      return fail("binding it to its core (sched_setaffinity)");
     }
     die_with_parent(parent);
     // The agent ignores SIGPIPE (a vanished console must not kill it);
@@ -175,9 +181,22 @@ struct WorkerInit {
     // Nothing else of the agent's reaches the worker (its fds are
     // close-on-exec; these are the ones dlaunch itself inherited).
     ::close_range(3, ~0U, 0);
-    ::execve(path, const_cast<char* const*>(argv),
-             const_cast<char* const*>(envp));
-    fail("");
+    return {};
+  }
+
+  // execve failed. The launcher would call exit(), which in a vfork child
+  // runs the agent's atexit handlers in the agent's own memory: leave now.
+  // (errno is already in the launcher's error_code.) Boost 1.81 detects the
+  // hook through a five-argument form and calls the four-argument one.
+  template <typename Launcher, typename Path>
+  void on_exec_error(Launcher&, const Path&, const char* const*,
+                     const bp::error_code&) {
+    ::_exit(127);
+  }
+  template <typename Launcher, typename Path>
+  void on_exec_error(Launcher&, const bp::error_code&, const Path&,
+                     const char* const*, const bp::error_code&) {
+    ::_exit(127);
   }
 };
 
@@ -723,32 +742,35 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
       env.nofile,
       spec.core_slot >= 0 ? &cpus : nullptr};
 
-  // vfork: no copy of the agent's page tables, and no event loop or
-  // handle of a process library: a spawn costs about what it costs a tiny
-  // C program. Every signal stays blocked until the child has its own
-  // group (WorkerInit).
+  // vfork (Boost.Process's vfork launcher): no copy of the agent's page
+  // tables, so a spawn costs about what it costs a tiny C program. The
+  // launcher calls notify_fork() on the executor's context, in the child
+  // too, which would rebuild the live reactor inside the agent's shared
+  // memory; a private idle context takes those calls instead (the pidfd we
+  // watch is our own, below). Every signal stays blocked until the child
+  // has its own group (WorkerInit).
   sigset_t all, old;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &old);
-  const pid_t pid = ::vfork();
-  if (pid == 0) init.exec_child(spec.executable.c_str(), argv.data());
-  const int vfork_errno = errno;
+  asio::io_context launch_ctx;
+  bp::posix::vfork_launcher launcher;
+  bp::error_code ec;
+  const char** args = argv.data();
+  auto proc =
+      launcher(launch_ctx.get_executor(), ec, spec.executable, args, init);
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  if (pid < 0) {
-    throw SpawnError("cannot start '" + spec.executable +
-                     "': vfork failed: " + std::strerror(vfork_errno));
-  }
-  if (init.failed_step != nullptr) {
+  if (ec) {
     // The child has already _exit()ed (vfork resumes us only then).
-    ::waitpid(pid, nullptr, 0);
-    if (*init.failed_step != '\0') {
+    if (launcher.pid > 0) ::waitpid(launcher.pid, nullptr, 0);
+    if (init.failed_step != nullptr) {
       throw SpawnError("cannot start '" + spec.executable +
-                       "': " + init.failed_step +
-                       " failed: " + std::strerror(init.error));
+                       "': " + init.failed_step + " failed: " + ec.message());
     }
     throw SpawnError("cannot execute '" + spec.executable +
-                     "': " + std::strerror(init.error));
+                     "': " + ec.message());
   }
+  const pid_t pid = proc.id();
+  proc.detach();
   w->pid = pid;
   env.workers.insert(w->pid);
   ++env.running;
