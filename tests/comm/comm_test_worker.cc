@@ -7,7 +7,8 @@
 //   comm_test_worker concurrent-groups [INIT]  sub-groups made on 2 threads
 //   comm_test_worker big-allreduce [INIT]   one 4 MiB all_reduce, checked
 //   comm_test_worker p2p-from-last [INIT]   the last rank sends 64 MiB to
-//                                           every other rank
+//                                           every other rank (once a line
+//                                           comes from $DLT_SEND_GATE, if set)
 //   comm_test_worker op-loop OP BYTES       collective OP on BYTES until an
 //                                           error ("rank R ready" after one)
 //   comm_test_worker allreduce-until-stopped  all_reduce until an error, then
@@ -23,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -205,6 +207,14 @@ void p2p_from_last(ProcessGroup& pg) {
   std::vector<uint8_t> v(64 << 20, static_cast<uint8_t>(pg.rank()));
   std::vector<std::unique_ptr<dlaunch::comm::Work>> works;
   if (pg.rank() == last) {
+    // The test may hold the sends until the receivers are stopped (a FIFO
+    // it writes one line to): posted earlier, a receiver still running
+    // could take its whole payload first.
+    if (const char* gate = std::getenv("DLT_SEND_GATE")) {
+      std::ifstream in(gate);
+      std::string line;
+      std::getline(in, line);
+    }
     for (int j = 0; j < last; ++j) works.push_back(pg.isend(Tensor::of(v), j));
   } else {
     works.push_back(pg.irecv(Tensor::of(v), last));

@@ -285,15 +285,18 @@ TEST(MultiProcessTest, PeerKilledMidAllReduceFailsTheOthersFast) {
 
 // The p2p-from-last job on 3 ranks (timeout 120 s, shared memory as
 // `shm` says): once ranks 0 and 1 have posted their receives from rank 2
-// over `path`, they are SIGSTOPped; returns when rank 2 has posted its
-// sends.
+// over `path`, they are SIGSTOPped; only then does rank 2 post its sends
+// (`gate`: a running receiver could take its whole payload); returns when
+// it has.
 std::vector<std::unique_ptr<Subprocess>> start_p2p_stopping_receivers(
-    const std::string& path, const std::string& shm) {
+    const std::string& path, const std::string& shm,
+    dlaunch::testing::Gate& gate) {
   auto procs = start_workers(3, {"p2p-from-last"},
                              {{"MASTER_ADDR", "127.0.0.1"},
                               {"MASTER_PORT", std::to_string(free_port())},
                               {"DLAUNCH_COMM_TIMEOUT", "120"},
-                              {"DLAUNCH_COMM_SHM_MIN_BYTES", shm}});
+                              {"DLAUNCH_COMM_SHM_MIN_BYTES", shm},
+                              {"DLT_SEND_GATE", gate.path()}});
   for (int r : {0, 1}) {
     EXPECT_TRUE(procs[r]->wait_for_output(
         "rank " + std::to_string(r) + " waiting (" + path + ")", seconds(30)))
@@ -302,6 +305,7 @@ std::vector<std::unique_ptr<Subprocess>> start_p2p_stopping_receivers(
     EXPECT_TRUE(eventually(
         [&] { return process_state(procs[r]->pid()) == 'T'; }, seconds(10)));
   }
+  gate.open_once();
   EXPECT_TRUE(
       procs[2]->wait_for_output("rank 2 sending (" + path + ")", seconds(30)))
       << procs[2]->out() << procs[2]->err();
@@ -333,7 +337,9 @@ TEST(MultiProcessTest, PeerKilledMidTransferFailsPendingReceivesFast) {
   // there. Gloo tells a failed connection only to operations still queued
   // on it, not to a receive whose bytes are in transfer: the survivors must
   // notice the death themselves, not wait out the 120 s timeout.
-  auto procs = start_p2p_stopping_receivers("tcp", "off");
+  dlaunch::testing::TempDir dir;
+  dlaunch::testing::Gate gate((dir / "send").string());
+  auto procs = start_p2p_stopping_receivers("tcp", "off", gate);
   // Payload bytes queued towards both receivers (more than any control
   // message): both are mid-transfer.
   ASSERT_TRUE(eventually(
@@ -472,7 +478,9 @@ TEST(MultiProcessTest, TheFirstFailureOutlivesTheRankHostingTheStore) {
 TEST(MultiProcessTest, PeerKilledMidSharedMemoryTransferFailsReceivesFast) {
   const std::set<std::string> before = shm_names();
   // Posting wrote the first ring's worth of each payload.
-  auto procs = start_p2p_stopping_receivers("shm-p2p", "");
+  dlaunch::testing::TempDir dir;
+  dlaunch::testing::Gate gate((dir / "send").string());
+  auto procs = start_p2p_stopping_receivers("shm-p2p", "", gate);
   kill_sender_expecting_fast_failures(procs);
   expect_no_new_shm(before);
 }
