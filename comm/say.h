@@ -21,4 +21,12 @@ inline void say(std::string_view line) {
   }
 }
 
+// say(what), then the error E(what) for the caller to throw: a failure told
+// as it is raised.
+template <typename E>
+E told(const std::string& what) {
+  say(what);
+  return E(what);
+}
+
 }  // namespace dlaunch::comm

@@ -101,11 +101,8 @@ class P2pWork : public Work, public PeerWaiter {
       }
     } catch (const std::exception& e) {
       release();
-      const std::string what = op() + ": connection to rank " +
-                               std::to_string(peer) +
-                               " is unusable: " + e.what();
-      say(what);
-      throw CommError(what);
+      throw told<CommError>(op() + ": connection to rank " +
+                            std::to_string(peer) + " is unusable: " + e.what());
     }
   }
 
@@ -222,9 +219,8 @@ class P2pWork : public Work, public PeerWaiter {
                           " lost" + gloo;
       // Told now, as fail() does for collectives: the waiter may be
       // stopped before it prints the CommError.
-      say(what);
-      error = timed_out ? std::make_exception_ptr(CommTimeoutError(what))
-                        : std::make_exception_ptr(CommError(what));
+      error = timed_out ? std::make_exception_ptr(told<CommTimeoutError>(what))
+                        : std::make_exception_ptr(told<CommError>(what));
     }
     unwatched();
     release();
@@ -349,10 +345,8 @@ class ShmP2pWork : public Work {
     std::string error;
     if (!g_->p2p->post(op_, error)) {
       release();
-      const std::string what = op() + ": connection to rank " +
-                               std::to_string(peer) + " is unusable: " + error;
-      say(what);
-      throw CommError(what);
+      throw told<CommError>(op() + ": connection to rank " +
+                            std::to_string(peer) + " is unusable: " + error);
     }
   }
 
@@ -383,17 +377,12 @@ class ShmP2pWork : public Work {
     release();
     // Told as they are raised, as fail() does for collectives.
     if (op_.timed_out) {
-      const std::string what =
+      throw told<CommTimeoutError>(
           op() + ": timed out after " + ms_text(g_->timeout) +
           " (the group timeout) waiting for rank " + std::to_string(op_.peer) +
-          " (" + op_.failure + ")";
-      say(what);
-      throw CommTimeoutError(what);
+          " (" + op_.failure + ")");
     }
-    if (!op_.failure.empty()) {
-      say(op() + ": " + op_.failure);
-      throw CommError(op() + ": " + op_.failure);
-    }
+    if (!op_.failure.empty()) throw told<CommError>(op() + ": " + op_.failure);
     if (op_.mismatch) {
       throw CommError(op() + ": " +
                       mismatch_text(op_.is_send, op_.peer, op_.their_dtype,
