@@ -66,6 +66,16 @@ void die_with_parent(pid_t parent) {
   if (::getppid() != parent) ::raise(SIGKILL);
 }
 
+bool environ_has(pid_t pid, const std::string& entry) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/environ",
+                   std::ios::binary);
+  std::string var;
+  while (std::getline(in, var, '\0')) {
+    if (var == entry) return true;
+  }
+  return false;
+}
+
 namespace {
 
 class Fd {
@@ -96,17 +106,6 @@ Fd open_log(const std::filesystem::path& path) {
                      std::strerror(errno));
   }
   return Fd(fd);
-}
-
-// Whether process `pid`'s environment holds the entry `entry` ("K=V").
-bool environ_has(pid_t pid, const std::string& entry) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/environ",
-                   std::ios::binary);
-  std::string var;
-  while (std::getline(in, var, '\0')) {
-    if (var == entry) return true;
-  }
-  return false;
 }
 
 // Boost.Process initializer for the vforked child (async-signal-safe

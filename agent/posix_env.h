@@ -3,6 +3,7 @@
 #include <sys/types.h>
 
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "agent/env.h"
@@ -12,6 +13,10 @@ namespace dlaunch::agent {
 // Writes all of `data` to `fd`, retrying short writes, EINTR and EAGAIN (as
 // a blocking write would); false (errno set) on any other error.
 bool write_all(int fd, std::string_view data);
+
+// Whether process `pid`'s environment (/proc/PID/environ) holds the entry
+// `entry` ("K=V"); false when it cannot be read.
+bool environ_has(pid_t pid, const std::string& entry);
 
 // For a child between fork and exec (async-signal-safe): SIGKILL it when
 // `parent` dies, or now if `parent` died before this call.

@@ -314,19 +314,7 @@ std::vector<int> processes_with_tag(const std::string& tag) {
       out.push_back(pid);
       continue;
     }
-    std::ifstream env(entry.path() / "environ", std::ios::binary);
-    std::string text((std::istreambuf_iterator<char>(env)),
-                     std::istreambuf_iterator<char>());
-    size_t pos = 0;
-    while (pos < text.size()) {
-      size_t end = text.find('\0', pos);
-      if (end == std::string::npos) end = text.size();
-      if (text.compare(pos, end - pos, want) == 0) {
-        out.push_back(pid);
-        break;
-      }
-      pos = end + 1;
-    }
+    if (agent::environ_has(pid, want)) out.push_back(pid);
   }
   return out;
 }
