@@ -495,6 +495,30 @@ agent::EnvMap allocation() {
           {"SLURM_TASKS_PER_NODE", "2(x3),1"}};
 }
 
+// One variable of a Slurm environment changed, and the words its error
+// must hold.
+struct SlurmCase {
+  std::string name, value, words;
+};
+
+// For each case, `read` of `base` with the case's variable changed throws
+// a HostsError holding its words.
+template <typename Read>
+void expect_clear_errors(const agent::EnvMap& base,
+                         const std::vector<SlurmCase>& cases, Read read) {
+  for (const SlurmCase& c : cases) {
+    SCOPED_TRACE(c.name + "=" + c.value);
+    agent::EnvMap env = base;
+    env[c.name] = c.value;
+    try {
+      read(env);
+      ADD_FAILURE() << "no error";
+    } catch (const HostsError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(c.words));
+    }
+  }
+}
+
 TEST(SlurmTest, TheAllocationComesFromSlurmsVariables) {
   SlurmAllocation a = read_slurm_allocation(allocation());
   EXPECT_EQ(a.job_id, "42");
@@ -509,28 +533,18 @@ TEST(SlurmTest, TheAllocationComesFromSlurmsVariables) {
 }
 
 TEST(SlurmTest, ABadOrMissingAllocationIsAClearError) {
-  struct Case {
-    std::string name, value, words;
-  };
-  const std::vector<Case> cases = {
-      {"SLURM_JOB_ID", "", "SLURM_JOB_ID is not set; run dlaunch under salloc"},
-      {"SLURM_JOB_NODELIST", "", "SLURM_JOB_NODELIST is not set"},
-      {"SLURM_JOB_NODELIST", "gpu[3-1]", "SLURM_JOB_NODELIST='gpu[3-1]': "},
-      {"SLURM_JOB_NUM_NODES", "5", "SLURM_JOB_NUM_NODES=5 but"},
-      {"SLURM_TASKS_PER_NODE", "2(x3", "is not Slurm's N or N(xK) list"},
-      {"SLURM_TASKS_PER_NODE", "2(x2)", "counts 2 node(s) but"},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name + "=" + c.value);
-    agent::EnvMap env = allocation();
-    env[c.name] = c.value;
-    try {
-      read_slurm_allocation(env);
-      ADD_FAILURE() << "no error";
-    } catch (const HostsError& e) {
-      EXPECT_THAT(e.what(), HasSubstr(c.words));
-    }
-  }
+  expect_clear_errors(
+      allocation(),
+      {
+          {"SLURM_JOB_ID", "",
+           "SLURM_JOB_ID is not set; run dlaunch under salloc"},
+          {"SLURM_JOB_NODELIST", "", "SLURM_JOB_NODELIST is not set"},
+          {"SLURM_JOB_NODELIST", "gpu[3-1]", "SLURM_JOB_NODELIST='gpu[3-1]': "},
+          {"SLURM_JOB_NUM_NODES", "5", "SLURM_JOB_NUM_NODES=5 but"},
+          {"SLURM_TASKS_PER_NODE", "2(x3", "is not Slurm's N or N(xK) list"},
+          {"SLURM_TASKS_PER_NODE", "2(x2)", "counts 2 node(s) but"},
+      },
+      [](const agent::EnvMap& env) { read_slurm_allocation(env); });
 }
 
 TEST(SlurmTest, GivenHostsMustBeInTheAllocationAndKeepItsOrder) {
@@ -589,32 +603,23 @@ TEST(SlurmTaskTest, AnSrunTaskKnowsItsStepAndNode) {
 }
 
 TEST(SlurmTaskTest, MoreThanOneTaskPerNodeOrBadVariablesAreClearErrors) {
-  struct Case {
-    std::string name, value, words;
-  };
-  const std::vector<Case> cases = {
-      {"SLURM_STEP_NUM_TASKS", "4",
-       "Slurm step 42.3 runs 4 tasks on 2 node(s), and dlaunch, which starts "
-       "its node's workers itself, must run once per node; start it with "
-       "srun --ntasks-per-node=1"},
-      {"SLURM_LOCALID", "1", "start it with srun --ntasks-per-node=1"},
-      {"SLURM_NODEID", "2", "SLURM_NODEID='2' is not a node of"},
-      {"SLURM_STEP_NUM_NODES", "3", "SLURM_STEP_NUM_NODES='3' disagrees with"},
-      {"SLURM_STEP_NODELIST", "gpu[10-09]", "is not a hostlist"},
-      {"SLURM_STEP_RESV_PORTS", "x-y", "is not a port range"},
-      {"SLURM_JOB_ID", "", "SLURM_JOB_ID is not set"},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name + "=" + c.value);
-    agent::EnvMap env = srun_task();
-    env[c.name] = c.value;
-    try {
-      read_slurm_task(env);
-      ADD_FAILURE() << "no error";
-    } catch (const HostsError& e) {
-      EXPECT_THAT(e.what(), HasSubstr(c.words));
-    }
-  }
+  expect_clear_errors(
+      srun_task(),
+      {
+          {"SLURM_STEP_NUM_TASKS", "4",
+           "Slurm step 42.3 runs 4 tasks on 2 node(s), and dlaunch, which "
+           "starts "
+           "its node's workers itself, must run once per node; start it with "
+           "srun --ntasks-per-node=1"},
+          {"SLURM_LOCALID", "1", "start it with srun --ntasks-per-node=1"},
+          {"SLURM_NODEID", "2", "SLURM_NODEID='2' is not a node of"},
+          {"SLURM_STEP_NUM_NODES", "3",
+           "SLURM_STEP_NUM_NODES='3' disagrees with"},
+          {"SLURM_STEP_NODELIST", "gpu[10-09]", "is not a hostlist"},
+          {"SLURM_STEP_RESV_PORTS", "x-y", "is not a port range"},
+          {"SLURM_JOB_ID", "", "SLURM_JOB_ID is not set"},
+      },
+      [](const agent::EnvMap& env) { read_slurm_task(env); });
 }
 
 TEST(SlurmTaskTest, EveryNodeDerivesTheSameStorePort) {
