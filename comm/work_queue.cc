@@ -104,7 +104,9 @@ std::unique_ptr<Work> WorkQueue::submit(std::string what,
 }
 
 void WorkQueue::drain(milliseconds progress_timeout) {
-  if (on_queue_thread()) return;
+  // Never started: nothing was submitted (every blocking collective
+  // passes here, so a group without asynchronous calls takes no lock).
+  if (on_queue_thread() || !started()) return;
   std::unique_lock lock(mu_);
   while (finished_count_ < submitted_) {
     const uint64_t before = finished_count_;

@@ -18,17 +18,19 @@ void GlooProcessGroup::barrier() {
 }
 
 std::string GlooProcessGroup::check_tensor(const Tensor& t,
-                                           const std::string& what) {
-  if (t.device.type != DeviceType::kCpu) {
-    return "the gloo backend takes CPU tensors; " + what +
+                                           std::string_view what, int index) {
+  const bool on_cpu = t.device.type == DeviceType::kCpu;
+  if (on_cpu && (t.data != nullptr || t.numel == 0)) return {};
+  // Built only for a bad tensor: a call that is fine formats nothing.
+  std::string name(what);
+  if (index >= 0) name += "[" + std::to_string(index) + "]";
+  if (!on_cpu) {
+    return "the gloo backend takes CPU tensors; " + name +
            " is on cuda:" + std::to_string(t.device.index) +
            " (use the nccl backend for GPU tensors). ";
   }
-  if (t.data == nullptr && t.numel > 0) {
-    return what + " has " + std::to_string(t.numel) +
-           " elements but a null data pointer. ";
-  }
-  return {};
+  return name + " has " + std::to_string(t.numel) +
+         " elements but a null data pointer. ";
 }
 
 std::string GlooProcessGroup::check_root(int root) const {
@@ -49,12 +51,11 @@ std::string GlooProcessGroup::check_list(std::span<const Tensor> list,
   }
   std::string err;
   for (size_t i = 0; i < list.size(); ++i) {
-    std::string name = std::string(what) + "[" + std::to_string(i) + "]";
-    err += check_tensor(list[i], name);
+    err += check_tensor(list[i], what, static_cast<int>(i));
     if (list[i].numel != like.numel || list[i].dtype != like.dtype) {
-      err += name + " has " + describe(list[i].dtype, list[i].numel) +
-             ", expected " + describe(like.dtype, like.numel) +
-             " like this rank's tensor. ";
+      err += std::string(what) + "[" + std::to_string(i) + "] has " +
+             describe(list[i].dtype, list[i].numel) + ", expected " +
+             describe(like.dtype, like.numel) + " like this rank's tensor. ";
     }
   }
   return err;
@@ -85,7 +86,9 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
   check_usable(op);
   const size_t n = size();
   const size_t words = kFixedWords + 2 * n;
-  std::vector<uint64_t> mine(words, 0);
+  // Members, so that a call allocates nothing once the group has run one.
+  std::vector<uint64_t>& mine = mine_;
+  mine.assign(words, 0);
   mine[0] = static_cast<uint64_t>(c.kind);
   mine[1] = static_cast<uint64_t>(c.dtype);
   mine[2] = c.numel;
@@ -93,11 +96,14 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
   mine[4] = static_cast<uint64_t>(c.op);
   mine[5] = c.extra;
   mine[6] = c.local_error.empty() ? 0 : 1;
-  for (size_t j = 0; j < c.send_counts.size() && j < n; ++j) {
-    mine[kFixedWords + j] = c.send_counts[j];
-    mine[kFixedWords + n + j] = c.recv_counts[j];
+  for (size_t j = 0; j < c.sends.size() && j < n; ++j) {
+    mine[kFixedWords + j] = c.sends[j].numel;
   }
-  std::vector<uint64_t> all(words * n, 0);
+  for (size_t j = 0; j < c.recvs.size() && j < n; ++j) {
+    mine[kFixedWords + n + j] = c.recvs[j].numel;
+  }
+  std::vector<uint64_t>& all = agreed_;
+  all.assign(words * n, 0);
   std::copy(mine.begin(), mine.end(), all.begin() + rank() * words);
   if (n > 1) {
     ensure_channel(op);  // fused_capacity() depends on it
@@ -117,13 +123,13 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
           [&] { all_gather_words(mine, send ? offer.data() : nullptr, all); });
     }
   }
-  agreed_ = all;
   auto word = [&](size_t r, size_t i) { return all[r * words + i]; };
-  std::string prefix = std::string(op) + " on " + g_->where() + ": ";
-  if (!c.local_error.empty()) throw CommError(prefix + c.local_error);
+  // Built only for an error: a call that agrees formats nothing.
+  auto prefix = [&] { return std::string(op) + " on " + g_->where() + ": "; };
+  if (!c.local_error.empty()) throw CommError(prefix() + c.local_error);
   for (size_t r = 0; r < n; ++r) {
     if (word(r, 0) != mine[0]) {
-      throw CommError(prefix + "rank " + std::to_string(r) + " called " +
+      throw CommError(prefix() + "rank " + std::to_string(r) + " called " +
                       std::string(op_name(static_cast<uint32_t>(word(r, 0)))) +
                       " while rank " + std::to_string(rank()) + " called " +
                       op +
@@ -131,22 +137,22 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
                       "the same order");
     }
     if (word(r, 6) != 0) {
-      throw CommError(prefix + "rank " + std::to_string(r) +
+      throw CommError(prefix() + "rank " + std::to_string(r) +
                       " rejected its arguments (its error names the "
                       "problem); every rank fails this call");
     }
   }
   for (size_t r = 1; r < n; ++r) {
-    std::string vs = "rank " + std::to_string(r) + " passed ";
+    auto vs = [&] { return "rank " + std::to_string(r) + " passed "; };
     if (word(r, 1) != word(0, 1) || word(r, 2) != word(0, 2)) {
-      throw CommError(prefix + vs +
+      throw CommError(prefix() + vs() +
                       describe(static_cast<DType>(word(r, 1)), word(r, 2)) +
                       ", rank 0 passed " +
                       describe(static_cast<DType>(word(0, 1)), word(0, 2)) +
                       "; every rank must pass the same size and dtype");
     }
     if (word(r, 3) != word(0, 3)) {
-      throw CommError(prefix + vs + "root " +
+      throw CommError(prefix() + vs() + "root " +
                       std::to_string(static_cast<int64_t>(word(r, 3))) +
                       ", rank 0 passed root " +
                       std::to_string(static_cast<int64_t>(word(0, 3))) +
@@ -154,14 +160,14 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
     }
     if (word(r, 4) != word(0, 4)) {
       throw CommError(
-          prefix + vs + "ReduceOp " +
+          prefix() + vs() + "ReduceOp " +
           std::string(reduce_op_name(static_cast<ReduceOp>(word(r, 4)))) +
           ", rank 0 passed " +
           std::string(reduce_op_name(static_cast<ReduceOp>(word(0, 4)))) +
           "; every rank must use the same op");
     }
     if (word(r, 5) != word(0, 5)) {
-      throw CommError(prefix + "rank " + std::to_string(r) +
+      throw CommError(prefix() + "rank " + std::to_string(r) +
                       " passed a different rank list than rank 0; every "
                       "member must pass the same sorted ranks");
     }
@@ -172,7 +178,7 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
         uint64_t sent = word(s, kFixedWords + d);
         uint64_t expected = word(d, kFixedWords + n + s);
         if (sent != expected) {
-          throw CommError(prefix + "rank " + std::to_string(s) + " sends " +
+          throw CommError(prefix() + "rank " + std::to_string(s) + " sends " +
                           std::to_string(sent) + " elements to rank " +
                           std::to_string(d) + ", which expects " +
                           std::to_string(expected) +

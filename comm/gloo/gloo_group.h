@@ -210,10 +210,12 @@ struct Call {
   uint64_t numel = 0;
   int64_t root = -1;
   ReduceOp op = ReduceOp::kSum;
-  uint64_t extra = 0;                 // new_group: hash of the ranks
-  std::vector<uint64_t> send_counts;  // all_to_all: elements to each rank
-  std::vector<uint64_t> recv_counts;  // all_to_all: elements from each rank
-  std::string local_error;            // bad arguments on this rank
+  uint64_t extra = 0;  // new_group: hash of the ranks
+  // all_to_all: the tensors to and from each rank (their numel is
+  // exchanged); views, so that a call allocates nothing.
+  std::span<const Tensor> sends;
+  std::span<const Tensor> recvs;
+  std::string local_error;  // bad arguments on this rank
 };
 
 inline Call make_call(Op kind, DType dtype, uint64_t numel, int64_t root,
@@ -345,7 +347,10 @@ class GlooProcessGroup : public ProcessGroup {
   void setup_shm_p2p();
 
   // agree.cc
-  static std::string check_tensor(const Tensor& t, const std::string& what);
+  // What is wrong with `t` ("" when nothing), naming it `what` (with
+  // "[index]" appended when index >= 0); formats text only for a bad one.
+  static std::string check_tensor(const Tensor& t, std::string_view what,
+                                  int index = -1);
   std::string check_root(int root) const;
   std::string check_list(std::span<const Tensor> list, const char* what,
                          const Tensor& like) const;
@@ -440,7 +445,9 @@ class GlooProcessGroup : public ProcessGroup {
   std::vector<char> scratch_;
   std::vector<char> work_[2];     // see work_buffer()
   std::vector<uint64_t> agreed_;  // every rank's words of the last check
-  const char* path_ = "none";     // see last_path()
+  std::vector<uint64_t> mine_;    // this rank's words of the last check
+  std::vector<std::span<const char>> parts_;  // see channel_exchange()
+  const char* path_ = "none";                 // see last_path()
   // Shared-memory segment steps (ranks on one host): this rank's segment,
   // the peers' (index = rank), their size and generation.
   ShmSegment shm_mine_;

@@ -18,7 +18,8 @@ void GlooProcessGroup::channel_exchange(const std::vector<uint64_t>& mine,
                                         std::span<const Tensor> payload,
                                         std::vector<uint64_t>& all) {
   const size_t wb = mine.size() * sizeof(uint64_t);
-  std::vector<std::span<const char>> parts;
+  std::vector<std::span<const char>>& parts = parts_;  // no allocation
+  parts.clear();
   for (const Tensor& t : payload) {
     parts.emplace_back(static_cast<const char*>(t.data), t.nbytes());
   }

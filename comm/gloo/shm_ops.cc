@@ -185,8 +185,8 @@ bool GlooProcessGroup::shm_reduce(Tensor t, int root, ReduceOp rop) {
   ReduceFn fn = reduce_fn(t.dtype, rop);
   if (with_check(t.nbytes())) {
     if (r == root) {
-      for (int j : all_but(root, size())) {
-        fn(t.data, t.data, payload_of(j), t.numel);
+      for (int j = 0; j < size(); ++j) {
+        if (j != root) fn(t.data, t.data, payload_of(j), t.numel);
       }
     }
     took("shm-check");
@@ -269,8 +269,8 @@ bool GlooProcessGroup::shm_gather(Tensor in, std::span<const Tensor> out,
   const bool gathers = root < 0 || r == root;
   if (with_check(in.nbytes())) {
     if (gathers) {
-      for (int j : all_but(r, size())) {
-        copy_bytes(out[j].data, payload_of(j), in.nbytes());
+      for (int j = 0; j < size(); ++j) {
+        if (j != r) copy_bytes(out[j].data, payload_of(j), in.nbytes());
       }
     }
     took("shm-check");
@@ -301,9 +301,10 @@ bool GlooProcessGroup::shm_reduce_scatter(Tensor out,
   ReduceFn fn = reduce_fn(out.dtype, rop);
   const size_t bytes = out.nbytes();
   if (with_check(n * bytes)) {
-    std::vector<const char*> srcs(n);
-    for (int j = 0; j < n; ++j) srcs[j] = payload_of(j) + r * bytes;
-    reduce_all(fn, static_cast<char*>(out.data), srcs, out.numel);
+    // reduce_all's order without its vector (a call allocates nothing).
+    auto piece = [&](int j) { return payload_of(j) + r * bytes; };
+    fn(out.data, piece(0), piece(1), out.numel);
+    for (int j = 2; j < n; ++j) fn(out.data, out.data, piece(j), out.numel);
     took("shm-check");
     return true;
   }
@@ -347,7 +348,8 @@ bool GlooProcessGroup::shm_all_to_all(std::span<const Tensor> out,
     most_sent = std::max(most_sent, sent * es);
   }
   if (with_check(most_sent)) {
-    for (int j : all_but(r, n)) {
+    for (int j = 0; j < n; ++j) {
+      if (j == r) continue;
       uint64_t before = 0;
       for (int d = 0; d < r; ++d) before += agreed_count(j, d);
       copy_bytes(out[j].data, payload_of(j) + before * es, out[j].nbytes());

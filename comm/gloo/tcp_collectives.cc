@@ -229,17 +229,17 @@ void GlooProcessGroup::all_to_all(std::span<const Tensor> out,
         " for a group of " + std::to_string(size());
   } else {
     for (int j = 0; j < size(); ++j) {
-      c.local_error += check_tensor(in[j], "in[" + std::to_string(j) + "]");
-      c.local_error += check_tensor(out[j], "out[" + std::to_string(j) + "]");
+      c.local_error += check_tensor(in[j], "in", j);
+      c.local_error += check_tensor(out[j], "out", j);
       if (in[j].dtype != dtype || out[j].dtype != dtype) {
         c.local_error +=
             "all_to_all tensors must share one dtype; in[0] "
             "is " +
             std::string(dtype_name(dtype)) + ". ";
       }
-      c.send_counts.push_back(in[j].numel);
-      c.recv_counts.push_back(out[j].numel);
     }
+    c.sends = in;
+    c.recvs = out;
     if (c.local_error.empty() && in[rank()].numel != out[rank()].numel) {
       c.local_error = "in[" + std::to_string(rank()) + "] has " +
                       std::to_string(in[rank()].numel) + " elements but out[" +
@@ -248,8 +248,6 @@ void GlooProcessGroup::all_to_all(std::span<const Tensor> out,
                       "; this rank's own block must fit";
     }
   }
-  c.send_counts.resize(size());
-  c.recv_counts.resize(size());
   agree(op, c, in);
   copy(out[rank()], in[rank()]);
   if (size() == 1) return took("local");
