@@ -7,8 +7,11 @@
  *   mpicc -O2 -o mpi_bench bench/mpi_bench.c
  *   mpirun -np 2 ./mpi_bench [-n ITERS] [-w WARMUP] SIZE...
  *
- * Prints one line per op and size: "op bytes time_us" (rank 0's mean time
- * per iteration; the ping-pong's is half a round trip). */
+ * Prints one line per op and size: "op bytes time_us", OSU's statistic and
+ * dl-bench's: each rank's mean time per call over the iterations, averaged
+ * over the ranks (a rank that leaves a call early, as an eager sender of a
+ * gather does, counts as much as the root that waits for it). The
+ * ping-pong's is rank 0's half round trip, as osu_latency's. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -70,8 +73,13 @@ int main(int argc, char** argv) {
       const double t0 = MPI_Wtime();
       for (int i = 0; i < iters; ++i) run(kOps[o], in, out, bytes, rank, n);
       double us = (MPI_Wtime() - t0) * 1e6 / iters;
-      if (strcmp(kOps[o], "pingpong") == 0) us /= 2;
-      if (rank == 0) printf("%s %zu %.2f\n", kOps[o], bytes, us);
+      const int pingpong = strcmp(kOps[o], "pingpong") == 0;
+      if (pingpong) us = rank == 0 ? us / 2 : 0;
+      double sum = 0;
+      MPI_Reduce(&us, &sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+      if (rank == 0) {
+        printf("%s %zu %.2f\n", kOps[o], bytes, pingpong ? sum : sum / n);
+      }
       fflush(stdout);
       free(in);
       free(out);

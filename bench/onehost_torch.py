@@ -7,8 +7,10 @@ one-way time, half a round trip between ranks 0 and 1).
     /usr/bin/python3 bench/onehost_torch.py [--ranks 2] [-n ITERS] [-w WARMUP] SIZE...
 
 Starts its own ranks (torch.multiprocessing, tcp:// init on loopback) and
-prints one line per op and size, "op bytes time_us" (rank 0's mean time per
-iteration). reduce_scatter is missing: torch 1.13's gloo backend has none.
+prints one line per op and size, "op bytes time_us": each rank's mean time
+per call, averaged over the ranks (OSU's statistic, as dl-bench and
+bench/mpi_bench.c; the ping-pong's is rank 0's half round trip).
+reduce_scatter is missing: torch 1.13's gloo backend has none.
 """
 import argparse
 import socket
@@ -64,8 +66,11 @@ def worker(rank, n, port, sizes, iters, warmup):
                 step(op, t, parts, rank, n)
             us = (time.perf_counter() - start) * 1e6 / iters
             if op == "pingpong":
-                us /= 2
+                us = us / 2 if rank == 0 else 0
+            total = torch.tensor([us], dtype=torch.float64)
+            dist.reduce(total, 0)
             if rank == 0:
+                us = total.item() if op == "pingpong" else total.item() / n
                 print(f"{op} {nbytes} {us:.2f}", flush=True)
     dist.destroy_process_group()
 

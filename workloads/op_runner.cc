@@ -78,6 +78,9 @@ OpRunner::OpRunner(comm::ProcessGroup& pg, BenchOp op, size_t count,
   };
   op_in_.emplace(pg, bytes_of(in_));
   if (out_of_place_) op_out_.emplace(pg, bytes_of(out_));
+  const bool gathers = op == BenchOp::kAllGather || op == BenchOp::kGather;
+  if (op_splits(op) && !gathers) in_chunks_ = chunks(op_in_);
+  if (gathers || op == BenchOp::kAllToAll) out_chunks_ = chunks(op_out_);
 }
 
 double OpRunner::value(int r, size_t i) const {
@@ -167,29 +170,23 @@ void OpRunner::run() {
       pg_.reduce(op_view(op_in_, 0, count_), root_, redop_);
       break;
     case BenchOp::kAllGather: {
-      std::vector<Tensor> outs = chunks(op_out_);
-      pg_.all_gather(outs, op_view(op_in_, 0, chunk_));
+      pg_.all_gather(out_chunks_, op_view(op_in_, 0, chunk_));
       break;
     }
     case BenchOp::kGather: {
-      std::vector<Tensor> outs = chunks(op_out_);
-      pg_.gather(op_view(op_in_, 0, chunk_), outs, root_);
+      pg_.gather(op_view(op_in_, 0, chunk_), out_chunks_, root_);
       break;
     }
     case BenchOp::kReduceScatter: {
-      std::vector<Tensor> ins = chunks(op_in_);
-      pg_.reduce_scatter(op_view(op_out_, 0, chunk_), ins, redop_);
+      pg_.reduce_scatter(op_view(op_out_, 0, chunk_), in_chunks_, redop_);
       break;
     }
     case BenchOp::kScatter: {
-      std::vector<Tensor> ins = chunks(op_in_);
-      pg_.scatter(op_view(op_out_, 0, chunk_), ins, root_);
+      pg_.scatter(op_view(op_out_, 0, chunk_), in_chunks_, root_);
       break;
     }
     case BenchOp::kAllToAll: {
-      std::vector<Tensor> ins = chunks(op_in_);
-      std::vector<Tensor> outs = chunks(op_out_);
-      pg_.all_to_all(outs, ins);
+      pg_.all_to_all(out_chunks_, in_chunks_);
       break;
     }
     case BenchOp::kSendRecv: {

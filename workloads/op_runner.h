@@ -69,6 +69,9 @@ class OpRunner {
   std::vector<uint64_t> out_;
   bool out_of_place_;
   std::optional<OpBuffer> op_in_, op_out_;  // over in_ and out_
+  // chunks() of op_in_ and op_out_ (the splitting ops), made once, so that
+  // a timed run() allocates nothing, as OpenMPI's side (bench/mpi_bench.c).
+  std::vector<comm::Tensor> in_chunks_, out_chunks_;
 };
 
 }  // namespace dlaunch::workloads
