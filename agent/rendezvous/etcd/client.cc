@@ -1,5 +1,6 @@
 #include "agent/rendezvous/etcd/client.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/grpcpp.h>
 
 #include <fstream>
@@ -52,6 +53,25 @@ std::chrono::system_clock::time_point wall(Clock::time_point t) {
 bool bad_token(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
          s.error_message().find("auth token") != std::string::npos;
+}
+
+// gRPC's target for HOST:PORT: an IP address goes straight to the
+// address resolver (no DNS resolver, no c-ares), a name through DNS.
+std::string channel_target(const std::string& endpoint) {
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos) return endpoint;
+  std::string host = endpoint.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    in6_addr a6;
+    if (::inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &a6) ==
+        1) {
+      return "ipv6:" + endpoint;
+    }
+    return endpoint;
+  }
+  in_addr a4;
+  if (::inet_pton(AF_INET, host.c_str(), &a4) == 1) return "ipv4:" + endpoint;
+  return endpoint;
 }
 
 }  // namespace
@@ -113,10 +133,15 @@ Client::Client(ClientOptions options) : options_(std::move(options)) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Less work per start and per message (docs/performance.md, "Rendezvous
+  // on etcd"): no flow-control probes (pings) for our small messages, no
+  // channelz bookkeeping.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_ENABLE_CHANNELZ, 0);
   for (const std::string& ep : options_.endpoints) {
     auto m = std::make_unique<Member>();
     m->endpoint = ep;
-    m->channel = grpc::CreateCustomChannel(ep, creds, args);
+    m->channel = grpc::CreateCustomChannel(channel_target(ep), creds, args);
     m->kv = etcdserverpb::KV::NewStub(m->channel);
     m->lease = etcdserverpb::Lease::NewStub(m->channel);
     m->watch = etcdserverpb::Watch::NewStub(m->channel);
@@ -403,6 +428,12 @@ std::optional<int64_t> Watch::first_revision(Clock::time_point deadline) {
   return std::nullopt;
 }
 
+void Watch::wait_sent(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_until(lock, deadline,
+                 [this] { return sent_ || interrupted_ || !error_.empty(); });
+}
+
 std::optional<mvccpb::Event> Watch::next(Clock::time_point deadline) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait_until(lock, deadline, [this] {
@@ -463,6 +494,11 @@ void Watch::run() {
     etcdserverpb::WatchResponse resp;
     std::string canceled;
     if (stream->Write(req)) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        sent_ = true;
+      }
+      cv_.notify_all();
       while (stream->Read(&resp)) {
         if (resp.canceled()) {
           canceled = resp.cancel_reason().empty()

@@ -66,6 +66,11 @@ class Watch {
   // interrupt(); throws EtcdError as next() does.
   std::optional<int64_t> first_revision(
       std::chrono::steady_clock::time_point deadline);
+  // Waits (at most to `deadline`, or until interrupt() or a failure) for
+  // the watch's request to be sent to etcd: a write sent after that
+  // nearly always lands after etcd took the watch, so a watch from now
+  // sees it rather than needing a read (first_revision() says for sure).
+  void wait_sent(std::chrono::steady_clock::time_point deadline);
   // Wakes a next() in progress (and the next one) with nullopt.
   void interrupt();
 
@@ -85,6 +90,7 @@ class Watch {
   std::deque<mvccpb::Event> events_;
   std::string error_;  // set once the watch failed for good
   bool interrupted_ = false;
+  bool sent_ = false;  // the request went out (on some member)
   bool stopping_ = false;
   grpc::ClientContext* ctx_ = nullptr;  // the stream's, for stopping it
 };

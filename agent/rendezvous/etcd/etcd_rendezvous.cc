@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <map>
 #include <optional>
@@ -23,6 +24,8 @@ namespace {
 constexpr milliseconds kProgressEvery(5000);
 // Separates the member records in a round's "closed" value.
 constexpr char kRecordSep = '\x1e';
+// How long a join waits for its watch's request to go out.
+constexpr milliseconds kWatchSendWait(1000);
 // Bound on revoking the lease at the end.
 constexpr milliseconds kRevokeTimeout(5000);
 
@@ -64,15 +67,13 @@ struct EtcdRendezvous::RoundState {
   // `revision` and not used since (else empty).
   std::vector<std::pair<int64_t, std::string>> fresh;
   bool closed = false;
-  std::string records;  // the "closed" value
-  int64_t closed_rev = 0;
+  std::string records;   // the "closed" value
   int64_t revision = 0;  // of the last read
 
   // Takes the round's "closed" key, as read or put.
   void take_closed(const mvccpb::KeyValue& kv) {
     closed = true;
     records = kv.value();
-    closed_rev = kv.mod_revision();
   }
   // The same from a read of it (no key: not closed).
   void take_closed(
@@ -103,6 +104,19 @@ namespace {
 
 bool starts_with(const std::string& s, const std::string& p) {
   return s.compare(0, p.size(), p) == 0;
+}
+
+// The first field of a round's "closed" value: the revision at which the
+// closer read the records that follow.
+int64_t closed_read_revision(const std::string& field) {
+  int64_t rev = 0;
+  const char* end = field.data() + field.size();
+  auto [p, ec] = std::from_chars(field.data(), end, rev);
+  if (ec != std::errc() || p != end || rev <= 0) {
+    throw RendezvousError("malformed round record '" + field +
+                          "' in etcd (another dlaunch version?)");
+  }
+  return rev;
 }
 
 }  // namespace
@@ -289,11 +303,10 @@ void EtcdRendezvous::try_close(int round, int need, RoundState& st) {
   st.joined = static_cast<int>(by_rev.size());
   if (st.joined < need) return;  // some left meanwhile
   by_rev.resize(std::min<size_t>(by_rev.size(), p_.options.max_nodes));
-  std::string value;
-  for (size_t i = 0; i < by_rev.size(); ++i) {
-    value +=
-        (i ? std::string(1, kRecordSep) : std::string()) + by_rev[i].second;
-  }
+  // The revision of the read first: the members watch the round from the
+  // one after it (wait_round_end), so they need not read it again.
+  std::string value = std::to_string(st.revision);
+  for (const auto& [rev, record] : by_rev) value += kRecordSep + record;
   // Closed once, with exactly the joiners read: the transaction fails
   // when another closed it or a joiner came or went since the read.
   etcdserverpb::TxnRequest t;
@@ -313,7 +326,6 @@ void EtcdRendezvous::try_close(int round, int need, RoundState& st) {
   if (resp.succeeded()) {
     st.closed = true;
     st.records = value;
-    st.closed_rev = resp.header().revision();
     return;
   }
   st.take_closed(resp.responses(0).response_range().kvs());
@@ -464,6 +476,10 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       // round of N would send N*N events.
       std::optional<ActiveWatch> w;
       w.emplace(*this, client_->watch(rp + "closed", "", 0));
+      // Joining once the watch is on its way saves reading "closed" again
+      // after it (below) in nearly every round; a watch still failing over
+      // after kWatchSendWait is not waited for (the read covers it).
+      (*w)->wait_sent(std::min(deadline, Clock::now() + kWatchSendWait));
       RoundState st;
       const int joined = join(r, me, guess, st);
       if (joined != r) {
@@ -547,8 +563,13 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       std::vector<MemberRecord> ms;
       int seq = 0;
       bool member = false;
+      int64_t read_rev = 0;
       for (const std::string& rec : split_list(st.records, kRecordSep)) {
-        ms.push_back(MemberRecord::decode(rec, ++seq));
+        if (seq++ == 0) {
+          read_rev = closed_read_revision(rec);
+          continue;
+        }
+        ms.push_back(MemberRecord::decode(rec, seq - 1));
         member = member || ms.back().id == node_id_;
       }
       if (!member) {
@@ -582,7 +603,7 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       round_ = r;
       group_rank_ = res.group_rank;
       restart_count_ = res.restart_count;
-      closed_rev_ = st.closed_rev;
+      watch_from_ = read_rev + 1;
       reported_ = false;
       p_.log(round_line(res));
       return res;
@@ -638,28 +659,15 @@ RoundEvent EtcdRendezvous::wait_round_end() {
     }
     return std::nullopt;
   };
-  // Who was there when the round closed: a member already gone then, or
-  // a node that came too late for it, ends the round at once. The watch
-  // goes on from the closing revision, not from now: the order of what
-  // came since matters (every member's "done" comes before the first of
-  // them leaves, its keys vanishing with its lease), so a late watcher
-  // takes etcd's sync delay (Client::watch) rather than a later state.
-  std::set<std::string> present;
-  etcdserverpb::RangeRequest at = prefix_range(rp + "node/", closed_rev_);
-  at.set_keys_only(true);
-  const auto at_close = client_->range(at);
-  for (const auto& kv : at_close.kvs()) {
-    present.insert(kv.key().substr(rp.size() + 5));
-  }
-  for (const std::string& id : members_) {
-    if (!present.contains(id)) return lost(id, false);
-  }
-  if (static_cast<int>(members_.size()) < max) {
-    for (const std::string& id : present) {
-      if (!is_member(id)) return joined(id);
-    }
-  }
-  ActiveWatch w(*this, client_->watch(rp, prefix_end(rp), closed_rev_ + 1));
+  // The members are the joiners the closer read (at watch_from_ - 1), and
+  // no node joined between that read and the close (its transaction
+  // checks), so the watch from the revision after the read reports
+  // whatever changed since: a member gone before the close too. It does
+  // not start from now: the order of what came since matters (every
+  // member's "done" comes before the first of them leaves, its keys
+  // vanishing with its lease), so a late watcher takes etcd's sync delay
+  // (Client::watch) rather than a later state.
+  ActiveWatch w(*this, client_->watch(rp, prefix_end(rp), watch_from_));
   while (true) {
     auto ev = w->next(Clock::now() + std::chrono::hours(24));
     {

@@ -106,7 +106,7 @@ class EtcdRendezvous : public Rendezvous {
   int group_rank_ = -1;
   int restart_count_ = 0;
   std::vector<std::string> members_;  // ids, in join order
-  int64_t closed_rev_ = 0;            // revision at which round_ closed
+  int64_t watch_from_ = 0;  // round_'s watch: the revision after its read
   bool reported_ = false;
 
   std::thread watcher_thread_;
