@@ -85,7 +85,9 @@ def detection(build, endpoint, sig, with_helper, run_id):
         try:
             wait_lines(stamps, 3, 60)
             if with_helper:
-                victims.append(helper_of(agents[2].pid))
+                # The helper first: killed after the agent, it could see
+                # the agent's end and revoke the lease in between.
+                victims.insert(0, helper_of(agents[2].pid))
             t0 = time.time()
             for v in victims:
                 os.kill(v, sig)
