@@ -67,13 +67,15 @@ struct EtcdRendezvous::RoundState {
   // `revision` and not used since (else empty).
   std::vector<std::pair<int64_t, std::string>> fresh;
   bool closed = false;
-  std::string records;   // the "closed" value
+  std::string records;  // the "closed" value
+  int64_t closed_rev = 0;
   int64_t revision = 0;  // of the last read
 
   // Takes the round's "closed" key, as read or put.
   void take_closed(const mvccpb::KeyValue& kv) {
     closed = true;
     records = kv.value();
+    closed_rev = kv.mod_revision();
   }
   // The same from a read of it (no key: not closed).
   void take_closed(
@@ -326,6 +328,7 @@ void EtcdRendezvous::try_close(int round, int need, RoundState& st) {
   if (resp.succeeded()) {
     st.closed = true;
     st.records = value;
+    st.closed_rev = resp.header().revision();
     return;
   }
   st.take_closed(resp.responses(0).response_range().kvs());
@@ -603,7 +606,12 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       round_ = r;
       group_rank_ = res.group_rank;
       restart_count_ = res.restart_count;
-      watch_from_ = read_rev + 1;
+      // Nothing came between the closer's read and the close (the usual
+      // case): the watch starts after the close, a revision etcd may not
+      // have yet, which it serves at once rather than from its sync loop
+      // (Client::watch).
+      watch_from_ =
+          st.closed_rev == read_rev + 1 ? st.closed_rev + 1 : read_rev + 1;
       reported_ = false;
       p_.log(round_line(res));
       return res;
