@@ -667,14 +667,14 @@ RoundEvent EtcdRendezvous::wait_round_end() {
     }
     return std::nullopt;
   };
-  // The members are the joiners the closer read (at watch_from_ - 1), and
-  // no node joined between that read and the close (its transaction
-  // checks), so the watch from the revision after the read reports
-  // whatever changed since: a member gone before the close too. It does
-  // not start from now: the order of what came since matters (every
-  // member's "done" comes before the first of them leaves, its keys
-  // vanishing with its lease), so a late watcher takes etcd's sync delay
-  // (Client::watch) rather than a later state.
+  // The members are the joiners the closer read, and no node joined
+  // between that read and the close (its transaction checks), so the
+  // watch from the revision after the read (after the close when nothing
+  // came between, next_round) reports whatever changed since: a member
+  // gone before the close too. It does not start from now: the order of
+  // what came since matters (every member's "done" comes before the first
+  // of them leaves, its keys vanishing with its lease), so a late watcher
+  // takes etcd's sync delay (Client::watch) rather than a later state.
   ActiveWatch w(*this, client_->watch(rp, prefix_end(rp), watch_from_));
   while (true) {
     auto ev = w->next(Clock::now() + std::chrono::hours(24));
