@@ -80,9 +80,10 @@ void GlooProcessGroup::check_usable(const char* op) {
 // another, when they fit fused_capacity() and this rank's arguments are
 // valid (a bad tensor is never read): through the channel for every
 // collective, over TCP for all_reduce's one tensor. They land at
-// payload_of(j) for each peer j.
+// payload_of(j) for each peer j. offer[skip] stays behind (the channel
+// only): a piece for this rank itself, which no peer reads.
 void GlooProcessGroup::agree(const char* op, const Call& c,
-                             std::span<const Tensor> offer) {
+                             std::span<const Tensor> offer, int skip) {
   check_usable(op);
   const size_t n = size();
   const size_t words = kFixedWords + 2 * n;
@@ -108,7 +109,9 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
   if (n > 1) {
     ensure_channel(op);  // fused_capacity() depends on it
     size_t offered = 0;
-    for (const Tensor& t : offer) offered += t.nbytes();
+    for (size_t i = 0; i < offer.size(); ++i) {
+      if (static_cast<int>(i) != skip) offered += offer[i].nbytes();
+    }
     // Over TCP only an all_reduce's one tensor travels with the check.
     const bool send =
         !offer.empty() && c.local_error.empty() &&
@@ -116,7 +119,8 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
         (channel_ || (offer.size() == 1 && c.kind == Op::kAllReduce));
     if (channel_) {
       run(op, [&] {
-        channel_exchange(mine, send ? offer : std::span<const Tensor>(), all);
+        channel_exchange(mine, send ? offer : std::span<const Tensor>(), skip,
+                         all);
       });
     } else {
       run(op,

@@ -355,7 +355,8 @@ class GlooProcessGroup : public ProcessGroup {
   std::string check_list(std::span<const Tensor> list, const char* what,
                          const Tensor& like) const;
   void check_usable(const char* op);
-  void agree(const char* op, const Call& c, std::span<const Tensor> offer = {});
+  void agree(const char* op, const Call& c, std::span<const Tensor> offer = {},
+             int skip = -1);
   void all_gather_words(const std::vector<uint64_t>& mine,
                         const Tensor* payload, std::vector<uint64_t>& all);
   size_t words_bytes() const;
@@ -369,7 +370,7 @@ class GlooProcessGroup : public ProcessGroup {
 
   // shm_collectives.cc: the shared-memory paths (ranks on one host).
   void channel_exchange(const std::vector<uint64_t>& mine,
-                        std::span<const Tensor> payload,
+                        std::span<const Tensor> payload, int skip,
                         std::vector<uint64_t>& all);
   void channel_wait();
   [[noreturn]] void channel_failed(const ShmChannel::WaitError& e);

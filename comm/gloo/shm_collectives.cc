@@ -13,15 +13,18 @@
 namespace dlaunch::comm::gloo {
 
 // The argument check through the shared-memory channel: post this rank's
-// words (and payload), wait for every peer's, read their words in place.
+// words (and payload but payload[skip]), wait for every peer's, read their
+// words in place.
 void GlooProcessGroup::channel_exchange(const std::vector<uint64_t>& mine,
                                         std::span<const Tensor> payload,
-                                        std::vector<uint64_t>& all) {
+                                        int skip, std::vector<uint64_t>& all) {
   const size_t wb = mine.size() * sizeof(uint64_t);
   std::vector<std::span<const char>>& parts = parts_;  // no allocation
   parts.clear();
-  for (const Tensor& t : payload) {
-    parts.emplace_back(static_cast<const char*>(t.data), t.nbytes());
+  for (size_t i = 0; i < payload.size(); ++i) {
+    if (static_cast<int>(i) == skip) continue;
+    parts.emplace_back(static_cast<const char*>(payload[i].data),
+                       payload[i].nbytes());
   }
   channel_->post_parts({reinterpret_cast<const char*>(mine.data()), wb}, parts);
   channel_wait();

@@ -228,9 +228,12 @@ bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
                                    int root) {
   const int r = rank();
   const int n = size();
-  if (with_check(n * out.nbytes())) {
+  // The root posted every piece but its own, in rank order.
+  if (with_check((n - 1) * out.nbytes())) {
     if (r != root) {
-      copy_bytes(out.data, payload_of(root) + r * out.nbytes(), out.nbytes());
+      const int at_piece = r < root ? r : r - 1;
+      copy_bytes(out.data, payload_of(root) + at_piece * out.nbytes(),
+                 out.nbytes());
     }
     took("shm-check");
     return true;
@@ -337,21 +340,24 @@ bool GlooProcessGroup::shm_all_to_all(std::span<const Tensor> out,
   const int r = rank();
   const int n = size();
   const size_t es = dtype_size(in[0].dtype);
-  uint64_t most_sent = 0;  // bytes, by any one rank
+  uint64_t most_sent = 0;  // bytes to its peers, by any one rank
   uint64_t largest = 0;    // elements, of any one block
   for (int j = 0; j < n; ++j) {
     uint64_t sent = 0;
     for (int d = 0; d < n; ++d) {
-      sent += agreed_count(j, d);
+      if (d != j) sent += agreed_count(j, d);
       largest = std::max(largest, agreed_count(j, d));
     }
     most_sent = std::max(most_sent, sent * es);
   }
+  // Each rank posted its blocks for its peers (not its own), in rank order.
   if (with_check(most_sent)) {
     for (int j = 0; j < n; ++j) {
       if (j == r) continue;
       uint64_t before = 0;
-      for (int d = 0; d < r; ++d) before += agreed_count(j, d);
+      for (int d = 0; d < r; ++d) {
+        if (d != j) before += agreed_count(j, d);
+      }
       copy_bytes(out[j].data, payload_of(j) + before * es, out[j].nbytes());
     }
     took("shm-check");

@@ -128,7 +128,8 @@ void GlooProcessGroup::scatter(Tensor out, std::span<const Tensor> in,
   Call c = make_call(Op::kScatter, out.dtype, out.numel, root, ReduceOp::kSum);
   c.local_error = check_tensor(out, "out") + check_root(root);
   if (rank() == root) c.local_error += check_list(in, "in", out);
-  agree(op, c, rank() == root ? in : std::span<const Tensor>());
+  // The root's own piece stays behind: it copies it itself.
+  agree(op, c, rank() == root ? in : std::span<const Tensor>(), root);
   if (rank() == root) {
     copy(out, in[root]);
   }
@@ -248,7 +249,7 @@ void GlooProcessGroup::all_to_all(std::span<const Tensor> out,
                       "; this rank's own block must fit";
     }
   }
-  agree(op, c, in);
+  agree(op, c, in, rank());  // this rank's own block: copied here
   copy(out[rank()], in[rank()]);
   if (size() == 1) return took("local");
   bool done = false;
