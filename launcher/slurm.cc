@@ -23,6 +23,11 @@ const std::string* first_of(const agent::EnvMap& env,
   return nullptr;
 }
 
+// The fix for allocation variables that disagree: salloc and sbatch set
+// them consistently.
+constexpr char kUnalteredAllocation[] =
+    "; run dlaunch in an unaltered Slurm environment";
+
 // "2(x3),1" -> 2 2 2 1. Throws HostsError.
 std::vector<int> expand_tasks(const std::string& text) {
   const auto bad = [&] {
@@ -81,8 +86,7 @@ SlurmAllocation read_slurm_allocation(const agent::EnvMap& env) {
     if (!parse_number(*count, n) || n != static_cast<int>(a.nodes.size())) {
       throw HostsError(count_name + "=" + *count + " but " + which + "='" +
                        *list + "' names " + std::to_string(a.nodes.size()) +
-                       " node(s); run dlaunch in an unaltered Slurm "
-                       "environment");
+                       " node(s)" + kUnalteredAllocation);
     }
   }
   if (const std::string* tasks = first_of(env, {"SLURM_TASKS_PER_NODE"})) {
@@ -91,8 +95,7 @@ SlurmAllocation read_slurm_allocation(const agent::EnvMap& env) {
       throw HostsError("SLURM_TASKS_PER_NODE='" + *tasks + "' counts " +
                        std::to_string(a.tasks_per_node.size()) +
                        " node(s) but " + which + " names " +
-                       std::to_string(a.nodes.size()) +
-                       "; run dlaunch in an unaltered Slurm environment");
+                       std::to_string(a.nodes.size()) + kUnalteredAllocation);
     }
   }
   return a;
@@ -141,24 +144,21 @@ std::optional<SlurmTask> read_slurm_task(const agent::EnvMap& env) {
   const std::string* id = first_of(env, {"SLURM_JOB_ID", "SLURM_JOBID"});
   t.job_id = id ? *id : "";
   const std::string where = "Slurm step " + t.job_id + "." + t.step_id;
-  const auto bad = [&](const std::string& name, const std::string& value,
-                       const std::string& why) {
-    return HostsError(where + ": " + name + "='" + value + "' " + why +
+  // Every broken step variable has one fix: srun sets them all.
+  const auto broken = [&](const std::string& what) {
+    return HostsError(where + ": " + what +
                       "; run dlaunch as a task of an unaltered srun step");
   };
-  if (t.job_id.empty()) {
-    throw HostsError(where + ": SLURM_JOB_ID is not set" +
-                     "; run dlaunch as a task of an unaltered srun step");
-  }
+  const auto bad = [&](const std::string& name, const std::string& value,
+                       const std::string& why) {
+    return broken(name + "='" + value + "' " + why);
+  };
+  if (t.job_id.empty()) throw broken("SLURM_JOB_ID is not set");
   std::string list_name;
   const std::string* list = first_of(
       env, {"SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_NODELIST"},
       &list_name);
-  if (!list) {
-    throw HostsError(where +
-                     ": SLURM_STEP_NODELIST is not set; run dlaunch as a "
-                     "task of an unaltered srun step");
-  }
+  if (!list) throw broken("SLURM_STEP_NODELIST is not set");
   try {
     t.nodes = expand_hostlist(*list);
   } catch (const HostlistError& e) {
