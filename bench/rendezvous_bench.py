@@ -81,19 +81,45 @@ def torchrun_agent(i, n, port, run_id, stamps, logs):
             *worker(stamps)]
 
 
-def stop_all(procs, timeout):
+def agent_name(i, p):
+    """'agent 3 (127.0.0.5, pid 123)': its index, --local-addr and pid."""
+    args = p.args
+    addr = f"{args[args.index('--local-addr') + 1]}, " \
+        if "--local-addr" in args else ""
+    return f"agent {i} ({addr}pid {p.pid})"
+
+
+def stop_all(procs, timeout, what):
+    """Waits up to `timeout` s for `procs` (the agents of `what`) to exit,
+    saying so, then SIGKILLs the groups of those still alive; returns their
+    names."""
+    alive = [(i, p) for i, p in enumerate(procs) if p.poll() is None]
+    if alive and timeout > 0:
+        print(f"  {what}: waiting up to {timeout} s for {len(alive)} "
+              "agent(s) to exit", flush=True)
     end = time.time() + timeout
-    for p in procs:
+    left = []
+    for i, p in alive:
         try:
             p.wait(max(0.1, end - time.time()))
         except subprocess.TimeoutExpired:
+            left.append(agent_name(i, p))
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+    return left
+
+
+def fail_if_left(left, timeout, what):
+    """Raises TimeoutError naming the agents in `left` (the first ten)."""
+    if left:
+        more = f" and {len(left) - 10} more" if len(left) > 10 else ""
+        raise TimeoutError(f"{what}: {len(left)} agent(s) still alive {timeout}"
+                           f" s after the end, killed: {', '.join(left[:10])}"
+                           f"{more}")
 
 
 def rendezvous_time(cmds, stamps, n, timeout):
     procs = []
-    done = False
     try:
         for c in cmds:
             procs.append(subprocess.Popen(c, stdout=subprocess.DEVNULL,
@@ -101,11 +127,14 @@ def rendezvous_time(cmds, stamps, n, timeout):
                                           start_new_session=True))
         last_start = time.time()
         lines = wait_lines(stamps, n, timeout)
-        done = True
-        return max(float(l.split()[0]) for l in lines) - last_start
-    finally:
-        # After a timeout the agents are stopped at once.
-        stop_all(procs, timeout if done else 0)
+    except BaseException:
+        # After a timeout (or Ctrl-C) the agents are stopped at once.
+        stop_all(procs, 0, f"{n} agents")
+        raise
+    took = max(float(l.split()[0]) for l in lines) - last_start
+    fail_if_left(stop_all(procs, timeout, f"{n} agents"), timeout,
+                 f"{n} agents")
+    return took
 
 
 def rendezvous(build, n, k, torch):
@@ -136,11 +165,15 @@ def detection(build, sig, conf):
             t0 = time.time()
             os.kill(agents[2].pid, sig)
             lines = wait_lines(stamps, 5, 120)
-            return max(float(l.split()[0]) for l in lines[3:]) - t0
+        except BaseException:
+            stop_all(agents, 0, "detection")
+            raise
         finally:
-            if sig == signal.SIGSTOP:
+            if sig == signal.SIGSTOP and agents[2].poll() is None:
                 os.killpg(agents[2].pid, signal.SIGKILL)
-            stop_all(agents, 60)
+        took = max(float(l.split()[0]) for l in lines[3:]) - t0
+        fail_if_left(stop_all(agents, 60, "detection"), 60, "detection")
+        return took
 
 
 def measure(label, fn, repeat):
