@@ -90,14 +90,8 @@ int sockets_with_queued_bytes(pid_t pid, uint64_t bytes) {
 // Polls `ok` every 10 ms for at most `timeout` (for state only /proc shows;
 // finer than testing::eventually: start_p2p_stopping_receivers stops each
 // receiver before its sender can finish).
-template <class F>
-bool eventually(F&& ok, milliseconds timeout) {
-  const auto end = std::chrono::steady_clock::now() + timeout;
-  while (!ok()) {
-    if (std::chrono::steady_clock::now() >= end) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
+bool eventually(const std::function<bool()>& ok, milliseconds timeout) {
+  return testing::eventually(ok, timeout, milliseconds(10));
 }
 
 void expect_all_ok(std::vector<std::unique_ptr<Subprocess>>& procs) {

@@ -70,16 +70,11 @@ std::vector<EnvLine> env_lines(const std::string& out) {
   return v;
 }
 
-// Polls `done` (every 20 ms) until it holds or `timeout` passes: for state
-// that has no event to wait on (etcd's health, its keys).
-template <typename Pred>
-bool eventually(Pred done, std::chrono::milliseconds timeout) {
-  const auto end = Clock::now() + timeout;
-  while (!done()) {
-    if (Clock::now() >= end) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-  return true;
+// testing::eventually, checking every 20 ms: for state that has no event
+// to wait on (etcd's health, its keys).
+bool eventually(const std::function<bool()>& done,
+                std::chrono::milliseconds timeout) {
+  return testing::eventually(done, timeout, 20ms);
 }
 
 // An etcd cluster of `n` members on 127.0.0.1, data in a temp folder.

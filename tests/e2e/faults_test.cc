@@ -26,8 +26,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::CommandResult;
+using testing::describe;
 using testing::free_port;
 using ::testing::HasSubstr;
+using testing::marked;
+using testing::none_marked;
 using ::testing::Not;
 using testing::read_file;
 using testing::Subprocess;
@@ -42,11 +45,6 @@ CommandResult dlaunch(std::vector<std::string> args,
   return testing::run_command({args, env, {}, ""}, 120s);
 }
 
-std::string describe(const CommandResult& r) {
-  return "exit " + std::to_string(r.exit_code) + "\n--- stdout\n" + r.out +
-         "\n--- stderr\n" + r.err;
-}
-
 nlohmann::json summary(const fs::path& log_dir, const std::string& id) {
   return nlohmann::json::parse(read_file(log_dir / id / "summary.json"));
 }
@@ -55,17 +53,6 @@ nlohmann::json summary(const fs::path& log_dir, const std::string& id) {
 // inherit it), unique to this test process and `name`.
 std::string run_mark(const std::string& name) {
   return "faults-" + std::to_string(::getpid()) + "-" + name;
-}
-
-// The live processes marked DLT_MARK=`mark`.
-std::vector<pid_t> marked(const std::string& mark) {
-  return testing::processes_with_env("DLT_MARK=" + mark);
-}
-
-// Whether no process marked `mark` is left once dlaunch has exited
-// (bounded: a killed process is gone a moment after its group's signal).
-bool none_left(const std::string& mark) {
-  return testing::eventually([&] { return marked(mark).empty(); }, 10s);
 }
 
 // A worker that runs until killed in the first attempt and succeeds in
@@ -339,7 +326,8 @@ TEST(Drill, LeavesNoProcessBehind) {
       dlaunch({"--drill", (dir / "drill.yaml").string()}, {{"DLT_MARK", mark}});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.out, HasSubstr("drill: PASSED\n"));
-  EXPECT_TRUE(none_left(mark)) << marked(mark).size() << " processes left";
+  EXPECT_TRUE(none_marked(mark, 10s))
+      << marked(mark).size() << " processes left";
 }
 
 // dl-sgd, checkpointing each epoch, as two workers under dlaunch.

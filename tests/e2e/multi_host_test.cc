@@ -12,7 +12,6 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <regex>
 #include <set>
 #include <thread>
@@ -28,9 +27,12 @@ namespace {
 namespace fs = std::filesystem;
 using testing::CommandResult;
 using ::testing::HasSubstr;
+using testing::marked;
+using testing::none_marked;
 using ::testing::Not;
 using testing::Subprocess;
 using testing::TempDir;
+using testing::unique_mark;
 using namespace std::chrono_literals;
 
 const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
@@ -48,17 +50,6 @@ testing::CommandOptions cmd(std::vector<std::string> argv,
 bool have(const std::string& program) {
   return testing::run_command(cmd({"sh", "-c", "command -v " + program}))
              .exit_code == 0;
-}
-
-// A value no other test's processes carry.
-std::string unique_mark() {
-  std::random_device rd;
-  return "m" + std::to_string(rd()) + std::to_string(::getpid());
-}
-
-// The processes whose environment holds DLT_MARK=`mark`.
-std::vector<pid_t> marked(const std::string& mark) {
-  return testing::processes_with_env("DLT_MARK=" + mark);
 }
 
 // The live processes of job `tag`: agents (`--job-tag TAG` in their
@@ -83,11 +74,6 @@ std::vector<pid_t> tagged(const std::string& tag) {
     }
   }
   return out;
-}
-
-// Waits (bounded) until no process carries `mark`; true when none does.
-bool none_left(const std::string& mark, std::chrono::milliseconds bound) {
-  return testing::eventually([&] { return marked(mark).empty(); }, bound);
 }
 
 std::vector<std::string> head(const std::string& launcher,
@@ -143,7 +129,7 @@ class MultiHost : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(MultiHost, EveryHostRunsAnAgentInOneWorld) {
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   CommandResult r = testing::run_command(
       cmd(head("127.0.0.[2-4]:2", mark,
                {"sh", "-c",
@@ -176,12 +162,12 @@ TEST_P(MultiHost, EveryHostRunsAnAgentInOneWorld) {
     EXPECT_FALSE(fs::exists("/tmp/" + *tags.begin() + "-" + h + ".job"));
   }
   EXPECT_FALSE(fs::exists("/tmp/" + *tags.begin() + ".job"));
-  EXPECT_TRUE(none_left(mark, 10s));
+  EXPECT_TRUE(none_marked(mark, 10s));
 }
 
 TEST_P(MultiHost, EnvironmentValuesArriveIntactAndLarge) {
   TempDir dir;
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   const std::string tricky = "it's \"quoted\" $HOME `x` \\n end";
   testing::write_file(dir / "env", "# comment\n\nE1=a b  c\nE2=" + tricky +
                                        "\nexport E3=x=y\n");
@@ -231,7 +217,7 @@ TEST_P(MultiHost, EnvironmentValuesArriveIntactAndLarge) {
 }
 
 TEST_P(MultiHost, SigintToTheHeadLeavesNothingOnAnyHost) {
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   Subprocess job(cmd(head("127.0.0.[2-3]", mark,
                           {"--nproc-per-node", "2", "sh", "-c",
                            "echo up-$RANK; exec sleep 300"}),
@@ -249,14 +235,14 @@ TEST_P(MultiHost, SigintToTheHeadLeavesNothingOnAnyHost) {
   CommandResult r = job.wait(60s);
   EXPECT_FALSE(r.timed_out) << r.err;
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_TRUE(none_left(mark, 30s)) << marked(mark).size() << " left";
+  EXPECT_TRUE(none_marked(mark, 30s)) << marked(mark).size() << " left";
 }
 
 // A SIGKILLed head cannot tear anything down: every agent must notice on
 // its own (its connection to the head, its link to the head's store) and
 // end its workers.
 TEST_P(MultiHost, SigkillToTheHeadLeavesNothingOnAnyHost) {
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   Subprocess job(cmd(head("127.0.0.[2-3]", mark,
                           {"--nproc-per-node", "2", "sh", "-c",
                            "echo up-$RANK-$DLAUNCH_JOB_TAG.; exec sleep 300"}),
@@ -276,7 +262,7 @@ TEST_P(MultiHost, SigkillToTheHeadLeavesNothingOnAnyHost) {
       << marked(mark).size();
   job.signal(SIGKILL);
   EXPECT_EQ(job.wait(10s).signal, SIGKILL);
-  EXPECT_TRUE(none_left(mark, 60s)) << marked(mark).size() << " left";
+  EXPECT_TRUE(none_marked(mark, 60s)) << marked(mark).size() << " left";
   EXPECT_TRUE(testing::eventually([&] { return tagged(tag).empty(); }, 30s))
       << tagged(tag).size() << " left";
   // No job file (the token is in it) outlives the agents.
@@ -287,7 +273,7 @@ TEST_P(MultiHost, SigkillToTheHeadLeavesNothingOnAnyHost) {
 // starts and fire on the host that runs their rank: each costs one
 // restart, and the job then finishes.
 TEST_P(MultiHost, FaultsFireOnTheHostsTheHeadStarted) {
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   auto head_env = env();
   head_env["DLAUNCH_FAULTS"] = "kill:rank=3";
   CommandResult r = testing::run_command(
@@ -305,11 +291,11 @@ TEST_P(MultiHost, FaultsFireOnTheHostsTheHeadStarted) {
   for (int rank = 0; rank < 4; ++rank) {
     EXPECT_THAT(r.out, HasSubstr("up-" + std::to_string(rank) + "-2")) << r.out;
   }
-  EXPECT_TRUE(none_left(mark, 10s));
+  EXPECT_TRUE(none_marked(mark, 10s));
 }
 
 TEST_P(MultiHost, StoppingOneOfTwoJobsLeavesTheOther) {
-  const std::string a = unique_mark(), b = unique_mark() + "b";
+  const std::string a = unique_mark("m"), b = unique_mark("m") + "b";
   auto start = [&](const std::string& mark) {
     return std::make_unique<Subprocess>(
         cmd(head("127.0.0.[2-3]", mark,
@@ -330,17 +316,17 @@ TEST_P(MultiHost, StoppingOneOfTwoJobsLeavesTheOther) {
       << marked(b).size();
   ja->signal(SIGINT);
   EXPECT_FALSE(ja->wait(60s).timed_out);
-  EXPECT_TRUE(none_left(a, 30s));
+  EXPECT_TRUE(none_marked(a, 30s));
   // Every process of the other job still runs.
   EXPECT_EQ(marked(b).size(), b_count);
   EXPECT_TRUE(testing::process_alive(jb->pid()));
   jb->signal(SIGINT);
   EXPECT_FALSE(jb->wait(60s).timed_out);
-  EXPECT_TRUE(none_left(b, 30s));
+  EXPECT_TRUE(none_marked(b, 30s));
 }
 
 TEST_P(MultiHost, AFailedHostStopsTheJobEverywhere) {
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   // Group rank 1's worker fails at once; the others would sleep.
   CommandResult r =
       testing::run_command(cmd(head("127.0.0.[2-4]", mark,
@@ -352,7 +338,7 @@ TEST_P(MultiHost, AFailedHostStopsTheJobEverywhere) {
   EXPECT_FALSE(r.timed_out);
   EXPECT_NE(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("exit code 7"));
-  EXPECT_TRUE(none_left(mark, 30s));
+  EXPECT_TRUE(none_marked(mark, 30s));
 }
 
 INSTANTIATE_TEST_SUITE_P(Launchers, MultiHost,
@@ -364,7 +350,7 @@ INSTANTIATE_TEST_SUITE_P(Launchers, MultiHost,
                          });
 
 TEST(MultiHostHead, TheHeadInTheListRunsItsAgentInProcess) {
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   CommandResult r = testing::run_command(
       cmd(head("local", "localhost,127.0.0.3", mark,
                {"sh", "-c", "echo ENV rank=$RANK ppid=$PPID"})),
@@ -406,17 +392,17 @@ TEST(MultiHostHead, TheNextHeadRemovesAKilledHeadsStagingFolderNotALiveOnes) {
     }
     return job;
   };
-  const std::string killed_mark = unique_mark();
+  const std::string killed_mark = unique_mark("m");
   std::unique_ptr<Subprocess> killed = start(killed_mark);
   const std::set<fs::path> killed_dir = staging();
   ASSERT_EQ(killed_dir.size(), 1u);
   killed->signal(SIGKILL);
   EXPECT_EQ(killed->wait(10s).signal, SIGKILL);
-  EXPECT_TRUE(none_left(killed_mark, 60s));
+  EXPECT_TRUE(none_marked(killed_mark, 60s));
   EXPECT_EQ(staging(), killed_dir) << "nothing else removes it";
 
   // The next head: the killed head's folder goes, its own is made.
-  const std::string live_mark = unique_mark();
+  const std::string live_mark = unique_mark("m");
   std::unique_ptr<Subprocess> live = start(live_mark);
   const std::set<fs::path> live_dir = staging();
   ASSERT_EQ(live_dir.size(), 1u);
@@ -424,19 +410,19 @@ TEST(MultiHostHead, TheNextHeadRemovesAKilledHeadsStagingFolderNotALiveOnes) {
 
   // One more head, run to its end: the live head's folder stays.
   CommandResult r = testing::run_command(
-      cmd(head("local", "127.0.0.2", unique_mark(), {"true"}), env), 60s);
+      cmd(head("local", "127.0.0.2", unique_mark("m"), {"true"}), env), 60s);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(staging(), live_dir);
 
   live->signal(SIGINT);
   EXPECT_FALSE(live->wait(60s).timed_out);
   EXPECT_TRUE(staging().empty());
-  EXPECT_TRUE(none_left(live_mark, 30s));
+  EXPECT_TRUE(none_marked(live_mark, 30s));
 }
 
 TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {
   TempDir dir;
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   testing::write_file(dir / "hosts",
                       "# two hosts\n127.0.0.2 slots=3\n\n127.0.0.3:1\n");
   CommandResult r = testing::run_command(
@@ -456,7 +442,7 @@ TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {
 // not refuse rank 3 (its 2 nodes x 1 worker) before the round forms.
 TEST(MultiHostHead, FaultRanksFitTheWorldOfHostsWithDifferentSlots) {
   TempDir dir;
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   testing::write_file(dir / "hosts", "127.0.0.2 slots=1\n127.0.0.3 slots=3\n");
   CommandResult r = testing::run_command(
       cmd({kDlaunch, "--launcher", "local", "--hostfile",
@@ -473,14 +459,14 @@ TEST(MultiHostHead, FaultRanksFitTheWorldOfHostsWithDifferentSlots) {
     EXPECT_THAT(r.out, HasSubstr("up-" + std::to_string(rank) + "-4-1"))
         << r.out;
   }
-  EXPECT_TRUE(none_left(mark, 10s));
+  EXPECT_TRUE(none_marked(mark, 10s));
 }
 
 // --drill over several hosts: a fault fires on the host that runs its
 // rank, and the head's one verdict table has it, from that host's agent.
 TEST(MultiHostHead, ADrillAcrossHostsPrintsOneVerdict) {
   TempDir dir;
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   testing::write_file(
       dir / "drill.yaml",
       "program: sh\nargs: [-c, 'if [ $TORCHELASTIC_RESTART_COUNT -lt 1 ]; "
@@ -498,7 +484,7 @@ TEST(MultiHostHead, ADrillAcrossHostsPrintsOneVerdict) {
                          "s +ok\n"));
   EXPECT_THAT(r.out, HasSubstr("job: exit 0 after 2 group start(s) (expected "
                                "exit 0): ok\ndrill: PASSED\n"));
-  EXPECT_TRUE(none_left(mark, 10s));
+  EXPECT_TRUE(none_marked(mark, 10s));
 }
 
 // --remote-stop TAG on a machine that is a host and the head's too stops
@@ -509,7 +495,7 @@ TEST(MultiHostHead, ADrillAcrossHostsPrintsOneVerdict) {
 TEST(RemoteStop, StopsTheJobsAgentsAndWorkersNotTheHeadsLauncher) {
   TempDir dir;
   testing::Gate gate((dir / "gate").string());
-  const std::string tag = "dlaunch-job-" + unique_mark();
+  const std::string tag = "dlaunch-job-" + unique_mark("m");
   const std::string wait = "read x < " + gate.path() + "; :";
   auto start = [&](std::vector<std::string> args,
                    std::map<std::string, std::string> env = {}) {
@@ -583,7 +569,7 @@ TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopyFromTheirCache) {
              "echo ENV rank=$RANK agent=$(readlink /proc/$PPID/exe)"})),
         120s);
   };
-  std::string mark = unique_mark();
+  std::string mark = unique_mark("m");
   CommandResult r = run(mark);
   const std::string refused = launcher::why_not_shippable(kDlaunch);
   if (!refused.empty()) {
@@ -610,11 +596,11 @@ TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopyFromTheirCache) {
   EXPECT_TRUE(
       fs::exists(fs::path(copy).replace_filename("dlaunch-cuda-devices")));
   EXPECT_EQ(launcher::file_checksum(copy), launcher::file_checksum(kDlaunch));
-  EXPECT_TRUE(none_left(mark, 10s));
+  EXPECT_TRUE(none_marked(mark, 10s));
   const ino_t first = inode(copy);
 
   // The next job runs the cached copy as it is.
-  mark = unique_mark();
+  mark = unique_mark("m");
   r = run(mark);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("dlaunch: 127.0.0.2 has no usable dlaunch at "
@@ -623,18 +609,18 @@ TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopyFromTheirCache) {
   EXPECT_THAT(r.err, Not(HasSubstr("shipped this one"))) << r.err;
   EXPECT_EQ(shipped_copies(r.out), copies) << r.out;
   EXPECT_EQ(inode(copy), first);
-  EXPECT_TRUE(none_left(mark, 10s));
+  EXPECT_TRUE(none_marked(mark, 10s));
 
   // A damaged copy (its checksum differs) is replaced.
   std::ofstream(copy, std::ios::app) << "damage";
-  mark = unique_mark();
+  mark = unique_mark("m");
   r = run(mark);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("shipped this one to")) << r.err;
   // (Not its inode: of two racing copies, the second may reuse the
   // number the first one's rename freed.)
   EXPECT_EQ(launcher::file_checksum(copy), launcher::file_checksum(kDlaunch));
-  EXPECT_TRUE(none_left(mark, 10s));
+  EXPECT_TRUE(none_marked(mark, 10s));
   // Nothing but the two files: no temporary copies left.
   EXPECT_EQ(std::distance(fs::directory_iterator(fs::path(copy).parent_path()),
                           fs::directory_iterator()),
@@ -643,7 +629,7 @@ TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopyFromTheirCache) {
   // A cache folder that others can write is an error naming the fix.
   const fs::path shared = cache.path() / "dlaunch";
   ::chmod(shared.c_str(), 0777);
-  mark = unique_mark();
+  mark = unique_mark("m");
   r = run(mark);
   ::chmod(shared.c_str(), 0700);
   EXPECT_EQ(r.exit_code, 1) << r.err;
@@ -651,7 +637,7 @@ TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopyFromTheirCache) {
   EXPECT_THAT(r.err, HasSubstr("the cache folder " + shared.string() +
                                " is not private"));
   EXPECT_THAT(r.err, HasSubstr("chmod 700 " + shared.string()));
-  EXPECT_TRUE(none_left(mark, 10s));
+  EXPECT_TRUE(none_marked(mark, 10s));
 }
 
 TEST(MultiHostShip, HostsWhosePathLacksDlaunchRunTheHeadsCopy) {
@@ -670,7 +656,7 @@ TEST(MultiHostShip, HostsWhosePathLacksDlaunchRunTheHeadsCopy) {
     env["XDG_CACHE_HOME"] = cache.path().string();
     for (const std::string said :
          {"shipped this one to", "found this one cached at"}) {
-      const std::string mark = unique_mark();
+      const std::string mark = unique_mark("m");
       CommandResult r = testing::run_command(
           cmd(head(backend, "127.0.0.2,127.0.0.3", mark,
                    {"--remote-dlaunch", "dlaunch", "sh", "-c",
@@ -689,7 +675,7 @@ TEST(MultiHostShip, HostsWhosePathLacksDlaunchRunTheHeadsCopy) {
       std::set<std::string> copies = shipped_copies(r.out);
       ASSERT_EQ(copies.size(), 1u) << r.out;
       EXPECT_TRUE(copies.begin()->starts_with(cache.path().string()));
-      EXPECT_TRUE(none_left(mark, 10s));
+      EXPECT_TRUE(none_marked(mark, 10s));
     }
   }
 }
@@ -701,7 +687,7 @@ TEST(MultiHostShip, AgentsEndWhenTheHeadIsKilledAndTheCacheStays) {
   testing::TestSshd sshd({"127.0.0.2", "127.0.0.3"});
   if (!sshd.available()) GTEST_SKIP() << sshd.why_not();
   TempDir cache("dlaunch-cache");
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   Subprocess job(cmd(head(
       "ssh", "127.0.0.2,127.0.0.3", mark,
       {"--ssh-port", std::to_string(sshd.port()), "--ssh-args",
@@ -717,7 +703,7 @@ TEST(MultiHostShip, AgentsEndWhenTheHeadIsKilledAndTheCacheStays) {
   // No teardown from the head: each agent sees its ssh connection end.
   job.signal(SIGKILL);
   EXPECT_FALSE(job.wait(30s).timed_out);
-  EXPECT_TRUE(none_left(mark, 30s));
+  EXPECT_TRUE(none_marked(mark, 30s));
   for (const std::string& c : copies) {
     EXPECT_EQ(launcher::file_checksum(c), launcher::file_checksum(kDlaunch));
   }
@@ -735,7 +721,7 @@ std::string fake_gpu_counter(const TempDir& dir, int n) {
 CommandResult run_counting_gpus(const TempDir& dir, int head_gpus,
                                 int host_gpus, const std::string& nproc,
                                 const std::string& script,
-                                const std::string& mark = unique_mark()) {
+                                const std::string& mark = unique_mark("m")) {
   return testing::run_command(
       cmd(head(
               "local", "127.0.0.2,127.0.0.3", mark,
@@ -774,7 +760,7 @@ TEST(MultiHostHead, NprocGpuIsCountedByEachHostNotTheHead) {
 
 TEST(MultiHostHead, NprocGpuOnAHostWithoutGpusFailsNamingIt) {
   TempDir dir;
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   // The head has GPUs; the hosts have none.
   CommandResult r = run_counting_gpus(dir, 2, 0, "gpu", "true", mark);
   EXPECT_FALSE(r.timed_out);
@@ -782,7 +768,7 @@ TEST(MultiHostHead, NprocGpuOnAHostWithoutGpusFailsNamingIt) {
   EXPECT_THAT(r.err, ::testing::ContainsRegex(
                          "127\\.0\\.0\\.[23] dlaunch: --nproc-per-node "
                          "gpu: no CUDA device is visible"));
-  EXPECT_TRUE(none_left(mark, 30s));
+  EXPECT_TRUE(none_marked(mark, 30s));
   // The head in the list, without GPUs itself: refused before anything
   // starts, naming it.
   CommandResult h = testing::run_command(
@@ -804,7 +790,7 @@ TEST(MultiHostHead, NprocGpuOnAHostWithoutGpusFailsNamingIt) {
 }
 
 TEST(MultiHostHead, PreflightTablesEveryFailedHost) {
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("m");
   TempDir dir;
   CommandResult r = testing::run_command(
       cmd(head("local", "127.0.0.2,127.0.0.3", mark, {"./no-such-program"}), {},

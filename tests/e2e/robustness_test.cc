@@ -31,15 +31,10 @@ using namespace std::chrono_literals;
 
 const std::string kDlaunch = testing::bin("dlaunch");
 
-// Polls `cond` every 10 ms until it holds or `timeout` passes.
-template <typename Cond>
-bool eventually(Cond cond, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
+// testing::eventually, checking every 10 ms.
+bool eventually(const std::function<bool()>& cond,
+                std::chrono::milliseconds timeout) {
+  return testing::eventually(cond, timeout, 10ms);
 }
 
 // A pipe whose ends close with the test.

@@ -17,7 +17,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <random>
 #include <regex>
 #include <thread>
 
@@ -31,7 +30,10 @@ namespace {
 namespace fs = std::filesystem;
 using testing::CommandResult;
 using ::testing::HasSubstr;
+using testing::marked;
+using testing::none_marked;
 using testing::Subprocess;
+using testing::unique_mark;
 using namespace std::chrono_literals;
 
 const std::string kDlaunch = DLAUNCH_BIN_DIR "/dlaunch";
@@ -44,16 +46,6 @@ testing::CommandOptions cmd(std::vector<std::string> argv,
   o.env = std::move(env);
   o.unset_env = std::move(unset);
   return o;
-}
-
-std::string unique_mark() {
-  std::random_device rd;
-  return "s" + std::to_string(rd()) + std::to_string(::getpid());
-}
-
-// The live processes whose environment holds DLT_MARK=`mark`.
-std::vector<pid_t> marked(const std::string& mark) {
-  return testing::processes_with_env("DLT_MARK=" + mark);
 }
 
 // The variables of Slurm's that an allocation's shell would hold, with
@@ -147,7 +139,7 @@ class Slurm : public ::testing::Test {
 testing::TestSlurm* Slurm::slurm_ = nullptr;
 
 TEST_F(Slurm, SallocRunsTheAgentsAsSrunTasksWithTorchrunsEnvironment) {
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("s");
   auto env = slurm_->env();
   env["DLT_MARK"] = mark;
   CommandResult r = testing::run_command(
@@ -176,19 +168,18 @@ TEST_F(Slurm, SallocRunsTheAgentsAsSrunTasksWithTorchrunsEnvironment) {
                     " step=[0-9]+ node=" + node + " tok=64"))
         << r.out << r.err;
   }
-  EXPECT_TRUE(testing::eventually([&] { return marked(mark).empty(); }, 30s));
+  EXPECT_TRUE(none_marked(mark, 30s));
 }
 
 TEST_F(Slurm, CtrlCOnTheHeadEndsTheStepAndEveryProcess) {
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("s");
   std::unique_ptr<Subprocess> head = start_sleeping_job(mark);
   ASSERT_TRUE(head);
   head->signal(SIGINT);
   CommandResult r = head->wait(60s);
   EXPECT_FALSE(r.timed_out) << r.err;
   EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
-  EXPECT_TRUE(testing::eventually([&] { return marked(mark).empty(); }, 30s))
-      << marked(mark).size() << " left";
+  EXPECT_TRUE(none_marked(mark, 30s)) << marked(mark).size() << " left";
   EXPECT_TRUE(testing::eventually([&] { return steps().empty(); }, 30s))
       << steps();
 }
@@ -196,13 +187,12 @@ TEST_F(Slurm, CtrlCOnTheHeadEndsTheStepAndEveryProcess) {
 // The head cannot stop anything: srun dies with it, and the agent, its
 // link to the head's store gone, stops its workers and ends the step.
 TEST_F(Slurm, SigkillToTheHeadLeavesNoAgentOrWorker) {
-  const std::string mark = unique_mark();
+  const std::string mark = unique_mark("s");
   std::unique_ptr<Subprocess> head = start_sleeping_job(mark);
   ASSERT_TRUE(head);
   head->signal(SIGKILL);
   EXPECT_EQ(head->wait(10s).signal, SIGKILL);
-  EXPECT_TRUE(testing::eventually([&] { return marked(mark).empty(); }, 60s))
-      << marked(mark).size() << " left";
+  EXPECT_TRUE(none_marked(mark, 60s)) << marked(mark).size() << " left";
   EXPECT_TRUE(testing::eventually([&] { return steps().empty(); }, 60s))
       << steps();
 }

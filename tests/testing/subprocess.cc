@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <system_error>
@@ -210,12 +211,31 @@ std::vector<pid_t> processes_with_env(const std::string& entry) {
   return out;
 }
 
+std::string unique_mark(const std::string& prefix) {
+  std::random_device rd;
+  return prefix + std::to_string(rd()) + std::to_string(::getpid());
+}
+
+std::vector<pid_t> marked(const std::string& mark) {
+  return processes_with_env("DLT_MARK=" + mark);
+}
+
+bool none_marked(const std::string& mark, std::chrono::milliseconds bound) {
+  return eventually([&] { return marked(mark).empty(); }, bound);
+}
+
+std::string describe(const CommandResult& r) {
+  return "exit " + std::to_string(r.exit_code) + "\n--- stdout\n" + r.out +
+         "\n--- stderr\n" + r.err;
+}
+
 bool eventually(const std::function<bool()>& done,
-                std::chrono::milliseconds bound) {
+                std::chrono::milliseconds bound,
+                std::chrono::milliseconds poll) {
   const auto deadline = std::chrono::steady_clock::now() + bound;
   while (std::chrono::steady_clock::now() < deadline) {
     if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::this_thread::sleep_for(poll);
   }
   return done();
 }

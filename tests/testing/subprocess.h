@@ -94,11 +94,29 @@ char process_state(pid_t pid);
 // variable of its own and finds them by it.
 std::vector<pid_t> processes_with_env(const std::string& entry);
 
-// Waits until `done()` holds, checking every 50 ms, for at most `bound`;
+// Marked processes: a test gives every process of one run the variable
+// DLT_MARK=MARK (dlaunch -x, or the worker's environment; children inherit
+// it) and finds them by it in /proc, never by name, so that tests running
+// at the same time never see or stop each other's processes.
+//
+// A fresh MARK: `prefix`, a random number and this test process's pid.
+std::string unique_mark(const std::string& prefix);
+// The live processes carrying DLT_MARK=`mark`.
+std::vector<pid_t> marked(const std::string& mark);
+// Waits at most `bound` until no process carries `mark`; true when none
+// does (a process is gone a moment after its group's signal).
+bool none_marked(const std::string& mark, std::chrono::milliseconds bound);
+
+// Waits until `done()` holds, checking every `poll`, for at most `bound`;
 // true when it does. For state no event announces (another process's
 // exit, a cluster's answer).
 bool eventually(const std::function<bool()>& done,
-                std::chrono::milliseconds bound);
+                std::chrono::milliseconds bound,
+                std::chrono::milliseconds poll = std::chrono::milliseconds(50));
+
+// "exit N", then the program's stdout and stderr under headers: a failed
+// assertion's message about a run.
+std::string describe(const CommandResult& r);
 
 // The pids of `pid`'s live descendants (children, grandchildren, ...),
 // read from /proc.

@@ -27,6 +27,7 @@ using ::testing::Not;
 constexpr auto kTimeout = std::chrono::seconds(120);
 
 using ::dlaunch::testing::bin;
+using ::dlaunch::testing::describe;
 
 // Runs `args` under dlaunch with `nproc` workers on this node.
 testing::CommandResult launch(
@@ -40,11 +41,6 @@ testing::CommandResult launch(
   o.env = env;
   o.env["DLAUNCH_COMM_TIMEOUT"] = "60";
   return testing::run_command(o, kTimeout);
-}
-
-std::string describe(const testing::CommandResult& r) {
-  return "exit " + std::to_string(r.exit_code) + "\n--- stdout\n" + r.out +
-         "\n--- stderr\n" + r.err;
 }
 
 class Nproc : public ::testing::TestWithParam<int> {};

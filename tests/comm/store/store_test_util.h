@@ -77,15 +77,12 @@ inline int64_t ms_since(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-// Polls `cond` every 5 ms until it holds or `timeout` passes (tests only).
-template <typename Cond>
-bool eventually(Cond cond, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!cond()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
+// dlaunch::testing::eventually, checking every 5 ms (a store answers in
+// microseconds).
+inline bool eventually(const std::function<bool()>& cond,
+                       std::chrono::milliseconds timeout) {
+  return ::dlaunch::testing::eventually(cond, timeout,
+                                        std::chrono::milliseconds(5));
 }
 
 // A blocking TCP socket on 127.0.0.1; every operation fails the test rather
