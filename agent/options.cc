@@ -62,6 +62,11 @@ StreamsSpec parse_streams(std::string_view text) {
                                   "': negative local rank; " +
                                   std::string(kValidForms));
     }
+    if (spec.per_rank.contains(rank)) {
+      throw std::invalid_argument("'" + std::string(text) + "': local rank " +
+                                  std::to_string(rank) +
+                                  " is given twice; give each rank once");
+    }
     spec.per_rank[rank] = parse_one(item.substr(colon + 1), text);
     if (comma == std::string_view::npos) break;
     rest = rest.substr(comma + 1);

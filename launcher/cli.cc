@@ -141,8 +141,8 @@ ScannedArgs scan_flags(const std::vector<std::string>& args) {
     if (value.empty()) {
       if (next == args.size()) {
         throw UsageError{"dlaunch: --" + std::string(f.name) +
-                         ": 1 required TEXT missing; run 'dlaunch --help' "
-                         "for the valid forms"};
+                         ": the value is missing; give one after it (run "
+                         "'dlaunch --help' for the valid forms)"};
       }
       value = args[next++];
     }
@@ -151,10 +151,10 @@ ScannedArgs scan_flags(const std::vector<std::string>& args) {
   for (size_t i = 0; i < table.size(); ++i) {
     const size_t n = out.values[i].size();
     if (table[i].type != ValueType::kSwitch && !table[i].repeatable && n > 1) {
+      // Which one would win is not obvious: none does.
       throw UsageError{"dlaunch: --" + std::string(table[i].name) +
-                       ": At Most 1 required but received " +
-                       std::to_string(n) +
-                       "; run 'dlaunch --help' for the valid forms"};
+                       " is given " + std::to_string(n) +
+                       " times; give it once"};
     }
   }
   return out;
@@ -255,7 +255,8 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   }
   if (has(config_flag)) {
     try {
-      file = load_job_file(given(*find_flag(config_flag))[0], env);
+      file = load_job_file(given(*find_flag(config_flag))[0], env,
+                           "--" + std::string(config_flag));
     } catch (const JobFileError& e) {
       return UsageError{"dlaunch: " + std::string(e.what())};
     }
@@ -330,6 +331,8 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
       value = f.type == ValueType::kSwitch ? "1" : given(f)[0];
     } else if (auto it = env.find(pet_variable(f)); it != env.end()) {
       value = it->second;
+      // Named in an error: the user may have set it long ago, not the flag.
+      where = it->first + " (" + where + ")";
       if (in_file && note) {
         // A rerun of the file would otherwise change without a word.
         note("dlaunch: note: " + it->first + "=" + value + " overrides " +

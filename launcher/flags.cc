@@ -133,7 +133,8 @@ int resolve_nproc(const std::string& v, const agent::EnvMap& env) {
     int n = gpus();
     return n > 0 ? n : cpu_count();
   }
-  return parse_int(v, 1, 1 << 16, "a positive number, cpu, gpu or auto");
+  return parse_int(v, 1, 1 << 16,
+                   "a positive number (at most 65536), cpu, gpu or auto");
 }
 
 std::string one_of(const FlagSpec& f, const std::string& v,
@@ -152,6 +153,18 @@ std::string one_of(const FlagSpec& f, const std::string& v,
 
 void not_empty(const std::string& v) {
   if (v.empty()) throw BadValue{"must not be empty"};
+}
+
+// A host name or address: not empty, and no space or control character
+// (which no name holds; a lookup of one fails only after a timeout).
+void check_host(const std::string& v) {
+  not_empty(v);
+  if (std::ranges::any_of(
+          v, [](char c) { return static_cast<unsigned char>(c) <= ' '; })) {
+    throw BadValue{"'" + v +
+                   "' is not a host name or address (it holds a space or "
+                   "a control character)"};
+  }
 }
 
 // HOST[:PORT] of the agents' store ([V6]:PORT for IPv6); port 29400 unless
@@ -176,11 +189,15 @@ void parse_endpoint(const std::string& v,
     port = v.substr(colon + 1);
   }
   if (host.empty()) throw BadValue{forms};
+  check_host(host);
   r.endpoint_host = host;
   r.endpoint_port = 29400;
   if (!port.empty() || v.back() == ':') {
-    r.endpoint_port =
-        parse_int(port, 0, 65535, "HOST or HOST:PORT with a port 0..65535");
+    // The message quotes all of `v`: a bare '' or 'x' names nothing.
+    if (!parse_number(port, r.endpoint_port) || r.endpoint_port < 0 ||
+        r.endpoint_port > 65535) {
+      throw BadValue{forms};
+    }
   }
 }
 
@@ -343,7 +360,8 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.agent.max_restarts = parse_int(v, 0, 1 << 20, "a number >= 0");
+             o.agent.max_restarts =
+                 parse_int(v, 0, 1 << 20, "a number 0..1048576");
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          return std::to_string(o.agent.max_restarts);
@@ -374,6 +392,17 @@ std::vector<FlagSpec> make_table() {
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
              not_empty(v);
+             // It names folders (--log-dir DIR/ID, the run folder).
+             const bool control = std::ranges::any_of(v, [](char c) {
+               return static_cast<unsigned char>(c) < 0x20;
+             });
+             if (v.find('/') != std::string::npos || v == "." || v == ".." ||
+                 control) {
+               throw BadValue{"'" + v +
+                              "' cannot name a folder (the logs' and the "
+                              "run's); use letters, digits, '-', '_' and "
+                              "'.', without '/'"};
+             }
              o.agent.run_id = v;
            },
        .print = [](const Options& o) -> std::optional<std::string> {
@@ -390,7 +419,7 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             not_empty(v);
+             check_host(v);
              o.agent.master_addr = v;
            },
        .print = [](const Options& o) -> std::optional<std::string> {
@@ -584,13 +613,19 @@ std::vector<FlagSpec> make_table() {
               const agent::EnvMap&) {
              const std::string forms =
                  "N or MIN:MAX with 1 <= MIN <= MAX, like 2 or 2:4";
+             // The message quotes all of `v`, not the half that is wrong.
+             const BadValue invalid{"'" + v + "' is not valid; use " + forms};
              size_t colon = v.find(':');
-             int lo = parse_int(v.substr(0, colon), 1, 1 << 20, forms);
-             int hi = colon == std::string::npos
-                          ? lo
-                          : parse_int(v.substr(colon + 1), 1, 1 << 20, forms);
-             if (lo > hi)
-               throw BadValue{"'" + v + "' is not valid; use " + forms};
+             int lo = 0, hi = 0;
+             try {
+               lo = parse_int(v.substr(0, colon), 1, 1 << 20, forms);
+               hi = colon == std::string::npos
+                        ? lo
+                        : parse_int(v.substr(colon + 1), 1, 1 << 20, forms);
+             } catch (const BadValue&) {
+               throw invalid;
+             }
+             if (lo > hi) throw invalid;
              o.rdzv.min_nodes = lo;
              o.rdzv.max_nodes = hi;
            },
@@ -609,7 +644,7 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.rdzv.node_rank = parse_int(v, 0, 1 << 20, "a number >= 0");
+             o.rdzv.node_rank = parse_int(v, 0, 1 << 20, "a number 0..1048576");
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          if (o.rdzv.node_rank < 0) return std::nullopt;
@@ -691,8 +726,14 @@ std::vector<FlagSpec> make_table() {
                                 "' is not KEY=VALUE; use a comma-separated "
                                 "list like join_timeout=600,is_host=true"};
                }
-               apply_rdzv_conf(f, kv.substr(0, eq), kv.substr(eq + 1), o.rdzv);
-               o.rdzv_conf[kv.substr(0, eq)] = kv.substr(eq + 1);
+               const std::string key = kv.substr(0, eq);
+               // The last would win silently.
+               if (o.rdzv_conf.contains(key)) {
+                 throw BadValue{"'" + key +
+                                "' is given twice; give each key once"};
+               }
+               apply_rdzv_conf(f, key, kv.substr(eq + 1), o.rdzv);
+               o.rdzv_conf[key] = kv.substr(eq + 1);
              }
            },
        .print = [](const Options& o) -> std::optional<std::string> {
@@ -711,7 +752,7 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             not_empty(v);
+             check_host(v);
              o.rdzv.local_addr = v;
            },
        .print = [](const Options& o) -> std::optional<std::string> {
@@ -939,7 +980,8 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.remote.pdsh_fanout = parse_int(v, 1, 1 << 16, "a number >= 1");
+             o.remote.pdsh_fanout =
+                 parse_int(v, 1, 1 << 16, "a number 1..65536");
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          return std::to_string(o.remote.pdsh_fanout);

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -81,9 +82,23 @@ std::vector<Host> read_hostfile(const std::string& path) {
     throw HostsError("hostfile '" + path + "': " + std::strerror(errno) +
                      "; give a readable file with one host per line");
   }
+  // A folder opens, and reads as nothing.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw HostsError("hostfile '" + path +
+                     "' is a folder; give a readable file with one host per "
+                     "line");
+  }
   std::stringstream text;
   text << in.rdbuf();
-  return parse_hostfile(text.str(), path);
+  std::vector<Host> hosts = parse_hostfile(text.str(), path);
+  // Running on this node alone instead would hide a wrong file.
+  if (hosts.empty()) {
+    throw HostsError("hostfile '" + path +
+                     "' lists no host; write one host per line (NAME, "
+                     "NAME:SLOTS or NAME slots=SLOTS)");
+  }
+  return hosts;
 }
 
 }  // namespace dlaunch::launcher

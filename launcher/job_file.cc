@@ -23,8 +23,9 @@ constexpr std::string_view kOwnKeys[] = {"program", "args", "env", "hosts"};
 // Reads one job file; one instance per load.
 class Loader {
  public:
-  Loader(const std::string& path, const agent::EnvMap& env)
-      : env_(env), name_(path) {
+  Loader(const std::string& path, const agent::EnvMap& env,
+         const std::string& flag)
+      : env_(env), name_(path), flag_(flag) {
     job_.path = fs::absolute(path).lexically_normal();
     dir_ = job_.path.parent_path();
     job_.top = {name_, 1, 1};
@@ -32,15 +33,22 @@ class Loader {
 
   JobFile load() {
     YAML::Node root;
+    const auto unreadable = [&](const std::string& why) {
+      return JobFileError(flag_ + ": '" + name_ + "': " + why +
+                          "; give the path of a YAML job file");
+    };
+    // A folder opens, and its read throws std::ios_base::failure.
+    std::error_code ec;
+    if (fs::is_directory(job_.path, ec)) throw unreadable("is a folder");
     try {
       root = YAML::LoadFile(job_.path.string());
     } catch (const YAML::BadFile&) {
-      throw JobFileError(
-          "--config: '" + name_ +
-          "': " + (fs::exists(job_.path) ? "cannot be read" : "no such file") +
-          "; give the path of a YAML job file");
+      throw unreadable(fs::exists(job_.path) ? "cannot be read"
+                                             : "no such file");
     } catch (const YAML::ParserException& e) {
       throw JobFileError(pos(e.mark).text() + ": not valid YAML: " + e.msg);
+    } catch (const std::exception& e) {
+      throw unreadable(std::string("cannot be read (") + e.what() + ")");
     }
     if (root.IsNull()) return job_;
     if (!root.IsMap()) {
@@ -83,7 +91,10 @@ class Loader {
     if (n.IsSequence()) return "list";
     if (n.IsMap()) return "mapping";
     if (n.IsNull()) return "nothing";
-    return "'" + n.Scalar() + "'";
+    // A file that is no job file at all is one long scalar: quote its
+    // start, not all of it.
+    const std::string& s = n.Scalar();
+    return "'" + (s.size() > 60 ? s.substr(0, 60) + "...'" : s + "'");
   }
 
   // `${VAR}`, `${VAR:-default}`, `$${` for a literal `${`; `${local_rank}`
@@ -363,6 +374,7 @@ class Loader {
 
   const agent::EnvMap& env_;
   std::string name_;
+  std::string flag_;  // the flag that named the file (--config, --drill)
   fs::path dir_;
   JobFile job_;
 };
@@ -373,8 +385,9 @@ std::string FilePos::text() const {
   return file + ":" + std::to_string(line) + ":" + std::to_string(column);
 }
 
-JobFile load_job_file(const std::string& path, const agent::EnvMap& env) {
-  return Loader(path, env).load();
+JobFile load_job_file(const std::string& path, const agent::EnvMap& env,
+                      const std::string& flag) {
+  return Loader(path, env, flag).load();
 }
 
 bool is_secret_name(const std::string& name) {

@@ -50,10 +50,11 @@ struct JobFile {
   std::vector<Host> hosts;
 };
 
-// Reads and checks `path` ("job.yaml" as the user wrote it). `env` is the
-// launching environment, for `${VAR}` and `${VAR:-default}`. Throws
-// JobFileError.
-JobFile load_job_file(const std::string& path, const agent::EnvMap& env);
+// Reads and checks `path` ("job.yaml" as the user wrote it), given by
+// `flag` (named when the file cannot be read). `env` is the launching
+// environment, for `${VAR}` and `${VAR:-default}`. Throws JobFileError.
+JobFile load_job_file(const std::string& path, const agent::EnvMap& env,
+                      const std::string& flag = "--config");
 
 // Whether an environment variable's name says it holds a secret (TOKEN,
 // SECRET, PASSWORD, API_KEY, ...): its value is never printed or written;

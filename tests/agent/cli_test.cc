@@ -124,9 +124,9 @@ TEST(Cli, FlagSyntaxKeepsItsMeaning) {
   // Switches may repeat; value flags may not.
   EXPECT_TRUE(ok({"-m", "--module", "mod"}).module);
   EXPECT_THAT(bad({"--role", "a", "--role", "b", "true"}).message,
-              HasSubstr("--role: At Most 1 required but received 2"));
+              HasSubstr("--role is given 2 times; give it once"));
   EXPECT_THAT(bad({"-r"}).message,
-              HasSubstr("--redirects: 1 required TEXT missing"));
+              HasSubstr("--redirects: the value is missing; give one"));
   // --help answers even after an unknown option; an unknown letter in a
   // group of switches is named alone.
   EXPECT_TRUE(std::holds_alternative<HelpRequested>(
@@ -145,7 +145,8 @@ TEST(Cli, PetVariablesFillFlagsAndTheCommandLineWins) {
   EXPECT_EQ(o.agent.max_restarts, 4);
   EXPECT_EQ(ok({"--nproc_per_node", "2", "true"}, env).agent.nproc_per_node, 2);
   EXPECT_THAT(bad({"true"}, {{"PET_NPROC_PER_NODE", "lots"}}).message,
-              HasSubstr("--nproc-per-node: 'lots' is not valid"));
+              HasSubstr("PET_NPROC_PER_NODE (--nproc-per-node): 'lots' is not "
+                        "valid"));
 }
 
 TEST(Cli, PythonProgramsRunUnderPythonUnbuffered) {
@@ -303,7 +304,24 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
   std::vector<Case> cases = {
       {{"--bogus", "true"}, "unknown option '--bogus'"},
       {{}, "no program given"},
-      {{"--nproc-per-node", "0", "true"}, "positive number, cpu, gpu or auto"},
+      {{"--nproc-per-node", "0", "true"},
+       "positive number (at most 65536), cpu, gpu or auto"},
+      {{"--nproc-per-node", "70000", "true"}, "(at most 65536)"},
+      {{"--max-restarts", "99999999999", "true"}, "use a number 0..1048576"},
+      {{"--pdsh-fanout", "0", "true"}, "use a number 1..65536"},
+      {{"-r", "0:3,0:1", "true"}, "local rank 0 is given twice"},
+      {{"--nnodes", "2:", "true"}, "--nnodes: '2:' is not valid"},
+      {{"--nnodes", "1:2:3", "true"}, "--nnodes: '1:2:3' is not valid"},
+      {{"--rdzv-endpoint", "host:", "true"}, "'host:' is not valid"},
+      {{"--rdzv-endpoint", "host:x", "true"}, "'host:x' is not valid"},
+      {{"--rdzv-id", "../x", "true"}, "--rdzv-id: '../x' cannot name a folder"},
+      {{"--rdzv-endpoint", "a b:29400", "true"},
+       "--rdzv-endpoint: 'a b' is not a host name or address"},
+      {{"--master-addr", "a\tb", "true"}, "is not a host name or address"},
+      {{"--local-addr", "node 1", "true"}, "is not a host name or address"},
+      {{"--run-id", "..", "true"}, "cannot name a folder"},
+      {{"--rdzv-conf", "join_timeout=1,join_timeout=2", "true"},
+       "'join_timeout' is given twice"},
       {{"--nproc-per-node"}, "--nproc-per-node"},
       {{"--max-restarts", "x", "true"}, "--max-restarts: 'x' is not valid"},
       {{"--master-port", "70000", "true"}, "a port 0..65535"},
@@ -378,6 +396,20 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
     EXPECT_EQ(e.exit_code, 2);
     EXPECT_THAT(e.message, HasSubstr(c.expect));
   }
+}
+
+// A folder reads as nothing and an empty file lists nothing: either would
+// run the job on this node alone.
+TEST(Cli, AHostfileThatIsAFolderOrListsNoHostIsAnError) {
+  dlaunch::testing::TempDir dir;
+  std::ofstream(dir / "empty") << "# no hosts yet\n\n";
+  UsageError e = bad({"--hostfile", dir.path().string(), "true"});
+  EXPECT_EQ(e.exit_code, 2);
+  EXPECT_THAT(e.message, HasSubstr("'" + dir.path().string() +
+                                   "' is a folder; give a readable file"));
+  e = bad({"--hostfile", (dir / "empty").string(), "true"});
+  EXPECT_EQ(e.exit_code, 2);
+  EXPECT_THAT(e.message, HasSubstr("lists no host; write one host per line"));
 }
 
 TEST(Cli, RendezvousFlagsAreHonoured) {
@@ -551,7 +583,7 @@ TEST(Cli, EveryDurationIsFinitePositiveAndBounded) {
       EXPECT_THAT(e.message, HasSubstr("from 0.001 to 604800 (7 days)"));
       // The same check for the PET_* variable.
       EXPECT_THAT(bad({"true"}, {{pet_variable(f), v}}).message,
-                  HasSubstr(flag + ": '" + v + "'"));
+                  HasSubstr(pet_variable(f) + " (" + flag + "): '" + v + "'"));
     }
     EXPECT_TRUE(std::holds_alternative<LaunchOptions>(
         parse_command_line({flag, "604800", "true"}, {})));

@@ -106,6 +106,19 @@ TEST(JobConfig, ABadFileExits2AndStartsNothing) {
   EXPECT_TRUE(fs::exists(marker));
 }
 
+// A folder given as the job file: one line and exit 2 (it was an uncaught
+// std::ios_base::failure: "terminate called", SIGABRT).
+TEST(JobConfig, AFolderAsTheJobFileExits2) {
+  TempDir dir;
+  for (const char* flag : {"--config", "--drill"}) {
+    CommandResult r = dlaunch({flag, dir.path().string()});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(r.err, "dlaunch: " + std::string(flag) + ": '" +
+                         dir.path().string() +
+                         "': is a folder; give the path of a YAML job file\n");
+  }
+}
+
 TEST(JobConfig, PrintConfigOutputRunsTheSameJob) {
   TempDir dir;
   write_file(dir / "job.yaml",

@@ -105,7 +105,8 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
       {"nproc_per_node: 2\n", "job.yaml:1:1: no program; add 'program: PROG'"},
       // Invalid values: the flags' own messages.
       {"program: x\nmax_restarts: -1\n",
-       "job.yaml:2:15: max_restarts: '-1' is not valid; use a number >= 0"},
+       "job.yaml:2:15: max_restarts: '-1' is not valid; use a number "
+       "0..1048576"},
       {"program: x\nterm_timeout: .inf\n",
        "job.yaml:2:15: term_timeout: 'inf' is not valid; use a number of "
        "seconds from 0.001 to 604800 (7 days)"},
@@ -151,6 +152,21 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
   std::string missing = (dir_ / "nope.yaml").string();
   EXPECT_THAT(std::get<UsageError>(parse({"--config", missing})).message,
               HasSubstr("--config: '" + missing + "': no such file"));
+  // The flag that named it, --drill too.
+  EXPECT_THAT(std::get<UsageError>(parse({"--drill", missing})).message,
+              HasSubstr("--drill: '" + missing + "': no such file"));
+  // A folder (once an uncaught std::ios_base::failure: abort).
+  const ParseResult folder = parse({"--config", dir_.path().string()});
+  ASSERT_TRUE(std::holds_alternative<UsageError>(folder));
+  EXPECT_THAT(std::get<UsageError>(folder).message,
+              HasSubstr("--config: '" + dir_.path().string() +
+                        "': is a folder; give the path of a YAML job file"));
+  // A file that is no job file: its start quoted, not all of it.
+  const std::string text = "root:x:0:0:root:/root:/bin/bash " +
+                           std::string(200, 'x') + " end-of-the-file";
+  const std::string e = error(text + "\n");
+  EXPECT_THAT(e, HasSubstr("not a 'root:x:0:0:root:/root:/bin/bash xxx"));
+  EXPECT_THAT(e, Not(HasSubstr("end-of-the-file")));
 }
 
 TEST_F(JobFileTest, InvalidValuesGetTheFlagsOwnMessages) {
