@@ -42,19 +42,22 @@ namespace {
 void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
 
 // LOG_DIR/RUN_ID/job.yaml: the effective job, so `dlaunch --config` on it
-// reruns the job into a fresh log folder. A failure is reported, not fatal.
+// reruns the job into a fresh log folder. A failure to write it is a
+// warning, not fatal. A run folder that cannot be made is left to the
+// agent, which fails on it at once ("cannot create the run folder"): a
+// warning that the job runs without job.yaml would say the opposite.
 void write_job_yaml(const LaunchOptions& o) {
   std::filesystem::path dir = o.agent.log_dir / o.agent.run_id;
   std::filesystem::path file = dir / "job.yaml";
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
+  if (ec) return;
   std::ofstream out(file);
   out << job_yaml(o, /*with_run_id=*/false);
   out.close();
-  if (ec || !out) {
+  if (!out) {
     write_stderr("dlaunch: warning: cannot write " + file.string() + ": " +
-                 (ec ? ec.message() : std::string(std::strerror(errno))) +
-                 "; the job runs without it\n");
+                 std::strerror(errno) + "; the job runs without it\n");
   }
 }
 
@@ -326,10 +329,22 @@ int main(int argc, char** argv) {
   }
   // Other hosts: this machine is the head (multi_host.h). This one alone:
   // its slots or GPUs decide its workers, as they would there.
+  if (needs_head(options)) return launch_hosts(options);
+  // --export, --env-file and --chdir hold for this node as for any host.
+  try {
+    const std::string error = settle_in_process_host(
+        options, asked_environment(options, agent::current_environment()));
+    if (!error.empty()) {
+      write_stderr("dlaunch: " + error + "\n");
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+    return 2;
+  }
   LaunchOptions here = options;
   if (!options.hosts.empty()) {
     const Host& h = options.hosts[0];
-    if (needs_head(options)) return launch_hosts(options);
     if (h.gpus.empty() && !options.nproc_per_node_unresolved.empty()) {
       write_stderr("dlaunch: --nproc-per-node " + options.nproc_per_node_spec +
                    ": " + options.nproc_per_node_unresolved + "\n");

@@ -1,5 +1,6 @@
 #include "launcher/multi_host.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -229,6 +230,13 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
   return failures;
 }
 
+// --chdir's error on this machine.
+std::string cannot_enter(const std::string& dir, int error) {
+  return "--chdir: cannot enter " + dir + " on this machine (" +
+         machine_name() + "): " + std::strerror(error) +
+         "; give a folder that exists on every host";
+}
+
 }  // namespace
 
 bool needs_head(const LaunchOptions& o) {
@@ -259,11 +267,32 @@ std::map<std::string, std::string> remote_environment(
   for (const auto& [k, v] : head_env) {
     if (forwarded_by_default(k)) env[k] = v;
   }
+  for (auto& [k, v] : asked_environment(o, head_env)) env[k] = std::move(v);
+  // -x DLAUNCH_FAULTS: the head's own faults already travel as --fault.
+  auto faults = env.find("DLAUNCH_FAULTS");
+  auto mine = head_env.find("DLAUNCH_FAULTS");
+  if (faults != env.end() && mine != head_env.end() &&
+      faults->second == mine->second) {
+    env.erase(faults);
+  }
+  return env;
+}
+
+std::map<std::string, std::string> asked_environment(
+    const LaunchOptions& o, const agent::EnvMap& head_env) {
+  std::map<std::string, std::string> env;
   if (!o.remote.env_file.empty()) {
+    std::error_code ec;
+    if (fs::is_directory(o.remote.env_file, ec)) {  // opens, reads nothing
+      throw std::runtime_error("--env-file " + o.remote.env_file +
+                               " is a folder; give a readable file of "
+                               "NAME=VALUE lines");
+    }
     std::ifstream in(o.remote.env_file);
     if (!in) {
       throw std::runtime_error("--env-file " + o.remote.env_file + ": " +
-                               std::strerror(errno));
+                               std::strerror(errno) +
+                               "; give a readable file of NAME=VALUE lines");
     }
     int n = 0;
     for (std::string line; std::getline(in, line);) {
@@ -299,14 +328,16 @@ std::map<std::string, std::string> remote_environment(
     }
   }
   for (const auto& [k, v] : o.env) env[k] = v;
-  // -x DLAUNCH_FAULTS: the head's own faults already travel as --fault.
-  auto faults = env.find("DLAUNCH_FAULTS");
-  auto mine = head_env.find("DLAUNCH_FAULTS");
-  if (faults != env.end() && mine != head_env.end() &&
-      faults->second == mine->second) {
-    env.erase(faults);
-  }
   return env;
+}
+
+std::string settle_in_process_host(
+    const LaunchOptions& o, const std::map<std::string, std::string>& env) {
+  for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
+  if (!o.remote.chdir.empty() && ::chdir(o.remote.chdir.c_str()) != 0) {
+    return cannot_enter(o.remote.chdir, errno);
+  }
+  return "";
 }
 
 std::vector<std::string> agent_args(const LaunchOptions& o, const Host& h,
@@ -438,6 +469,16 @@ int launch_hosts(const LaunchOptions& job) {
     j.job_tag = tag;
     plan.jobs.push_back(std::move(j));
   }
+  // This machine enters --chdir only when its agent starts, after the
+  // others (a relative folder is theirs to resolve): check it now.
+  if (head_host && !o.remote.chdir.empty()) {
+    const int fd = ::open(o.remote.chdir.c_str(), O_PATH | O_DIRECTORY);
+    if (fd < 0) {
+      write_stderr("dlaunch: " + cannot_enter(o.remote.chdir, errno) + "\n");
+      return 2;
+    }
+    ::close(fd);
+  }
   if (head_host && head_host->gpus.empty() &&
       !o.nproc_per_node_unresolved.empty()) {
     write_stderr("dlaunch: --nproc-per-node " + o.nproc_per_node_spec + " on " +
@@ -532,15 +573,19 @@ int launch_hosts(const LaunchOptions& job) {
           (tmpl.empty() ? "[${role_name}${local_rank}]:" : tmpl);
     }
     mine.hosts.clear();
-    for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-    if (!head_host->gpus.empty()) {
-      ::setenv("CUDA_VISIBLE_DEVICES", gpu_list(head_host->gpus).c_str(), 1);
-    }
-    try {
-      head_code = launch(mine);
-    } catch (const std::exception& e) {
-      write_stderr(std::string("dlaunch: ") + e.what() + "\n");
-      head_code = 1;
+    if (std::string error = settle_in_process_host(o, env); !error.empty()) {
+      write_stderr("dlaunch: " + error + "\n");
+      head_code = 2;
+    } else {
+      if (!head_host->gpus.empty()) {
+        ::setenv("CUDA_VISIBLE_DEVICES", gpu_list(head_host->gpus).c_str(), 1);
+      }
+      try {
+        head_code = launch(mine);
+      } catch (const std::exception& e) {
+        write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+        head_code = 1;
+      }
     }
     head_failed = head_code != 0;
   } else if (remote) {

@@ -30,6 +30,20 @@ int launch_hosts(const LaunchOptions& options);
 std::map<std::string, std::string> remote_environment(
     const LaunchOptions& options, const agent::EnvMap& head_env);
 
+// The part of remote_environment the user asked for: --env-file's, then
+// --export's (a bare NAME takes `head_env`'s value, if set), then the job
+// file's env map. Throws like remote_environment.
+std::map<std::string, std::string> asked_environment(
+    const LaunchOptions& options, const agent::EnvMap& head_env);
+
+// Makes this process the host that --export, --env-file and --chdir
+// describe, for an agent that runs in it (the head's own host, or the one
+// node of a job without hosts): sets `env` in its environment and enters
+// --chdir. Returns "" or the error, naming the folder and the fix.
+std::string settle_in_process_host(
+    const LaunchOptions& options,
+    const std::map<std::string, std::string>& env);
+
 // The dlaunch arguments of one host's agent: the job's flags as the table
 // prints them (HOSTS flags and the rendezvous settings the head decides
 // left out), then the head's rendezvous (`endpoint`, `run_id`, `nnodes`,

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -589,6 +590,36 @@ TEST(Launch, BadFlagsGetOneLineAndExit2) {
   CommandResult h = dlaunch({"--help"});
   EXPECT_EQ(h.exit_code, 0);
   EXPECT_THAT(h.out, HasSubstr("EXIT STATUS"));
+}
+
+// --export, --env-file and --chdir describe every host, this one too when
+// it runs the job alone (they were once ignored without --hosts).
+TEST(Launch, ExportEnvFileAndChdirHoldOnOneNode) {
+  TempDir dir;
+  std::filesystem::create_directory(dir / "work");
+  std::ofstream(dir / "env") << "# job settings\nFROM_FILE=f1\nBOTH=file\n";
+  CommandResult r =
+      sh(2, "echo \"$FROM_FILE $BOTH $HEADS $(pwd)\"",
+         {"-x", "BOTH=flag", "-x", "HEADS", "--env-file",
+          (dir / "env").string(), "--chdir", (dir / "work").string()},
+         {{"HEADS", "h1"}});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* rank : {"[default0]:", "[default1]:"}) {
+    EXPECT_THAT(r.out, HasSubstr(std::string(rank) + "f1 flag h1 " +
+                                 (dir / "work").string() + "\n"));
+  }
+  // Their bad values are errors here too, before any worker starts.
+  for (std::vector<std::string> flags :
+       {std::vector<std::string>{"--chdir", (dir / "none").string()},
+        {"--chdir", (dir / "env").string()},
+        {"--env-file", (dir / "none").string()},
+        {"--env-file", dir.path().string()}}) {
+    CommandResult b = sh(1, "echo started", flags);
+    EXPECT_EQ(b.exit_code, 2) << b.err;
+    EXPECT_EQ(lines_of(b.err).size(), 1u) << b.err;
+    EXPECT_THAT(b.err, HasSubstr(flags[0]));
+    EXPECT_THAT(b.out, Not(HasSubstr("started")));
+  }
 }
 
 // Counts the agent's open fds from inside each attempt's worker.

@@ -420,6 +420,33 @@ TEST(MultiHostHead, TheNextHeadRemovesAKilledHeadsStagingFolderNotALiveOnes) {
   EXPECT_TRUE(none_marked(live_mark, 30s));
 }
 
+// --chdir is every host's folder, the head's own included (its agent runs
+// in-process); one missing on the head fails before any host starts.
+TEST(MultiHostHead, ChdirHoldsForTheHeadsOwnWorkersToo) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  auto run = [&](const std::string& folder) {
+    return testing::run_command(
+        cmd({kDlaunch, "--launcher", "local", "--hosts", "127.0.0.1,127.0.0.2",
+             "--local-addr", "127.0.0.1", "-x", "DLT_MARK=" + mark, "--chdir",
+             folder, "sh", "-c", "echo PWD=$(pwd)"}),
+        60s);
+  };
+  CommandResult r = run(dir.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* h : {"127.0.0.1", "127.0.0.2"}) {
+    EXPECT_THAT(r.out, HasSubstr(std::string(h) + " [default0]:PWD=" +
+                                 dir.path().string() + "\n"));
+  }
+  r = run((dir / "missing").string());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err,
+              HasSubstr("--chdir: cannot enter " + (dir / "missing").string() +
+                        " on this machine"));
+  EXPECT_THAT(r.out, Not(HasSubstr("PWD=")));
+  EXPECT_TRUE(none_marked(mark, 10s));
+}
+
 TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {
   TempDir dir;
   const std::string mark = unique_mark("m");

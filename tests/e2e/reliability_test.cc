@@ -317,6 +317,8 @@ void expect_log_dir_refused(const std::string& options,
   EXPECT_THAT(r.err, HasSubstr(why));
   EXPECT_THAT(r.err, HasSubstr(d + "/logs/" + id));
   EXPECT_THAT(r.err, HasSubstr("check --log-dir"));
+  // That line alone: no warning that the job runs without job.yaml.
+  EXPECT_THAT(r.err, Not(HasSubstr("the job runs without")));
 }
 
 // A log folder on a read-only disk: one clear line naming it, exit 1, no
