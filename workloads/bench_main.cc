@@ -2,6 +2,7 @@
 #include <iostream>
 #include <string>
 
+#include "comm/cli_checks.h"
 #include "workloads/bench.h"
 #include "workloads/worker.h"
 
@@ -37,10 +38,10 @@ int main(int argc, char** argv) {
   app.add_option("--redop", redop, "sum, prod, min, max, avg (default sum)");
   app.add_option("-r,--root", opt.root, "root of rooted ops (default 0)");
   app.add_option("-n,--iters", opt.iters, "timed iterations (default 20)")
-      ->check(CLI::PositiveNumber);
+      ->check(dlaunch::comm::whole_number(1));
   app.add_option("-w,--warmup_iters", opt.warmup,
                  "untimed iterations first (default 5)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(dlaunch::comm::whole_number(0));
   app.add_option("-c,--check", check, "check results, 0 or 1 (default 1)")
       ->check(CLI::Range(0, 1));
   app.add_option("--backend", backend, "gloo or nccl (default gloo)");

@@ -3,6 +3,7 @@
 #include <iostream>
 #include <string>
 
+#include "comm/cli_checks.h"
 #include "workloads/bench_table.h"
 #include "workloads/p2p.h"
 #include "workloads/worker.h"
@@ -27,10 +28,10 @@ int main(int argc, char** argv) {
                  "ping-pong: size multiplier (default 4)");
   app.add_option("-n,--iters", iters,
                  "ping-pong: timed round trips (default 20)")
-      ->check(CLI::PositiveNumber);
+      ->check(dlaunch::comm::whole_number(1));
   app.add_option("-w,--warmup_iters", warmup,
                  "ping-pong: untimed round trips (default 5)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(dlaunch::comm::whole_number(0));
   app.add_option("--backend", backend, "gloo or nccl (default gloo)");
   return run_main(app, argc, argv, [&]() -> int {
     std::vector<size_t> sizes =

@@ -3,6 +3,7 @@
 #include <sstream>
 #include <vector>
 
+#include "comm/cli_checks.h"
 #include "comm/gloo/process_group.h"
 #include "workloads/op_buffer.h"
 #include "workloads/ring_allreduce.h"
@@ -18,7 +19,7 @@ int main(int argc, char** argv) {
   size_t count = 8;
   std::string backend = "gloo";
   app.add_option("--count", count, "floats per rank (default 8)")
-      ->check(CLI::PositiveNumber);
+      ->check(dlaunch::comm::whole_number<size_t>(1));
   app.add_option("--backend", backend, "gloo or nccl (default gloo)");
   return run_main(app, argc, argv, [&]() -> int {
     auto pg = init_world(backend, "dl-ring-allreduce");

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "comm/cli_checks.h"
 #include "comm/device_buffer.h"
 #include "workloads/checkpoint.h"
 #include "workloads/idx.h"
@@ -44,7 +45,7 @@ int main(int argc, char** argv) {
   bool no_checkpoint = false;
   int exit_after = 0;
   app.add_option("--epochs", opt.epochs, "epochs to train (default 10)")
-      ->check(CLI::PositiveNumber);
+      ->check(dlaunch::comm::whole_number(1));
   app.add_option("--data", data,
                  "folder with MNIST-format {train,t10k}-*-ubyte[.gz] files "
                  "(default " +
@@ -58,7 +59,7 @@ int main(int argc, char** argv) {
                  "cpu, nccl with --device cuda)");
   app.add_option("--batch-size", opt.global_batch,
                  "global batch, split across ranks (default 128)")
-      ->check(CLI::PositiveNumber);
+      ->check(dlaunch::comm::whole_number(1));
   app.add_option("--lr", opt.lr, "learning rate (default 0.01)");
   app.add_option("--momentum", opt.momentum, "SGD momentum (default 0.5)");
   app.add_option("--seed", opt.seed,

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <stdexcept>
 
+#include "comm/cli_checks.h"
 #include "comm/init.h"
 
 namespace dlaunch::workloads {
@@ -32,6 +33,7 @@ std::unique_ptr<comm::ProcessGroup> init_world(std::string_view backend,
 
 int run_main(CLI::App& app, int argc, char** argv,
              const std::function<int()>& body) {
+  comm::one_line_errors(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

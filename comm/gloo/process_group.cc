@@ -25,11 +25,11 @@ namespace {
 namespace tcp = ::gloo::transport::tcp;
 
 // A byte count from the environment, or `fallback` when unset; "off" is
-// the largest value (never).
-size_t env_bytes(const char* name, size_t fallback) {
+// `off` (for a threshold: the largest value, never; for a budget: 0).
+size_t env_bytes(const char* name, size_t fallback, size_t off) {
   const char* f = std::getenv(name);
   if (f == nullptr || *f == '\0') return fallback;
-  if (std::string_view(f) == "off") return SIZE_MAX;
+  if (std::string_view(f) == "off") return off;
   char* end = nullptr;
   unsigned long long v = std::strtoull(f, &end, 10);
   if (end == f || *end != '\0' || v > (1ull << 40)) {
@@ -218,8 +218,19 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
   g->store = std::move(s);
   g->hostname = o.hostname;
   g->iface = o.iface;
-  g->fused_bytes = env_bytes("DLAUNCH_COMM_FUSED_BYTES", kFusedTrafficBytes);
-  g->shm_min_bytes = env_bytes("DLAUNCH_COMM_SHM_MIN_BYTES", kShmMinBytes);
+  // "off" fuses nothing, as 0 does (SIZE_MAX would fuse everything).
+  g->fused_bytes =
+      env_bytes("DLAUNCH_COMM_FUSED_BYTES", kFusedTrafficBytes, /*off=*/0);
+  g->shm_min_bytes =
+      env_bytes("DLAUNCH_COMM_SHM_MIN_BYTES", kShmMinBytes, /*off=*/SIZE_MAX);
+  // Read again when the channel opens (cma_allowed); a typo there would
+  // turn it off without a word.
+  if (const char* cma = std::getenv("DLAUNCH_COMM_CMA");
+      cma != nullptr && *cma != '\0' && std::string_view(cma) != "on" &&
+      std::string_view(cma) != "off") {
+    throw CommError(std::string("DLAUNCH_COMM_CMA is '") + cma +
+                    "'; expected on or off (default off)");
+  }
   const std::string where = "creating " + g->where();
   try {
     tcp::attr attr;

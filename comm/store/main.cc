@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "comm/cli_checks.h"
 #include "comm/store/resolve.h"
 #include "comm/store/server.h"
 #include "comm/store/store.h"
@@ -32,7 +33,8 @@ int main(int argc, char** argv) {
                  "interface (the network), the default only this machine")
       ->capture_default_str();
   app.add_option("--port", options.port, "port to bind; 0 picks a free one")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(dlaunch::comm::whole_number<uint16_t>(0));
   std::string token_file;
   app.add_option("--token-file", token_file,
                  "file (mode 0600) holding the job's token, which every "
@@ -41,7 +43,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-frame-bytes", options.max_frame_bytes,
                  "largest request a client may send")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(dlaunch::comm::whole_number<size_t>(1));
+  dlaunch::comm::one_line_errors(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -3,6 +3,7 @@
 // the data travelling with the argument check, through pipelined segment
 // steps (one step and many), and on sub-groups that mix ranks. Each call's
 // path is asserted through last_path().
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -13,6 +14,8 @@
 #include <vector>
 
 #include "comm/gloo/process_group.h"
+#include "comm/init.h"
+#include "comm/store/hash_store.h"
 #include "tests/comm/rank_threads.h"
 #include "tests/comm/tensor_values.h"
 
@@ -20,6 +23,8 @@ namespace dlaunch::comm {
 namespace {
 
 using testing::Buffer;
+using testing::error_of;
+using ::testing::HasSubstr;
 using testing::kAllDtypes;
 using testing::kAllOps;
 using testing::op_applies;
@@ -261,6 +266,42 @@ TEST(GlooShmPathTest, LargeDataTakesTheSegmentsByDefault) {
     pg.broadcast(Tensor::of(small), 0);
     EXPECT_EQ(gloo::last_path(pg), "shm-check");
   });
+}
+
+// DLAUNCH_COMM_FUSED_BYTES=off fuses nothing, as 0 does (it once meant the
+// largest budget: every all_reduce fused, "shm-check" here).
+TEST(GlooShmPathTest, FusedBytesOffTurnsFusingOffLikeZero) {
+  auto path_with = [](const char* fused) {
+    setenv("DLAUNCH_COMM_FUSED_BYTES", fused, 1);
+    std::string path;
+    run_ranks(2, [&](ProcessGroup& pg) {
+      std::vector<float> v(1024, 1.0f);
+      pg.all_reduce(Tensor::of(v), ReduceOp::kSum);
+      EXPECT_EQ(v[0], 2.0f);
+      if (pg.rank() == 0) path = gloo::last_path(pg);
+    });
+    unsetenv("DLAUNCH_COMM_FUSED_BYTES");
+    return path;
+  };
+  const std::string off = path_with("off");
+  EXPECT_EQ(off, path_with("0"));
+  EXPECT_NE(off, "shm-check");
+}
+
+// A DLAUNCH_COMM_CMA other than on or off is an error when the group is
+// made, not single copy quietly left off.
+TEST(GlooShmPathTest, ABadCmaValueIsAClearError) {
+  auto store = std::make_shared<store::HashStore>();
+  for (const char* bad : {"1", "yes", "ON"}) {
+    setenv("DLAUNCH_COMM_CMA", bad, 1);
+    EXPECT_THAT(error_of([&] {
+                  make_process_group("gloo", store, 0, 1,
+                                     std::chrono::seconds(5));
+                }),
+                HasSubstr(std::string("DLAUNCH_COMM_CMA is '") + bad +
+                          "'; expected on or off"));
+  }
+  unsetenv("DLAUNCH_COMM_CMA");
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <map>
@@ -178,22 +179,43 @@ TEST(WorkloadsAlone, NeedTheLauncher) {
   EXPECT_THAT(r.err, HasSubstr("dlaunch --nproc-per-node 2"));
 }
 
+// One line each, naming the flag, the value and the valid range (CLI11's
+// own checks printed "not in range 0.000000 to 17976931348623157...").
 TEST(WorkloadsAlone, BadFlagsExit2) {
-  for (std::vector<std::string> argv :
-       {std::vector<std::string>{bin("dl-bench"), "-b", "12Q"},
-        {bin("dl-bench"), "-d", "float32"},
-        {bin("dl-bench"), "-o", "allreduce"},
-        {bin("dl-sgd"), "--epochs", "0"},
-        {bin("dl-sgd"), "--backend", "mpi"},
-        {bin("dl-sgd"), "--device", "tpu"},
-        {bin("dl-sgd"), "--device", "cuda", "--backend", "gloo"},
-        {bin("dl-sgd"), "--device", "cpu", "--backend", "nccl"}}) {
+  const std::string positive = "is not valid; use a whole number from 1 to ";
+  struct Case {
+    std::vector<std::string> argv;
+    std::string expect = "";
+  };
+  for (const Case& c : std::vector<Case>{
+           {{bin("dl-bench"), "-b", "12Q"}},
+           {{bin("dl-bench"), "-d", "float32"}},
+           {{bin("dl-bench"), "-o", "allreduce"}},
+           {{bin("dl-bench"), "-n", "0"}, "--iters: '0' " + positive},
+           {{bin("dl-bench"), "-w", "-1"},
+            "--warmup_iters: '-1' is not valid; use a whole number from 0 to "
+            "2147483647"},
+           {{bin("dl-p2p"), "-n", "x"}, "--iters: 'x' " + positive},
+           {{bin("dl-ring-allreduce"), "--count", "0"},
+            "--count: '0' " + positive},
+           {{bin("dl-sgd"), "--epochs", "0"},
+            "--epochs: '0' " + positive + "2147483647"},
+           {{bin("dl-sgd"), "--epochs", "99999999999"}, "'99999999999' "},
+           {{bin("dl-sgd"), "--batch-size", "-3"}, "--batch-size: '-3' "},
+           {{bin("dl-sgd"), "--nosuch"}, "dl-sgd: "},
+           {{bin("dl-sgd"), "--backend", "mpi"}},
+           {{bin("dl-sgd"), "--device", "tpu"}},
+           {{bin("dl-sgd"), "--device", "cuda", "--backend", "gloo"}},
+           {{bin("dl-sgd"), "--device", "cpu", "--backend", "nccl"}}}) {
     testing::CommandOptions o;
-    o.argv = argv;
+    o.argv = c.argv;
     o.unset_env = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
     auto r = testing::run_command(o, kTimeout);
-    EXPECT_EQ(r.exit_code, 2) << argv[1] << " " << argv[2] << "\n" << r.err;
+    const std::string what = c.argv[0] + " " + c.argv[1];
+    EXPECT_EQ(r.exit_code, 2) << what << "\n" << r.err;
     EXPECT_FALSE(r.err.empty());
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.expect)) << what;
   }
 }
 

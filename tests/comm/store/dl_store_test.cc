@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -45,10 +46,17 @@ TEST(DlStoreTest, StopsOnSigint) {
 TEST(DlStoreTest, BadFlagExitsTwoNamingIt) {
   auto bad = run({bin("dl-store"), "--port", "70000"});
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_THAT(bad.err, HasSubstr("--port"));
+  EXPECT_THAT(bad.err, HasSubstr("--port: '70000' is not valid; use a whole "
+                                 "number from 0 to 65535"));
   auto unknown = run({bin("dl-store"), "--prot", "1"});
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_THAT(unknown.err, HasSubstr("--prot"));
+  // One line naming the range, not CLI11's "0.000000 to 1797693...".
+  auto zero = run({bin("dl-store"), "--max-frame-bytes", "0"});
+  EXPECT_EQ(zero.exit_code, 2);
+  EXPECT_THAT(zero.err, HasSubstr("dl-store: --max-frame-bytes: '0' is not "
+                                  "valid; use a whole number from 1 to "));
+  EXPECT_EQ(std::count(zero.err.begin(), zero.err.end(), '\n'), 1) << zero.err;
 }
 
 TEST(DlStoreTest, PortInUseExitsOneNamingTheAddress) {
