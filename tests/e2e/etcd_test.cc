@@ -740,6 +740,34 @@ TEST_F(EtcdRendezvous, NoEndpointAnswersNamesEveryOneTried) {
   EXPECT_THAT(r.err, HasSubstr("no etcd member answered"));
 }
 
+// A folder or an empty file as the password or a PEM file is named before
+// any connection: it once logged in with "" (or failed the handshake).
+TEST_F(EtcdRendezvous, AFolderOrAnEmptyFileAsASecretIsNamed) {
+  testing::TempDir dir;
+  testing::write_file(dir / "empty", "", 0600);
+  const std::string a = "127.0.0.1:" + std::to_string(free_port());
+  auto run = [&](const std::string& conf) {
+    return testing::run_command(
+        {{kDlaunch, "--rdzv-backend", "etcd", "--rdzv-endpoint", a,
+          "--rdzv-conf", "join_timeout=2,read_timeout=2," + conf, "true"},
+         {},
+         {},
+         ""},
+        60s);
+  };
+  for (const std::string path :
+       {dir.path().string(), (dir / "empty").string()}) {
+    CommandResult r = run("user=root,password_file=" + path);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_THAT(r.err, HasSubstr("password_file '" + path +
+                                 "' (--rdzv-conf) holds no password"));
+    r = run("cacert=" + path);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_THAT(r.err, HasSubstr("cacert '" + path +
+                                 "' (--rdzv-conf) is empty or a folder"));
+  }
+}
+
 // The etcd client (gRPC, protobuf, OpenSSL) lives in the helper only:
 // dlaunch stays a static PIE (no dynamic loader; ET_DYN without
 // PT_INTERP) that does not link gRPC, so its launch costs nothing extra

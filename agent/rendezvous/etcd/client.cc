@@ -21,6 +21,12 @@ std::string read_pem(const std::string& what, const std::string& path) {
   }
   std::stringstream s;
   s << in.rdbuf();
+  // A folder opens and reads nothing: gRPC would then fail the handshake
+  // without naming the file.
+  if (s.str().empty()) {
+    throw EtcdError(what + " '" + path +
+                    "' (--rdzv-conf) is empty or a folder; give a PEM file");
+  }
   return s.str();
 }
 

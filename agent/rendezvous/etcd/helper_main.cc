@@ -58,8 +58,15 @@ std::string read_password(const std::string& path) {
                           "' (--rdzv-conf); check the path and permissions");
   }
   std::string line;
-  std::getline(in, line);
-  if (!line.empty() && line.back() == '\r') line.pop_back();
+  // A folder opens and reads nothing; an empty first line is no password
+  // either: both would log in with "" and fail as a wrong password.
+  if (!std::getline(in, line) || line.empty() || line == "\r") {
+    throw RendezvousError("password_file '" + path +
+                          "' (--rdzv-conf) holds no password (a folder, or "
+                          "an empty first line); put the password on its "
+                          "first line");
+  }
+  if (line.back() == '\r') line.pop_back();
   return line;
 }
 
