@@ -387,7 +387,7 @@ TEST_F(Sgd, RankKilledMidAllReduceResumesToTheSameWeights) {
   EXPECT_EQ(s["attempts"][0]["workers"][1]["injected_by"], "comm");
   // Rank 0 was stopped by the agent, not left to time out.
   EXPECT_TRUE(s["attempts"][0]["workers"][0]["stopped_by_agent"].get<bool>());
-  EXPECT_TRUE(none_left(run_mark("killed")));
+  EXPECT_TRUE(none_marked(run_mark("killed"), 10s));
   expect_same_weights_as_clean_run("killed");
 }
 
@@ -416,7 +416,7 @@ TEST_F(Sgd, FrozenRankIsFoundHungAndNamedWithItsOperation) {
   EXPECT_FALSE(w[0]["hung"].get<bool>());
   EXPECT_EQ(w[1]["signal"], "SIGKILL");
   // The frozen rank (a stopped process ignores SIGTERM) is gone too.
-  EXPECT_TRUE(none_left(run_mark("frozen")));
+  EXPECT_TRUE(none_marked(run_mark("frozen"), 10s));
   expect_same_weights_as_clean_run("frozen");
 }
 
