@@ -755,7 +755,7 @@ TEST_F(EtcdRendezvous, AFolderOrAnEmptyFileAsASecretIsNamed) {
          ""},
         60s);
   };
-  for (const std::string path :
+  for (const std::string& path :
        {dir.path().string(), (dir / "empty").string()}) {
     CommandResult r = run("user=root,password_file=" + path);
     EXPECT_NE(r.exit_code, 0);
