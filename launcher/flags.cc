@@ -726,12 +726,9 @@ std::vector<FlagSpec> make_table() {
                                 "' is not KEY=VALUE; use a comma-separated "
                                 "list like join_timeout=600,is_host=true"};
                }
+               // A key given again wins, as in torchrun: defaults first,
+               // then overrides ("${BASE},join_timeout=60").
                const std::string key = kv.substr(0, eq);
-               // The last would win silently.
-               if (o.rdzv_conf.contains(key)) {
-                 throw BadValue{"'" + key +
-                                "' is given twice; give each key once"};
-               }
                apply_rdzv_conf(f, key, kv.substr(eq + 1), o.rdzv);
                o.rdzv_conf[key] = kv.substr(eq + 1);
              }

@@ -320,8 +320,6 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
       {{"--master-addr", "a\tb", "true"}, "is not a host name or address"},
       {{"--local-addr", "node 1", "true"}, "is not a host name or address"},
       {{"--run-id", "..", "true"}, "cannot name a folder"},
-      {{"--rdzv-conf", "join_timeout=1,join_timeout=2", "true"},
-       "'join_timeout' is given twice"},
       {{"--nproc-per-node"}, "--nproc-per-node"},
       {{"--max-restarts", "x", "true"}, "--max-restarts: 'x' is not valid"},
       {{"--master-port", "70000", "true"}, "a port 0..65535"},
@@ -410,6 +408,14 @@ TEST(Cli, AHostfileThatIsAFolderOrListsNoHostIsAnError) {
   e = bad({"--hostfile", (dir / "empty").string(), "true"});
   EXPECT_EQ(e.exit_code, 2);
   EXPECT_THAT(e.message, HasSubstr("lists no host; write one host per line"));
+}
+
+// As in torchrun, a --rdzv-conf key given again wins: defaults first,
+// then overrides.
+TEST(Cli, ARdzvConfKeyGivenAgainWins) {
+  EXPECT_EQ(ok({"--rdzv-conf", "join_timeout=1,join_timeout=2", "true"})
+                .rdzv.join_timeout,
+            std::chrono::seconds(2));
 }
 
 TEST(Cli, RendezvousFlagsAreHonoured) {
