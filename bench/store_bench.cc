@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/cli_checks.h"
 #include "comm/store/client.h"
 #include "comm/store/server.h"
 #include "comm/store/wire.h"
@@ -375,13 +376,8 @@ int main(int argc, char** argv) {
   app.add_option("--rounds", args.rounds, "barrier rounds (median reported)")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
+  if (auto status = dlaunch::comm::parse_or_exit(app, argc, argv)) {
+    return *status;
   }
 
   if (args.driver == "loop" && args.op == "barrier") {

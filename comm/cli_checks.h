@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <charconv>
 #include <limits>
+#include <optional>
 #include <string>
 
 namespace dlaunch::comm {
@@ -39,6 +40,19 @@ inline void one_line_errors(CLI::App& app) {
     return a->get_name() + ": " + e.what() + " (see " + a->get_name() +
            " --help)\n";
   });
+}
+
+// Parses `argv` into `app` (with one_line_errors). Returns the status to
+// exit with when the program ends here: 0 after --help (printed), 2 after
+// a bad command line (reported); nullopt when it goes on.
+inline std::optional<int> parse_or_exit(CLI::App& app, int argc, char** argv) {
+  one_line_errors(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  return std::nullopt;
 }
 
 }  // namespace dlaunch::comm

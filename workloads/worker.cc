@@ -33,13 +33,7 @@ std::unique_ptr<comm::ProcessGroup> init_world(std::string_view backend,
 
 int run_main(CLI::App& app, int argc, char** argv,
              const std::function<int()>& body) {
-  comm::one_line_errors(app);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
+  if (auto status = comm::parse_or_exit(app, argc, argv)) return *status;
   try {
     return body();
   } catch (const std::invalid_argument& e) {

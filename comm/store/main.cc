@@ -44,14 +44,8 @@ int main(int argc, char** argv) {
                  "largest request a client may send")
       ->capture_default_str()
       ->check(dlaunch::comm::whole_number<size_t>(1));
-  dlaunch::comm::one_line_errors(app);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
+  if (auto status = dlaunch::comm::parse_or_exit(app, argc, argv)) {
+    return *status;
   }
 
   namespace store = dlaunch::comm::store;
