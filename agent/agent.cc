@@ -140,10 +140,33 @@ RunResult Agent::run() {
 }
 
 void Agent::run_job() {
-  if (options_.nproc_per_node > 1 && !base_env_.contains("OMP_NUM_THREADS")) {
+  const int n = options_.nproc_per_node;
+  if (n > 1 && !base_env_.contains("OMP_NUM_THREADS")) {
     sink_("dlaunch: note: OMP_NUM_THREADS=1 for each of the " +
-          std::to_string(options_.nproc_per_node) +
-          " workers (set it yourself to tune)\n");
+          std::to_string(n) + " workers (set it yourself to tune)\n");
+  }
+  // Local ranks this node does not run, named once: a filter or map of
+  // them would otherwise hide or log nothing without a word. A warning,
+  // not an error: hosts with more slots may run them.
+  const auto warn_absent = [&](const std::set<int>& ranks, const char* flag) {
+    std::string list;
+    for (int r : ranks) {
+      if (r >= n) list += (list.empty() ? "" : ",") + std::to_string(r);
+    }
+    if (list.empty()) return;
+    sink_("dlaunch: warning: " + std::string(flag) + " names local rank(s) " +
+          list + ", and this node runs local ranks 0.." +
+          std::to_string(n - 1) + "\n");
+  };
+  if (options_.local_ranks_filter) {
+    warn_absent(*options_.local_ranks_filter, "--local-ranks-filter");
+  }
+  for (const auto& [spec, flag] :
+       {std::pair{&options_.redirects, "--redirects"},
+        std::pair{&options_.tee, "--tee"}}) {
+    std::set<int> ranks;
+    for (const auto& [r, streams] : spec->per_rank) ranks.insert(r);
+    warn_absent(ranks, flag);
   }
 
   start_attempt(rendezvous::RoundReason::kStart);

@@ -293,6 +293,21 @@ TEST(Launch, LocalRanksFilterHidesOtherRanksFromTheConsole) {
   CommandResult r = sh(3, "echo hi$LOCAL_RANK", {"--local-ranks-filter", "1"});
   ASSERT_EQ(r.exit_code, 0);
   EXPECT_EQ(r.out, "[default1]:hi1\n");
+  EXPECT_THAT(r.err, Not(HasSubstr("warning")));
+}
+
+// A filter or a per-rank map naming only ranks this node does not run
+// says so (it once showed or logged nothing without a word).
+TEST(Launch, LocalRanksThisNodeDoesNotRunAreNamed) {
+  CommandResult r = sh(2, "echo hi$LOCAL_RANK",
+                       {"--local-ranks-filter", "1,5", "-t", "0:1,3:3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[default1]:hi1\n");
+  EXPECT_THAT(r.err, HasSubstr("dlaunch: warning: --local-ranks-filter names "
+                               "local rank(s) 5, and this node runs local "
+                               "ranks 0..1\n"));
+  EXPECT_THAT(r.err, HasSubstr("dlaunch: warning: --tee names local rank(s) 3,"
+                               " and this node runs local ranks 0..1\n"));
 }
 
 TEST(Launch, TeedLinesReachTheFileAsTheyArrive) {
