@@ -29,7 +29,8 @@ void die_with_parent(pid_t parent);
 // DLAUNCH_AGENT_TAG=<unique> in its environment; the agent is their
 // children's subreaper, and when no worker is left running it SIGKILLs
 // every adopted process carrying the tag (children that left their group).
-// A watchdog process (forked on the first spawn, in its own session)
+// A watchdog process (dlaunch-watchdog, started on the first spawn, in its
+// own session; agent/watchdog.h)
 // SIGKILLs every worker's process group, and every tagged process, if the
 // agent dies without stopping them. Output is teed to log files as it
 // arrives and queued as whole, prefixed lines for the console's own writer

@@ -1,142 +1,90 @@
 #include "agent/watchdog.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
-#include <cstdlib>
-#include <cstring>
-#include <set>
-#include <string>
 #include <system_error>
 
+#include "agent/watchdog_loop.h"
 #include "comm/pidfd.h"
 
 namespace dlaunch::agent {
 namespace {
 
-int remove_entry(const char* path, const struct stat*, int, FTW*) {
-  ::remove(path);
-  return 0;
-}
-
-// Sent before the pipe closes: the agent ended its strays itself.
-constexpr int kCleanStop = 0;
-
-// SIGKILLs every process whose environment holds `tag`; the number found.
-// (The watchdog's memory is its own after fork: allocating is fine here.)
-int kill_tagged(const char* tag) {
-  int found = 0;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return 0;
-  const size_t tag_len = std::strlen(tag);
-  std::string env;
-  char buf[8192];
-  while (dirent* e = ::readdir(proc)) {
-    char* end = nullptr;
-    long pid = std::strtol(e->d_name, &end, 10);
-    if (*end != '\0' || pid <= 1 || pid == ::getpid()) continue;
-    std::string path = std::string("/proc/") + e->d_name + "/environ";
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    env.clear();
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0) env.append(buf, n);
-    ::close(fd);
-    for (size_t at = 0; at < env.size();) {
-      size_t nul = env.find('\0', at);
-      if (nul == std::string::npos) nul = env.size();
-      if (nul - at == tag_len && env.compare(at, tag_len, tag) == 0) {
-        ::kill(static_cast<pid_t>(pid), SIGKILL);
-        ++found;
-        break;
-      }
-      at = nul + 1;
+// Starts dlaunch-watchdog (`program`) on the pipe's read end; its pid, or
+// -1 with errno set when vfork or the exec failed (then nothing runs).
+pid_t exec_program(const std::filesystem::path& program, int read_fd,
+                   const char* const* argv) {
+  // Everything the child uses is made before it exists: a vfork child
+  // shares the agent's memory and may only move an fd, exec and _exit.
+  const char* const envp[] = {nullptr};
+  volatile int exec_errno = 0;  // set by the child when exec fails
+  pid_t pid = ::vfork();
+  if (pid == 0) {
+    // The read end on the fd the program expects, without close-on-exec
+    // (dup2 onto itself would keep that flag).
+    const int moved = read_fd == kWatchdogPipeFd
+                          ? ::fcntl(kWatchdogPipeFd, F_SETFD, 0)
+                          : ::dup2(read_fd, kWatchdogPipeFd);
+    if (moved >= 0) {
+      ::execve(program.c_str(), const_cast<char* const*>(argv),
+               const_cast<char* const*>(envp));
     }
+    exec_errno = errno;
+    ::_exit(127);
   }
-  ::closedir(proc);
-  return found;
-}
-
-[[noreturn]] void watchdog_main(int read_fd, const char* orphan_dir,
-                                const char* tag) {
-  ::setsid();  // no terminal signals; survives a kill of the agent's group
-  // Every catchable signal stays blocked, as Watchdog::start() forked it:
-  // as good as ignored for a process that never unblocks them (`pkill
-  // dlaunch` must not end it), and the agent's handlers, copied by fork,
-  // never run here.
-  int null_fd = ::open("/dev/null", O_RDWR);
-  for (int fd = 0; fd < 3; ++fd) ::dup2(null_fd, fd);
-  // Hold nothing of the agent's (its stdout pipe would keep readers waiting).
-  if (read_fd > 3) ::close_range(3, static_cast<unsigned>(read_fd) - 1, 0);
-  ::close_range(static_cast<unsigned>(read_fd) + 1, ~0U, 0);
-
-  std::set<int> groups;
-  bool clean = false;
-  int value = 0;
-  size_t have = 0;
-  while (true) {
-    ssize_t n = ::read(read_fd, reinterpret_cast<char*>(&value) + have,
-                       sizeof value - have);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // the agent is gone (or closed the pipe)
-    have += static_cast<size_t>(n);
-    if (have < sizeof value) continue;
-    have = 0;
-    if (value == kCleanStop) {
-      clean = true;
-    } else if (value > 0) {
-      groups.insert(value);
-    } else {
-      groups.erase(-value);
-    }
+  if (pid > 0 && exec_errno != 0) {
+    ::waitpid(pid, nullptr, 0);  // already exited: vfork resumes us then
+    errno = exec_errno;
+    return -1;
   }
-  for (int g : groups) ::kill(-g, SIGKILL);
-  // Children that left their group carry the tag; a few passes catch those
-  // forked while the first one ran.
-  if (!clean && *tag != '\0') {
-    for (int pass = 0; pass < 8 && kill_tagged(tag) > 0; ++pass) {
-    }
-  }
-  // Depth first, links not followed: only what the agent made goes.
-  if (*orphan_dir != '\0') {
-    ::nftw(orphan_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-  }
-  ::_exit(0);
+  return pid;
 }
 
 }  // namespace
 
 void Watchdog::start(const std::filesystem::path& orphan_dir,
                      const std::string& tag) {
-  // Copied before fork.
   const std::string dir = orphan_dir.string();
+  std::error_code ec;
+  const std::filesystem::path program =
+      std::filesystem::read_symlink("/proc/self/exe", ec)
+          .replace_filename("dlaunch-watchdog");
+  const char* const argv[] = {"dlaunch-watchdog", dir.c_str(), tag.c_str(),
+                              nullptr};
   int p[2];
   if (::pipe2(p, O_CLOEXEC) != 0) {
     throw std::system_error(errno, std::generic_category(), "watchdog pipe");
   }
+  // Started with every signal blocked, which it keeps (watchdog_loop.h).
   sigset_t all, old;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &old);
-  pid_t pid = ::fork();
-  const int fork_errno = errno;
-  if (pid != 0) ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  pid_t pid = -1;
+  if (!ec && ::access(program.c_str(), X_OK) == 0) {
+    pid = exec_program(program, p[0], argv);
+  }
   if (pid < 0) {
-    int e = fork_errno;
-    ::close(p[0]);
-    ::close(p[1]);
-    throw std::system_error(e, std::generic_category(), "watchdog fork");
+    // No program beside dlaunch (a copy of dlaunch alone), or it would not
+    // run: a fork of dlaunch does the same job.
+    pid = ::fork();
+    if (pid == 0) {
+      ::close(p[1]);
+      run_watchdog(p[0], dir.c_str(), tag.c_str());
+    }
   }
-  if (pid == 0) {
-    ::close(p[1]);
-    watchdog_main(p[0], dir.c_str(), tag.c_str());
-  }
+  const int start_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   ::close(p[0]);
+  if (pid < 0) {
+    ::close(p[1]);
+    throw std::system_error(start_errno, std::generic_category(),
+                            "watchdog fork");
+  }
   write_fd_ = p[1];
   pid_ = pid;
 }
@@ -151,7 +99,7 @@ bool Watchdog::send(int value) {
   return n == sizeof value;
 }
 
-void Watchdog::stopped_cleanly() { send(kCleanStop); }
+void Watchdog::stopped_cleanly() { send(kWatchdogCleanStop); }
 
 Watchdog::~Watchdog() {
   if (write_fd_ < 0) return;

@@ -7,13 +7,17 @@
 
 namespace dlaunch::agent {
 
-// A tiny process, forked from the agent and in a session of its own, that
-// SIGKILLs every registered process group once the agent is gone (its pipe
-// from the agent reaches end-of-file), so workers' children cannot outlive
-// a SIGKILLed agent (PR_SET_PDEATHSIG only covers the workers themselves);
-// then every process whose environment carries the agent's tag (children
-// that left their group, found in /proc), unless the agent said it stopped
-// cleanly; then removes the agent's temporary folder if it was given one.
+// The process that makes sure nothing of the agent's outlives it: started
+// by the agent (in a session of its own), it SIGKILLs every registered
+// process group once the agent is gone (its pipe from the agent reaches
+// end-of-file), so workers' children cannot outlive a SIGKILLed agent
+// (PR_SET_PDEATHSIG only covers the workers themselves, and they may clear
+// it); then every process whose environment carries the agent's tag
+// (children that left their group, found in /proc), unless the agent said
+// it stopped cleanly; then removes the agent's temporary folder if it was
+// given one. It is the small program dlaunch-watchdog beside dlaunch
+// (/proc/self/exe's folder), or a fork of dlaunch where that is missing
+// (the same code, agent/watchdog_loop.h; slower to start and to end).
 // Owned by PosixEnv; single-threaded.
 class Watchdog {
  public:
@@ -22,10 +26,10 @@ class Watchdog {
   Watchdog& operator=(const Watchdog&) = delete;
   // Closes the pipe (the watchdog kills whatever is still registered) and
   // reaps it, waiting at most one second (it ends at once: nothing of
-  // dlaunch, which holds its binary busy, outlives dlaunch).
+  // dlaunch's outlives dlaunch, and a fork would hold its binary busy).
   ~Watchdog();
 
-  // Forks the watchdog; `orphan_dir` (may be empty) is removed with its
+  // Starts the watchdog; `orphan_dir` (may be empty) is removed with its
   // contents once the agent is gone (already gone after a clean exit);
   // `tag` ("K=V", may be empty) marks the environment of processes to
   // SIGKILL if the agent dies. Throws std::system_error.

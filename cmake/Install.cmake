@@ -11,10 +11,10 @@ set(DLAUNCH_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/dlaunch
 # Benchmark helpers with generic names stay out of the user's PATH.
 set(DLAUNCH_INSTALL_LIBEXECDIR ${CMAKE_INSTALL_LIBEXECDIR}/dlaunch)
 
-# dlaunch finds dlaunch-cuda-devices and dlaunch-rdzv-etcd beside itself
-# (/proc/self/exe): all go to the same folder.
-set(DLAUNCH_INSTALLED_PROGRAMS dlaunch dlaunch-cuda-devices dl-store dl-sgd dl-p2p
-  dl-collectives dl-ring-allreduce dl-bench)
+# dlaunch finds dlaunch-watchdog, dlaunch-cuda-devices and dlaunch-rdzv-etcd
+# beside itself (/proc/self/exe): all go to the same folder.
+set(DLAUNCH_INSTALLED_PROGRAMS dlaunch dlaunch-watchdog dlaunch-cuda-devices
+  dl-store dl-sgd dl-p2p dl-collectives dl-ring-allreduce dl-bench)
 if(DLAUNCH_WITH_ETCD)
   list(APPEND DLAUNCH_INSTALLED_PROGRAMS dlaunch-rdzv-etcd)
 endif()

@@ -1,7 +1,7 @@
 # Debian packages through CPack (`scripts/package` builds them): two
 # packages from the install components,
 #   dlaunch      the programs (component runtime): dlaunch,
-#                dlaunch-cuda-devices, dl-store, the workloads, benchmarks;
+#                dlaunch-watchdog, dlaunch-cuda-devices, dl-store, the workloads, benchmarks;
 #   dlaunch-dev  comm and the store for other projects (component dev):
 #                headers, static libraries, CMake package, dlaunch.pc.
 # Dependencies are Debian 12 package names: the shared libraries the

@@ -36,9 +36,9 @@ struct LaunchPlan {
   // remote_dlaunch.
   std::map<std::string, std::string> shipped;
   // The head's dlaunch, its checksum (ship.h), its dlaunch-cuda-devices
-  // and their cache folder's name, for ship_commands(); set when
-  // shipping.
-  std::filesystem::path ship_from, ship_cuda_devices_from;
+  // and dlaunch-watchdog (empty when the head has none) and their cache
+  // folder's name, for ship_commands(); set when shipping.
+  std::filesystem::path ship_from, ship_cuda_devices_from, ship_watchdog_from;
   std::string ship_checksum, ship_cache;
 };
 
@@ -111,7 +111,7 @@ class AgentLauncher {
       const LaunchPlan& plan) const = 0;
   // Shipping: copies plan.ship_from into the cache folder
   // plan.ship_cache on each host of plan.shipped (and
-  // dlaunch-cuda-devices beside it, ship.h names both), each copy through
+  // its helper programs beside it, ship.h names them), each copy through
   // ship_script() with the file on stdin. A
   // backend that cannot (pdsh over a network gives remote commands no
   // stdin) returns none, and the pre-flight table says so.

@@ -122,6 +122,9 @@ std::vector<std::pair<fs::path, std::string>> shipped_files(
   if (!plan.ship_cuda_devices_from.empty()) {
     out.emplace_back(plan.ship_cuda_devices_from, "dlaunch-cuda-devices");
   }
+  if (!plan.ship_watchdog_from.empty()) {
+    out.emplace_back(plan.ship_watchdog_from, "dlaunch-watchdog");
+  }
   return out;
 }
 
@@ -160,9 +163,13 @@ std::vector<PreflightFailure> ship_where_missing(
     return refuse(why);
   }
   plan.ship_from = self;
-  const fs::path cuda = fs::path(self).replace_filename("dlaunch-cuda-devices");
-  plan.ship_cuda_devices_from =
-      ::access(cuda.c_str(), R_OK) == 0 ? cuda : fs::path();
+  // The helper programs beside it, those the head has.
+  auto beside = [&](const char* name) {
+    const fs::path p = fs::path(self).replace_filename(name);
+    return ::access(p.c_str(), R_OK) == 0 ? p : fs::path();
+  };
+  plan.ship_cuda_devices_from = beside("dlaunch-cuda-devices");
+  plan.ship_watchdog_from = beside("dlaunch-watchdog");
   try {
     plan.ship_checksum = file_checksum(self);
   } catch (const std::exception& e) {
@@ -202,8 +209,8 @@ std::vector<PreflightFailure> ship_where_missing(
     }
   }
   for (const std::string& h : cached) {
-    note("dlaunch: " + h + " has " + lacks +
-         "; found this one cached at " + plan.shipped.at(h));
+    note("dlaunch: " + h + " has " + lacks + "; found this one cached at " +
+         plan.shipped.at(h));
   }
   if (copy.empty()) return left;
   LaunchPlan to = jobs_of(copy);

@@ -31,7 +31,8 @@ std::string file_checksum(const std::filesystem::path& file);
 
 // The per-user cache of shipped copies on every host, as its shell
 // expands it: ${XDG_CACHE_HOME:-$HOME/.cache}/dlaunch/VERSION-SUM/ holds
-// dlaunch and dlaunch-cuda-devices of one build (`name`, cache_name()).
+// dlaunch, dlaunch-cuda-devices and dlaunch-watchdog of one build (`name`,
+// cache_name()).
 // Copies stay there for the next job; a folder of it that is not the
 // user's alone (another owner, group- or world-writable, a link) is
 // refused before anything there runs.
@@ -45,7 +46,8 @@ std::vector<std::string> cached_dlaunch_argv(const std::string& name);
 
 // What ship_commands() copies to `host` (a host of plan.shipped): each
 // local file of the head's with its file name in the cache (dlaunch, and
-// dlaunch-cuda-devices beside it when the head has one).
+// dlaunch-cuda-devices and dlaunch-watchdog beside it when the head has
+// them; a dlaunch without its watchdog program forks itself instead).
 std::vector<std::pair<std::filesystem::path, std::string>> shipped_files(
     const LaunchPlan& plan, const std::string& host);
 

@@ -99,6 +99,13 @@ int main(int argc, char** argv) {
         throw std::runtime_error(why);
       }
     }
+    // The data set first, then the group: a rank that loads for longer
+    // than its peers (a loaded machine, a slow disk) would keep them
+    // waiting in the first collective, which --hang-timeout counts as no
+    // progress; the group's rendezvous waits for the last rank instead
+    // (within comm's timeout), before anything is timed.
+    TrainData train = prepare(load_mnist_split(data, "train"), limit_train);
+    TrainData test = prepare(load_mnist_split(data, "t10k"), limit_test);
     std::unique_ptr<dlaunch::comm::ProcessGroup> pg;
     if (launched_distributed() || (backend_given && backend != "gloo")) {
       pg = init_world(backend, "dl-sgd");
@@ -113,8 +120,6 @@ int main(int argc, char** argv) {
                              ("dl-sgd-" + std::string(id));
       }
     }
-    TrainData train = prepare(load_mnist_split(data, "train"), limit_train);
-    TrainData test = prepare(load_mnist_split(data, "t10k"), limit_test);
     if (rank == 0) {
       std::printf(
           "dl-sgd: %zu train / %zu test samples, %d rank(s) on %s, batch %d "

@@ -64,9 +64,9 @@ class Install : public ::testing::Test {
 
 TEST_F(Install, PutsProgramsHeadersAndPackageFilesInThePrefix) {
   for (const char* f :
-       {"bin/dlaunch", "bin/dlaunch-cuda-devices", "bin/dl-store", "bin/dl-sgd",
-        "bin/dl-p2p", "bin/dl-collectives", "bin/dl-ring-allreduce",
-        "bin/dl-bench", "include/dlaunch/comm/init.h",
+       {"bin/dlaunch", "bin/dlaunch-watchdog", "bin/dlaunch-cuda-devices",
+        "bin/dl-store", "bin/dl-sgd", "bin/dl-p2p", "bin/dl-collectives",
+        "bin/dl-ring-allreduce", "bin/dl-bench", "include/dlaunch/comm/init.h",
         "include/dlaunch/comm/store/client.h",
         "include/dlaunch/comm/gloo/process_group.h"}) {
     EXPECT_TRUE(fs::exists(prefix_ / f)) << f;
@@ -126,6 +126,24 @@ TEST_F(Install, InstalledDlaunchFindsItsGpuHelperBesideIt) {
        ""});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, ::testing::Not(HasSubstr("cannot count CUDA devices")));
+}
+
+TEST_F(Install, InstalledDlaunchRunsItsWatchdogBesideIt) {
+  // The worker lists the programs of its agent's children: itself and the
+  // agent's watchdog.
+  CommandResult r = testing::run_command(
+      {{(prefix_ / "bin/dlaunch").string(), "--nproc-per-node", "1", "sh", "-c",
+        "for c in $(cat /proc/$PPID/task/$PPID/children); do readlink "
+        "/proc/$c/exe; done"},
+       {},
+       {},
+       ""});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(
+      r.out,
+      HasSubstr("[default0]:" +
+                fs::canonical(prefix_ / "bin/dlaunch-watchdog").string() +
+                "\n"));
 }
 
 TEST_F(Install, CMakeConsumerAllReducesUnderInstalledDlaunch) {

@@ -438,42 +438,150 @@ TEST(Launch, Usr1IsForwardedAndTheJobContinues) {
   EXPECT_THAT(r.out, HasSubstr("[default1]:got-usr1"));
 }
 
-TEST(Launch, SigkillOfTheAgentTakesEveryWorkerAndGrandchildWithIt) {
-  TempDir tmp;  // a killed agent cannot remove its run folder: keep it here
-  Subprocess p({{kDlaunch, "--nproc-per-node", "3", "sh", "-c",
-                 "sleep 100 & sleep 100 & echo ready; wait"},
-                {{"TMPDIR", tmp.path().string()}},
-                {},
-                ""});
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(
-        p.wait_for_output("[default" + std::to_string(i) + "]:ready", 10s));
+// The program of process `pid` (/proc/PID/exe); "" when it is gone.
+std::string exe_of(pid_t pid) {
+  std::error_code ec;
+  return std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe",
+                                       ec)
+      .string();
+}
+
+// The agent's watchdog among `agent`'s children (it carries no worker's
+// environment): the one whose program is `exe`; 0 when none is.
+pid_t watchdog_of(pid_t agent, const std::string& exe) {
+  std::ifstream in("/proc/" + std::to_string(agent) + "/task/" +
+                   std::to_string(agent) + "/children");
+  for (pid_t c; in >> c;) {
+    if (exe_of(c) == exe) return c;
   }
-  std::vector<pid_t> tree = testing::descendants(p.pid());
-  ASSERT_GE(tree.size(), 9u);  // 3 shells + 6 sleeps (+ the watchdog)
-  p.signal(SIGKILL);
-  p.wait(5s);
-  auto deadline = std::chrono::steady_clock::now() + 1s;
-  std::vector<pid_t> alive;
-  do {
-    alive.clear();
-    for (pid_t pid : tree) {
-      if (testing::process_alive(pid)) alive.push_back(pid);
+  return 0;
+}
+
+// A SIGKILLed dlaunch, killed once `ready` workers said "ready": every
+// process its job made, found by the mark in their environment (double
+// forks and all), and the run's temporary folder must be gone within a
+// bound; `watchdog` is the program the agent's watchdog runs.
+class KilledAgent {
+ public:
+  KilledAgent(const std::string& dlaunch, std::vector<std::string> args) {
+    const std::string id =
+        std::to_string(::getpid()) + "-" + std::to_string(++runs_);
+    mark_ = "DLT_KILLED_AGENT=" + id;
+    args.insert(args.begin(), dlaunch);
+    // A killed agent cannot remove its run folder: keep it in tmp_.
+    p_ = std::make_unique<Subprocess>(testing::CommandOptions{
+        args,
+        {{"TMPDIR", tmp_.path().string()}, {"DLT_KILLED_AGENT", id}},
+        {},
+        ""});
+  }
+  Subprocess& process() { return *p_; }
+
+  // The job's processes: those with the mark but dlaunch and a fork of it.
+  size_t job_processes() const {
+    size_t n = 0;
+    for (pid_t pid : testing::processes_with_env(mark_)) {
+      if (pid != p_->pid() && exe_of(pid) != exe_of(p_->pid())) ++n;
     }
-    if (alive.empty()) break;
-    std::this_thread::sleep_for(10ms);
-  } while (std::chrono::steady_clock::now() < deadline);
-  EXPECT_TRUE(alive.empty())
-      << alive.size() << " processes outlived the agent by 1 s";
-  // The watchdog also removed the run's temporary folder.
-  auto left = [&] {
-    return std::distance(std::filesystem::directory_iterator(tmp.path()),
-                         std::filesystem::directory_iterator());
-  };
-  for (int i = 0; i < 100 && left() > 0; ++i) {
-    std::this_thread::sleep_for(10ms);
+    return n;
   }
-  EXPECT_EQ(left(), 0) << "the temporary run folder outlived the agent by 1 s";
+
+  void kill_and_expect_nothing_left(const std::string& watchdog) {
+    EXPECT_NE(watchdog_of(p_->pid(), watchdog), 0)
+        << "no child of dlaunch runs " << watchdog;
+    p_->signal(SIGKILL);
+    p_->wait(5s);
+    EXPECT_TRUE(testing::eventually(
+        [&] { return testing::processes_with_env(mark_).empty(); }, 5s))
+        << testing::processes_with_env(mark_).size()
+        << " processes outlived the agent by 5 s";
+    // The watchdog also removed the run's temporary folder.
+    EXPECT_TRUE(testing::eventually(
+        [&] {
+          return std::filesystem::directory_iterator(tmp_.path()) ==
+                 std::filesystem::directory_iterator();
+        },
+        5s))
+        << "the temporary run folder outlived the agent by 5 s";
+  }
+
+ private:
+  static inline int runs_ = 0;
+  TempDir tmp_;
+  std::string mark_;
+  std::unique_ptr<Subprocess> p_;
+};
+
+TEST(Launch, SigkillOfTheAgentTakesEveryWorkerAndGrandchildWithIt) {
+  KilledAgent a(kDlaunch, {"--nproc-per-node", "3", "sh", "-c",
+                           "sleep 100 & sleep 100 & echo ready; wait"});
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(a.process().wait_for_output(
+        "[default" + std::to_string(i) + "]:ready", 10s));
+  }
+  ASSERT_EQ(a.job_processes(), 9u);  // 3 shells + 6 sleeps
+  // The watchdog is the small program beside dlaunch, not a fork of it.
+  a.kill_and_expect_nothing_left(testing::bin("dlaunch-watchdog"));
+}
+
+// What the death signal does not cover: a worker that clears its own
+// (PR_SET_PDEATHSIG) and drops the agent's tag from its environment, with
+// a child in its group, and a child of a worker that left the group
+// (setsid). The watchdog ends the first two by their process group, the
+// last by the tag.
+const std::string kEscapingWorker =
+    "setsid sleep 300 & exec setpriv --pdeathsig clear env -u "
+    "DLAUNCH_AGENT_TAG sh -c 'sleep 300 & echo ready; wait'";
+
+TEST(Launch, SigkillTakesWorkersThatClearTheirDeathSignalOrLeaveTheirGroup) {
+  KilledAgent a(kDlaunch,
+                {"--nproc-per-node", "2", "sh", "-c", kEscapingWorker});
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(a.process().wait_for_output(
+        "[default" + std::to_string(i) + "]:ready", 10s));
+  }
+  ASSERT_EQ(a.job_processes(), 6u);
+  a.kill_and_expect_nothing_left(testing::bin("dlaunch-watchdog"));
+}
+
+// A dlaunch copied alone (no dlaunch-watchdog beside it) forks itself as
+// its watchdog: the same guarantee.
+TEST(Launch, DlaunchWithoutItsWatchdogProgramForksOneWithTheSameGuarantee) {
+  TempDir bin;
+  const std::string copy = (bin / "dlaunch").string();
+  std::filesystem::copy_file(kDlaunch, copy);
+  KilledAgent a(copy, {"--nproc-per-node", "2", "sh", "-c", kEscapingWorker});
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(a.process().wait_for_output(
+        "[default" + std::to_string(i) + "]:ready", 10s));
+  }
+  ASSERT_EQ(a.job_processes(), 6u);
+  a.kill_and_expect_nothing_left(copy);
+  // And a clean run ends it with dlaunch.
+  CommandResult r = testing::run_command(
+      {{copy, "--nproc-per-node", "2", "true"}, {}, {}, ""}, 60s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// Killed while it spawns the group (at the first of 8 workers' output), and
+// while it spawns the group again after a failure: nothing is left either
+// way. (Where the kill lands varies from run to run; each must hold.)
+TEST(Launch, SigkillWhileSpawningOrRestartingLeavesNothing) {
+  const std::string first =
+      "echo up; sleep 300 & setsid sleep 300 & exec sleep 300";
+  const std::string again =
+      "if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then [ $LOCAL_RANK = 7 ] && "
+      "exit 1; exec sleep 300; fi; " +
+      first;
+  for (const std::string& script : {first, again}) {
+    for (int round = 0; round < 3; ++round) {
+      SCOPED_TRACE(script + ", round " + std::to_string(round));
+      KilledAgent a(kDlaunch, {"--nproc-per-node", "8", "--max-restarts", "1",
+                               "sh", "-c", script});
+      ASSERT_TRUE(a.process().wait_for_output(":up", 20s)) << a.process().err();
+      a.kill_and_expect_nothing_left(testing::bin("dlaunch-watchdog"));
+    }
+  }
 }
 
 TEST(Launch, ReportsTheWorkersErrorFileMessage) {

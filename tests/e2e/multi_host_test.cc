@@ -622,6 +622,7 @@ TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopyFromTheirCache) {
   EXPECT_TRUE(copy.starts_with(cache.path().string() + "/dlaunch/")) << copy;
   EXPECT_TRUE(
       fs::exists(fs::path(copy).replace_filename("dlaunch-cuda-devices")));
+  EXPECT_TRUE(fs::exists(fs::path(copy).replace_filename("dlaunch-watchdog")));
   EXPECT_EQ(launcher::file_checksum(copy), launcher::file_checksum(kDlaunch));
   EXPECT_TRUE(none_marked(mark, 10s));
   const ino_t first = inode(copy);
@@ -648,10 +649,10 @@ TEST(MultiHostShip, HostsWithoutDlaunchRunTheHeadsCopyFromTheirCache) {
   // number the first one's rename freed.)
   EXPECT_EQ(launcher::file_checksum(copy), launcher::file_checksum(kDlaunch));
   EXPECT_TRUE(none_marked(mark, 10s));
-  // Nothing but the two files: no temporary copies left.
+  // Nothing but the three programs: no temporary copies left.
   EXPECT_EQ(std::distance(fs::directory_iterator(fs::path(copy).parent_path()),
                           fs::directory_iterator()),
-            2);
+            3);
 
   // A cache folder that others can write is an error naming the fix.
   const fs::path shared = cache.path() / "dlaunch";

@@ -208,6 +208,7 @@ LaunchPlan shipping_plan() {
   p.shipped["n2"] = cached_path(p.ship_cache);
   p.ship_from = "/head/bin/dlaunch";
   p.ship_cuda_devices_from = "/head/bin/dlaunch-cuda-devices";
+  p.ship_watchdog_from = "/head/bin/dlaunch-watchdog";
   p.ship_checksum = "00112233aabbccdd";
   return p;
 }
@@ -218,7 +219,7 @@ TEST(BackendsTest, SshShipsThroughStdinIntoTheCacheAndUsesIt) {
   EXPECT_EQ(p.shipped["n2"], "${XDG_CACHE_HOME:-$HOME/.cache}/dlaunch/" +
                                  p.ship_cache + "/dlaunch");
   auto ship = ssh->ship_commands(p);
-  ASSERT_EQ(ship.size(), 2u);
+  ASSERT_EQ(ship.size(), 3u);
   EXPECT_EQ(ship[0].hosts, std::vector<std::string>{"n2"});
   EXPECT_EQ(ship[0].argv[ship[0].argv.size() - 2], "n2");
   EXPECT_EQ(
@@ -229,6 +230,10 @@ TEST(BackendsTest, SshShipsThroughStdinIntoTheCacheAndUsesIt) {
               HasSubstr("mv -f \"$t\" \"$d/" + p.ship_cache +
                         "\"/dlaunch-cuda-devices"));
   EXPECT_EQ(ship[1].stdin_file, "/head/bin/dlaunch-cuda-devices");
+  EXPECT_THAT(
+      ship[2].argv.back(),
+      HasSubstr("mv -f \"$t\" \"$d/" + p.ship_cache + "\"/dlaunch-watchdog"));
+  EXPECT_EQ(ship[2].stdin_file, "/head/bin/dlaunch-watchdog");
   // n2 runs its cached copy, which checks itself; n1 keeps its own dlaunch.
   auto check = ssh->check_commands(p);
   EXPECT_EQ(check[0].argv.back(),
@@ -251,7 +256,7 @@ TEST(BackendsTest, PdshShipsOnlyWhereItsHostsAreThisMachine) {
   EXPECT_TRUE(pdsh->ship_commands(p).empty());
   p.head_env["PDSH_RCMD_TYPE"] = "exec";
   auto ship = pdsh->ship_commands(p);
-  ASSERT_EQ(ship.size(), 2u);
+  ASSERT_EQ(ship.size(), 3u);
   EXPECT_EQ(ship[0].argv[0], "sh");
   EXPECT_EQ(ship[0].stdin_file, "/head/bin/dlaunch");
   // One command for every host: the exec module's hosts share this
