@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <csignal>
+#include <string>
 #include <system_error>
 
 #include "agent/watchdog_loop.h"
@@ -15,45 +16,54 @@
 namespace dlaunch::agent {
 namespace {
 
-// Starts dlaunch-watchdog (`program`) on the pipe's read end; its pid, or
-// -1 with errno set when vfork or the exec failed (then nothing runs).
-pid_t exec_program(const std::filesystem::path& program, int read_fd,
-                   const char* const* argv) {
-  // Everything the child uses is made before it exists: a vfork child
-  // shares the agent's memory and may only move an fd, exec and _exit.
-  const char* const envp[] = {nullptr};
-  volatile int exec_errno = 0;  // set by the child when exec fails
-  pid_t pid = ::vfork();
-  if (pid == 0) {
-    // The read end on the fd the program expects, without close-on-exec
-    // (dup2 onto itself would keep that flag).
-    const int moved = read_fd == kWatchdogPipeFd
-                          ? ::fcntl(kWatchdogPipeFd, F_SETFD, 0)
-                          : ::dup2(read_fd, kWatchdogPipeFd);
-    if (moved >= 0) {
-      ::execve(program.c_str(), const_cast<char* const*>(argv),
-               const_cast<char* const*>(envp));
-    }
-    exec_errno = errno;
-    ::_exit(127);
+// The watchdog, in the child forked for it: the read end of the agent's
+// pipe moves to kWatchdogPipeFd, then it becomes dlaunch-watchdog
+// (`program`, when not empty), or runs the same code as this fork when
+// that is missing or will not run. (Until exec, only async-signal-safe
+// calls: the agent may have threads.)
+[[noreturn]] void become_watchdog(const int p[2], const char* program,
+                                  const char* const* argv) {
+  if (p[0] == kWatchdogPipeFd) {
+    ::fcntl(kWatchdogPipeFd, F_SETFD, 0);  // dup2 onto itself keeps CLOEXEC
+  } else {
+    ::dup2(p[0], kWatchdogPipeFd);  // over p[1] too when that was fd 3
+    ::close(p[0]);
   }
-  if (pid > 0 && exec_errno != 0) {
-    ::waitpid(pid, nullptr, 0);  // already exited: vfork resumes us then
-    errno = exec_errno;
-    return -1;
+  if (p[1] != kWatchdogPipeFd) ::close(p[1]);
+  // Before exec, not when it first runs: a kill of dlaunch's process group
+  // must not reach it, and it must not hold dlaunch's stdout (whoever reads
+  // that waits for end-of-file) once dlaunch has exited.
+  ::setsid();
+  const int null_fd = ::open("/dev/null", O_RDWR);
+  for (int fd = 0; fd < 3 && null_fd >= 0; ++fd) ::dup2(null_fd, fd);
+  if (*program != '\0') {
+    const char* const envp[] = {nullptr};
+    ::execve(program, const_cast<char* const*>(argv),
+             const_cast<char* const*>(envp));
   }
-  return pid;
+  run_watchdog(kWatchdogPipeFd, argv[1], argv[2]);
+}
+
+// Whether process `pid` runs dlaunch's own binary (a fork of dlaunch that
+// has not exec'd, which holds the binary busy); false once it has exited.
+bool runs_dlaunch(pid_t pid) {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink(
+      "/proc/" + std::to_string(pid) + "/exe", ec);
+  return !ec && exe == std::filesystem::read_symlink("/proc/self/exe", ec);
 }
 
 }  // namespace
 
 void Watchdog::start(const std::filesystem::path& orphan_dir,
                      const std::string& tag) {
+  // Everything the child uses is made before it exists.
   const std::string dir = orphan_dir.string();
   std::error_code ec;
-  const std::filesystem::path program =
-      std::filesystem::read_symlink("/proc/self/exe", ec)
-          .replace_filename("dlaunch-watchdog");
+  std::string program = std::filesystem::read_symlink("/proc/self/exe", ec)
+                            .replace_filename("dlaunch-watchdog")
+                            .string();
+  if (ec || ::access(program.c_str(), X_OK) != 0) program.clear();
   const char* const argv[] = {"dlaunch-watchdog", dir.c_str(), tag.c_str(),
                               nullptr};
   int p[2];
@@ -61,28 +71,20 @@ void Watchdog::start(const std::filesystem::path& orphan_dir,
     throw std::system_error(errno, std::generic_category(), "watchdog pipe");
   }
   // Started with every signal blocked, which it keeps (watchdog_loop.h).
+  // A fork, not a vfork: the agent goes on at once instead of waiting for
+  // the child to be scheduled and exec (a wait a loaded machine makes
+  // long); the child's copy of the agent's memory goes at its exec.
   sigset_t all, old;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &old);
-  pid_t pid = -1;
-  if (!ec && ::access(program.c_str(), X_OK) == 0) {
-    pid = exec_program(program, p[0], argv);
-  }
-  if (pid < 0) {
-    // No program beside dlaunch (a copy of dlaunch alone), or it would not
-    // run: a fork of dlaunch does the same job.
-    pid = ::fork();
-    if (pid == 0) {
-      ::close(p[1]);
-      run_watchdog(p[0], dir.c_str(), tag.c_str());
-    }
-  }
-  const int start_errno = errno;
+  const pid_t pid = ::fork();
+  if (pid == 0) become_watchdog(p, program.c_str(), argv);
+  const int fork_errno = errno;
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
   ::close(p[0]);
   if (pid < 0) {
     ::close(p[1]);
-    throw std::system_error(start_errno, std::generic_category(),
+    throw std::system_error(fork_errno, std::generic_category(),
                             "watchdog fork");
   }
   write_fd_ = p[1];
@@ -99,11 +101,30 @@ bool Watchdog::send(int value) {
   return n == sizeof value;
 }
 
-void Watchdog::stopped_cleanly() { send(kWatchdogCleanStop); }
+bool Watchdog::add_group(pid_t pgid) {
+  if (!send(pgid)) return false;
+  groups_.insert(pgid);
+  return true;
+}
+
+bool Watchdog::remove_group(pid_t pgid) {
+  groups_.erase(pgid);
+  return send(-pgid);
+}
+
+void Watchdog::stopped_cleanly() { clean_ = send(kWatchdogCleanStop); }
 
 Watchdog::~Watchdog() {
   if (write_fd_ < 0) return;
   ::close(write_fd_);
+  if (clean_ && groups_.empty() && !runs_dlaunch(pid_)) {
+    // Nothing left for it to do but exit, and it holds nothing of
+    // dlaunch's (it is dlaunch-watchdog, or gone): dlaunch need not wait
+    // for it to be scheduled, which a loaded machine makes long. Reaped
+    // here if it has ended; else by whoever adopts it.
+    ::waitpid(pid_, nullptr, WNOHANG);
+    return;
+  }
   int pidfd = dlaunch::pidfd_open(pid_);
   if (pidfd >= 0) {
     pollfd pfd{pidfd, POLLIN, 0};

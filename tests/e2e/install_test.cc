@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
 #include <string>
 
@@ -129,21 +130,29 @@ TEST_F(Install, InstalledDlaunchFindsItsGpuHelperBesideIt) {
 }
 
 TEST_F(Install, InstalledDlaunchRunsItsWatchdogBesideIt) {
-  // The worker lists the programs of its agent's children: itself and the
-  // agent's watchdog.
-  CommandResult r = testing::run_command(
+  testing::Subprocess p(
       {{(prefix_ / "bin/dlaunch").string(), "--nproc-per-node", "1", "sh", "-c",
-        "for c in $(cat /proc/$PPID/task/$PPID/children); do readlink "
-        "/proc/$c/exe; done"},
+        "echo ready; exec sleep 60"},
        {},
        {},
        ""});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(
-      r.out,
-      HasSubstr("[default0]:" +
-                fs::canonical(prefix_ / "bin/dlaunch-watchdog").string() +
-                "\n"));
+  ASSERT_TRUE(p.wait_for_output("[default0]:ready", 60s)) << p.err();
+  const fs::path watchdog = fs::canonical(prefix_ / "bin/dlaunch-watchdog");
+  EXPECT_TRUE(testing::eventually(
+      [&] {
+        for (pid_t d : testing::descendants(p.pid())) {
+          std::error_code ec;
+          if (fs::read_symlink("/proc/" + std::to_string(d) + "/exe", ec) ==
+              watchdog) {
+            return true;
+          }
+        }
+        return false;
+      },
+      10s))
+      << "no process below dlaunch runs " << watchdog;
+  p.signal(SIGTERM);
+  p.wait(60s);
 }
 
 TEST_F(Install, CMakeConsumerAllReducesUnderInstalledDlaunch) {

@@ -446,21 +446,19 @@ std::string exe_of(pid_t pid) {
       .string();
 }
 
-// The agent's watchdog among `agent`'s children (it carries no worker's
-// environment): the one whose program is `exe`; 0 when none is.
+// The agent's watchdog among `agent`'s descendants: the one whose program
+// is `exe`; 0 when none is.
 pid_t watchdog_of(pid_t agent, const std::string& exe) {
-  std::ifstream in("/proc/" + std::to_string(agent) + "/task/" +
-                   std::to_string(agent) + "/children");
-  for (pid_t c; in >> c;) {
-    if (exe_of(c) == exe) return c;
+  for (pid_t p : testing::descendants(agent)) {
+    if (exe_of(p) == exe) return p;
   }
   return 0;
 }
 
-// A SIGKILLed dlaunch, killed once `ready` workers said "ready": every
-// process its job made, found by the mark in their environment (double
-// forks and all), and the run's temporary folder must be gone within a
-// bound; `watchdog` is the program the agent's watchdog runs.
+// A dlaunch run to be SIGKILLed: within a second of the kill, every
+// process its job made (found by a mark in their environment: double forks
+// and all) and the run's temporary folder must be gone, as before. `watchdog`
+// is what its watchdog runs.
 class KilledAgent {
  public:
   KilledAgent(const std::string& dlaunch, std::vector<std::string> args) {
@@ -487,22 +485,24 @@ class KilledAgent {
   }
 
   void kill_and_expect_nothing_left(const std::string& watchdog) {
-    EXPECT_NE(watchdog_of(p_->pid(), watchdog), 0)
+    // (It execs its program after dlaunch has gone on.)
+    EXPECT_TRUE(testing::eventually(
+        [&] { return watchdog_of(p_->pid(), watchdog) != 0; }, 10s))
         << "no child of dlaunch runs " << watchdog;
     p_->signal(SIGKILL);
     p_->wait(5s);
     EXPECT_TRUE(testing::eventually(
-        [&] { return testing::processes_with_env(mark_).empty(); }, 5s))
+        [&] { return testing::processes_with_env(mark_).empty(); }, 1s))
         << testing::processes_with_env(mark_).size()
-        << " processes outlived the agent by 5 s";
+        << " processes outlived the agent by 1 s";
     // The watchdog also removed the run's temporary folder.
     EXPECT_TRUE(testing::eventually(
         [&] {
           return std::filesystem::directory_iterator(tmp_.path()) ==
                  std::filesystem::directory_iterator();
         },
-        5s))
-        << "the temporary run folder outlived the agent by 5 s";
+        1s))
+        << "the temporary run folder outlived the agent by 1 s";
   }
 
  private:
