@@ -420,6 +420,31 @@ TEST_F(Sgd, FrozenRankIsFoundHungAndNamedWithItsOperation) {
   expect_same_weights_as_clean_run("frozen");
 }
 
+// Rank 1 opens its training data 2 s after rank 0 (strace delays that
+// openat), twice the --hang-timeout: dl-sgd loads its data before it joins
+// the group, so rank 0 waits in the group's rendezvous, which is not timed,
+// not in a first collective, which is; no rank is called hung.
+TEST_F(Sgd, ARankLoadingItsDataLateIsNotCalledHung) {
+  if (testing::run_command({{"strace", "-V"}, {}, {}, ""}).exit_code != 0) {
+    GTEST_SKIP() << "strace is not installed (scripts/setup)";
+  }
+  const std::string images =
+      (fs::path(workloads::kDefaultDataDir) / "train-images-idx3-ubyte.gz")
+          .string();
+  const std::string sgd = testing::bin("dl-sgd") +
+                          " --epochs 1 --limit-train 2000 --limit-test 500 "
+                          "--no-checkpoint";
+  CommandResult r =
+      dlaunch({"--nproc-per-node", "2", "--hang-timeout", "1", "sh", "-c",
+               "if [ $RANK = 1 ]; then exec strace -o /dev/null -P " + images +
+                   " -e trace=openat -e inject=openat:delay_enter=2000000 " +
+                   sgd + "; fi; exec " + sgd},
+              {{"DLAUNCH_COMM_TIMEOUT", "60"}});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, Not(HasSubstr("hang")));
+  EXPECT_THAT(r.out, HasSubstr("[default0]:epoch 1/1 loss "));
+}
+
 // DLAUNCH_COMM_FAULTS: fail throws CommError from the call, exit ends the
 // process with its code, stall blocks and goes on, and a bad spec is an
 // error from init_process_group naming it.
