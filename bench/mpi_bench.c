@@ -66,8 +66,14 @@ int main(int argc, char** argv) {
   for (size_t o = 0; o < sizeof(kOps) / sizeof(kOps[0]); ++o) {
     for (int a = first; a < argc; ++a) {
       const size_t bytes = strtoull(argv[a], NULL, 10);
-      float* in = calloc(bytes / sizeof(float) + 1, sizeof(float));
-      float* out = calloc(bytes / sizeof(float) + 1, sizeof(float));
+      const size_t count = bytes / sizeof(float) + 1;
+      float* in = malloc(count * sizeof(float));
+      float* out = malloc(count * sizeof(float));
+      /* Real data, as dl-bench and torch's side have: a calloc'd buffer
+       * that is only read stays mapped to the kernel's one zero page, so
+       * every source read would hit the cache (64 MiB gather, scatter,
+       * broadcast: 1.5-2.5x faster than with data). */
+      for (size_t i = 0; i < count; ++i) in[i] = out[i] = 1.0f;
       for (int i = 0; i < warmup; ++i) run(kOps[o], in, out, bytes, rank, n);
       MPI_Barrier(MPI_COMM_WORLD);
       const double t0 = MPI_Wtime();

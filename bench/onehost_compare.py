@@ -28,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SIZES = [4096, 1 << 20, 64 << 20]
 OPS = ["pingpong", "all_reduce", "broadcast", "reduce", "all_gather",
        "gather", "scatter", "reduce_scatter", "all_to_all"]
+MEMCPY = ("memcpy", 64 << 20)  # dl-bench's one-process rate, GB/s
 BEGIN = "<!-- onehost-table:begin (bench/onehost_compare.py --write-docs) -->"
 END = "<!-- onehost-table:end -->"
 
@@ -46,6 +47,8 @@ def dl_bench(build, ranks, nbytes, iters):
             op = line[2:line.index(":")]
         elif line.startswith("#  path:"):
             path = line.split(":", 1)[1].strip()
+        elif line.startswith("# memcpy:"):  # rank 0's, at 64 MiB runs
+            rows[MEMCPY] = (float(line.split(" at ")[1].split()[0]), "")
         elif line and not line.startswith("#") and op:
             f = line.split()
             rows[(op, int(f[0]))] = (float(f[5]), path)
@@ -130,7 +133,23 @@ def table(ranks, times, paths):
             lines.append(f"| {op} | {label(nbytes)} | {med('dl', k)} | "
                          f"{paths[k]} | {med('mpi', k)} | {med('torch', k)} | "
                          f"{ratio(k, 'mpi')} | {ratio(k, 'torch')} |")
-    return lines
+    return lines + memcpy_line(times)
+
+
+def memcpy_line(times):
+    """The 64 MiB all_reduce's rate against one process's 64 MiB memcpy
+    measured by the same dl-bench run (issue #15: at least 0.4x)."""
+    k = ("all_reduce", 64 << 20)
+    pairs = list(zip(times["dl"].get(k, []), times["dl"].get(MEMCPY, [])))
+    if not pairs:
+        return []
+    rates = [k[1] / (t * 1e3) for t, _ in pairs]  # GB/s (t in us)
+    ratios = [r / m for r, (_, m) in zip(rates, pairs)]
+    return ["", f"all_reduce 64 MiB: {statistics.median(rates):.2f} GB/s "
+            f"(bytes / time), {statistics.median(ratios):.2f}x one "
+            f"process's 64 MiB memcpy in the same runs "
+            f"({statistics.median(m for _, m in pairs):.2f} GB/s; medians "
+            "over rounds; target at 2 ranks: 0.4x)."]
 
 
 def write_docs(path, text):

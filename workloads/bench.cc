@@ -1,6 +1,8 @@
 #include "workloads/bench.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <vector>
 
 #include "comm/gloo/process_group.h"
@@ -48,6 +50,22 @@ BenchRow bench_one(comm::ProcessGroup& pg, BenchOp op, size_t bytes,
   row.wrong = options.check ? static_cast<int64_t>(totals[1]) : -1;
   compute_bandwidth(row, op, pg.size());
   return row;
+}
+
+double memcpy_gbs(size_t bytes, int reps) {
+  std::vector<char> src(bytes, 1), dst(bytes, 2);  // both touched
+  std::memcpy(dst.data(), src.data(), bytes);
+  double best = 0;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+            .count();
+    src[i % bytes] = dst[bytes - 1];  // keeps the copies
+    if (s > 0) best = std::max(best, static_cast<double>(bytes) / 1e9 / s);
+  }
+  return best;
 }
 
 int64_t run_bench(comm::ProcessGroup& pg, const BenchOptions& options,

@@ -35,4 +35,9 @@ BenchRow bench_one(comm::ProcessGroup& pg, BenchOp op, size_t bytes,
 int64_t run_bench(comm::ProcessGroup& pg, const BenchOptions& options,
                   std::ostream& out);
 
+// One process's memcpy rate for `bytes` (GB/s, best of `reps` after a
+// warm-up copy): the yardstick for the shared-memory collectives (a 64 MiB
+// all_reduce on 2 ranks should reach 0.4x of it, issue #15).
+double memcpy_gbs(size_t bytes, int reps = 5);
+
 }  // namespace dlaunch::workloads

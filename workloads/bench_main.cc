@@ -1,4 +1,5 @@
 // dl-bench: nccl-tests-style bandwidth of every collective and send/recv.
+#include <iomanip>
 #include <iostream>
 #include <string>
 
@@ -64,6 +65,14 @@ int main(int argc, char** argv) {
       std::cout << "# dl-bench: " << pg->size() << " ranks, backend "
                 << pg->backend() << ", type " << nccl_dtype_name(opt.dtype)
                 << "\n";
+    }
+    // The yardstick for large sizes, measured by rank 0 alone while its
+    // peers wait for the first operation.
+    if (pg->rank() == 0 && opt.max_bytes >= (64 << 20)) {
+      std::cout << "# memcpy: 64 MiB in one process at " << std::fixed
+                << std::setprecision(2) << memcpy_gbs(64 << 20)
+                << " GB/s (best of 5)\n"
+                << std::defaultfloat;
     }
     int64_t wrong = run_bench(*pg, opt, std::cout);
     if (pg->rank() == 0) {

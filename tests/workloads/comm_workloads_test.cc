@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -62,6 +63,13 @@ TEST_P(WorldSizes, RingAllReduceMatchesAllReduce) {
     pg.all_reduce(comm::Tensor::of(ref));
     EXPECT_EQ(ring, ref) << "rank " << pg.rank();
   });
+}
+
+// dl-bench's yardstick for large sizes: a rate, not a timing assertion.
+TEST(BenchMemcpyTest, MeasuresARate) {
+  const double gbs = memcpy_gbs(1 << 20, 2);
+  EXPECT_GT(gbs, 0.0);
+  EXPECT_TRUE(std::isfinite(gbs));
 }
 
 TEST_P(WorldSizes, BenchSweepHasNoWrongValues) {
