@@ -247,6 +247,12 @@ void by_element_size(DType d, F&& f) {
   DLAUNCH_CHECK(false, "unexpected element size");
 }
 
+// A copy within one rank (a collective's own piece); src.size() bytes.
+struct LocalCopy {
+  std::span<char> dst;
+  std::span<const char> src;
+};
+
 // One pipelined pass through the shared-memory segments: at step k every
 // rank that produces writes its share into its area for step k, then each
 // rank reads the areas of `sources` for step k once their writers are done.
@@ -395,10 +401,11 @@ class GlooProcessGroup : public ProcessGroup {
 
   // shm_cma.cc: single copy through the kernel between ranks on one host.
   // srcs[d]: this rank's bytes for rank d; dsts[s]: where it wants rank s's
-  // (both empty where none). False, on every rank alike, when the call is
-  // to take the segment steps instead.
+  // (both empty where none); `local`: this rank's own piece, copied while
+  // peers copy. False, on every rank alike, when the call is to take the
+  // segment steps instead (`local` then not copied).
   bool shm_cma(std::span<const std::span<const char>> srcs,
-               std::span<const std::span<char>> dsts);
+               std::span<const std::span<char>> dsts, LocalCopy local = {});
   static bool cma_allowed();
   uint64_t agreed_count(int from, int to) const;
 

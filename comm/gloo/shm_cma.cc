@@ -28,9 +28,9 @@
 namespace dlaunch::comm::gloo {
 namespace {
 
-// Words each rank posts before the copies: whether it can take part, its
-// pid and pid namespace, then per rank d where its bytes for d lie, how
-// many, and where it wants d's bytes.
+// Words each rank posts before the copies: 0 if it cannot take part, else
+// 1 + the bytes it copies within itself; its pid and pid namespace, then per
+// rank d where its bytes for d lie, how many, and where it wants d's bytes.
 constexpr size_t kHeadWords = 3;
 constexpr size_t kPerRank = 3;
 
@@ -69,6 +69,50 @@ int cma_move(pid_t pid, char* local, uint64_t remote, size_t n, bool read) {
   return 0;
 }
 
+// How many bytes of each transfer s -> d (at [s * n + d]; bytes(s, d) of
+// them) its reader d copies; its writer s copies the rest. Chosen so that
+// every rank copies about as much as any other, counting `own`, the bytes
+// each copies within itself: a gather's root, busy with its own piece,
+// leaves its peers to write theirs, and a broadcast's root serving n - 1
+// peers copies 1/n of each transfer. A few passes that move each split
+// toward its less busy end; every rank computes the same from the same
+// words. Splits fall on page boundaries (each side pins its own pages).
+template <class Bytes>
+std::vector<uint64_t> balance(int n, const std::vector<uint64_t>& own,
+                              Bytes&& bytes) {
+  const auto idx = [n](int s, int d) { return static_cast<size_t>(s) * n + d; };
+  std::vector<uint64_t> reads(static_cast<size_t>(n) * n, 0);
+  std::vector<int64_t> load(own.begin(), own.end());
+  for (int s = 0; s < n; ++s) {
+    for (int d = 0; d < n; ++d) {
+      if (s == d) continue;
+      reads[idx(s, d)] = bytes(s, d) / 2;
+      load[d] += static_cast<int64_t>(reads[idx(s, d)]);
+      load[s] += static_cast<int64_t>(bytes(s, d) - reads[idx(s, d)]);
+    }
+  }
+  for (int pass = 0; pass < 8; ++pass) {
+    for (int s = 0; s < n; ++s) {
+      for (int d = 0; d < n; ++d) {
+        const auto b = static_cast<int64_t>(bytes(s, d));
+        if (s == d || b == 0) continue;
+        auto& r = reads[idx(s, d)];
+        const int64_t rest_s = load[s] - (b - static_cast<int64_t>(r));
+        const int64_t rest_d = load[d] - static_cast<int64_t>(r);
+        const int64_t want =
+            std::clamp((b + rest_s - rest_d) / 2, int64_t{0}, b);
+        r = static_cast<uint64_t>(want);
+        load[s] = rest_s + (b - want);
+        load[d] = rest_d + want;
+      }
+    }
+  }
+  for (auto& r : reads) {
+    if (r > 4096) r &= ~uint64_t{4095};
+  }
+  return reads;
+}
+
 }  // namespace
 
 // Off unless asked for: on this project's machines (2-core VMs) a copy
@@ -82,7 +126,8 @@ bool GlooProcessGroup::cma_allowed() {
 }
 
 bool GlooProcessGroup::shm_cma(std::span<const std::span<const char>> srcs,
-                               std::span<const std::span<char>> dsts) {
+                               std::span<const std::span<char>> dsts,
+                               LocalCopy local) {
   const int n = size();
   const int me = rank();
   const size_t words = kHeadWords + kPerRank * static_cast<size_t>(n);
@@ -90,15 +135,22 @@ bool GlooProcessGroup::shm_cma(std::span<const std::span<const char>> srcs,
 
   // Where this rank's data lies; it takes part only when no region that
   // peers write overlaps one that they read (in-place calls), as a peer may
-  // still read a source while another writes.
+  // still read a source while another writes; its own copy must not write
+  // what peers read either (unless it copies a region onto itself, a no-op).
   bool ok = true;
-  for (const auto& d : dsts) {
-    for (const auto& s : srcs) {
+  for (const auto& s : srcs) {
+    for (const auto& d : dsts) {
       if (overlaps(d.data(), d.size(), s.data(), s.size())) ok = false;
     }
+    if (local.dst.data() != local.src.data() &&
+        overlaps(local.dst.data(), local.src.size(), s.data(), s.size())) {
+      ok = false;
+    }
   }
+  const size_t own =
+      local.dst.data() == local.src.data() ? 0 : local.src.size();
   std::vector<uint64_t> mine(words, 0);
-  mine[0] = ok ? 1 : 0;
+  mine[0] = ok ? 1 + own : 0;
   mine[1] = static_cast<uint64_t>(::getpid());
   mine[2] = pid_namespace();
   for (int d = 0; d < n; ++d) {
@@ -123,22 +175,18 @@ bool GlooProcessGroup::shm_cma(std::span<const std::span<const char>> srcs,
     }
   }
   for (int j = 0; j < n; ++j) {
-    if (all[j][0] != 1) return false;  // in place somewhere: this call
+    if (all[j][0] == 0) return false;  // in place somewhere: this call
   }
   auto src_of = [&](int s, int d) {
     return all[s] + kHeadWords + kPerRank * d;
   };
+  std::vector<uint64_t> own_bytes(n);
+  for (int j = 0; j < n; ++j) own_bytes[j] = all[j][0] - 1;
+  const std::vector<uint64_t> reads =
+      balance(n, own_bytes, [&](int s, int d) { return src_of(s, d)[1]; });
 
-  // Each transfer s -> d is split between its two ends in proportion to
-  // how many transfers the other end takes part in: a root that serves n-1
-  // peers does 1/n of each, and ranks that all exchange split evenly.
-  std::vector<int> busy(n, 0);
-  for (int s = 0; s < n; ++s) {
-    for (int d = 0; d < n; ++d) {
-      if (s != d && src_of(s, d)[1] > 0) ++busy[s], ++busy[d];
-    }
-  }
   int error = 0;
+  if (own > 0) std::memcpy(local.dst.data(), local.src.data(), own);
   for (int step = 1; step < n && error == 0; ++step) {
     // Peers in a different order on every rank, so that they spread out.
     for (const bool reading : {true, false}) {
@@ -147,9 +195,8 @@ bool GlooProcessGroup::shm_cma(std::span<const std::span<const char>> srcs,
       const uint64_t* w = src_of(s, d);
       const uint64_t bytes = w[1];
       if (bytes == 0) continue;
-      uint64_t split = bytes * busy[s] / (busy[s] + busy[d]);
-      if (split > 4096) split &= ~uint64_t{4095};  // whole pages each
-      const auto dst = src_of(d, s)[2];            // where d wants s's bytes
+      const uint64_t split = reads[static_cast<size_t>(s) * n + d];
+      const auto dst = src_of(d, s)[2];  // where d wants s's bytes
       const int peer = reading ? s : d;
       const pid_t pid = static_cast<pid_t>(all[peer][1]);
       if (reading) {

@@ -93,11 +93,13 @@ std::span<char> out_bytes(const Tensor& t) {
   return {static_cast<char*>(t.data), t.nbytes()};
 }
 
-// Per-rank byte ranges for shm_cma: srcs[d] and dsts[s], empty by default.
+// Per-rank byte ranges for shm_cma: srcs[d] and dsts[s], empty by default,
+// and this rank's own copy.
 struct Moves {
   explicit Moves(int n) : srcs(n), dsts(n) {}
   std::vector<std::span<const char>> srcs;
   std::vector<std::span<char>> dsts;
+  LocalCopy local;
 };
 
 std::vector<int> all_but(int me, int n) {
@@ -224,6 +226,8 @@ bool GlooProcessGroup::shm_all_reduce(Tensor t, ReduceOp rop) {
   return shm_steps(s);
 }
 
+// The root copies its own piece here too (in single copy while its peers
+// copy theirs); the caller copies it when this returns false.
 bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
                                    int root) {
   const int r = rank();
@@ -234,6 +238,8 @@ bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
       const int at_piece = r < root ? r : r - 1;
       copy_bytes(out.data, payload_of(root) + at_piece * out.nbytes(),
                  out.nbytes());
+    } else {
+      copy(out, in[root]);
     }
     took("shm-check");
     return true;
@@ -242,10 +248,12 @@ bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
   Moves m(n);
   if (r == root) {
     for (int d : all_but(root, n)) m.srcs[d] = in_bytes(in[d]);
+    m.local = {out_bytes(out), in_bytes(in[root])};
   } else {
     m.dsts[root] = out_bytes(out);
   }
-  if (shm_cma(m.srcs, m.dsts)) return true;
+  if (shm_cma(m.srcs, m.dsts, m.local)) return true;
+  if (r == root) copy(out, in[root]);
   const size_t es = dtype_size(out.dtype);
   ShmSteps s = steps_over(out.dtype, out.numel, n);
   const size_t q = s.per_step;
@@ -265,13 +273,16 @@ bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
   return shm_steps(s);
 }
 
-// With root < 0 every rank gathers (all_gather).
+// With root < 0 every rank gathers (all_gather). Gatherers copy their own
+// piece here too (in single copy while their peers copy); the caller
+// copies it when this returns false.
 bool GlooProcessGroup::shm_gather(Tensor in, std::span<const Tensor> out,
                                   int root) {
   const int r = rank();
   const bool gathers = root < 0 || r == root;
   if (with_check(in.nbytes())) {
     if (gathers) {
+      copy(out[r], in);
       for (int j = 0; j < size(); ++j) {
         if (j != r) copy_bytes(out[j].data, payload_of(j), in.nbytes());
       }
@@ -285,7 +296,9 @@ bool GlooProcessGroup::shm_gather(Tensor in, std::span<const Tensor> out,
     if (root < 0 || j == root) m.srcs[j] = in_bytes(in);
     if (gathers) m.dsts[j] = out_bytes(out[j]);
   }
-  if (shm_cma(m.srcs, m.dsts)) return true;
+  if (gathers) m.local = {out_bytes(out[r]), in_bytes(in)};
+  if (shm_cma(m.srcs, m.dsts, m.local)) return true;
+  if (gathers) copy(out[r], in);
   ShmSteps s = steps_over(in.dtype, in.numel, 1);
   s.produces = r != root;
   if (gathers) s.sources = all_but(r, size());
@@ -352,6 +365,7 @@ bool GlooProcessGroup::shm_all_to_all(std::span<const Tensor> out,
   }
   // Each rank posted its blocks for its peers (not its own), in rank order.
   if (with_check(most_sent)) {
+    copy(out[r], in[r]);
     for (int j = 0; j < n; ++j) {
       if (j == r) continue;
       uint64_t before = 0;
@@ -369,7 +383,9 @@ bool GlooProcessGroup::shm_all_to_all(std::span<const Tensor> out,
     m.srcs[j] = in_bytes(in[j]);
     m.dsts[j] = out_bytes(out[j]);
   }
-  if (shm_cma(m.srcs, m.dsts)) return true;
+  m.local = {out_bytes(out[r]), in_bytes(in[r])};
+  if (shm_cma(m.srcs, m.dsts, m.local)) return true;
+  copy(out[r], in[r]);
   ShmSteps s = steps_over(in[0].dtype, largest, n);
   const size_t q = s.per_step;
   s.produces = true;

@@ -130,13 +130,15 @@ void GlooProcessGroup::scatter(Tensor out, std::span<const Tensor> in,
   if (rank() == root) c.local_error += check_list(in, "in", out);
   // The root's own piece stays behind: it copies it itself.
   agree(op, c, rank() == root ? in : std::span<const Tensor>(), root);
-  if (rank() == root) {
-    copy(out, in[root]);
+  if (size() == 1 || out.numel == 0) {
+    if (rank() == root) copy(out, in[root]);
+    return took("local");
   }
-  if (size() == 1 || out.numel == 0) return took("local");
   bool done = false;
+  // On one host the root's own piece is copied there (while peers copy).
   run(op, [&] { done = shm_scatter(out, in, root); });
   if (done) return;
+  if (rank() == root) copy(out, in[root]);
   took("tcp");
   exchange(op, kGatherSlot, [&](auto& post_send, auto& post_recv) {
     if (rank() == root) {
@@ -156,11 +158,14 @@ void GlooProcessGroup::gather(Tensor in, std::span<const Tensor> out,
   c.local_error = check_tensor(in, "in") + check_root(root);
   if (rank() == root) c.local_error += check_list(out, "out", in);
   agree(op, c, {&in, rank() == root ? 0u : 1u});
-  if (rank() == root) copy(out[root], in);
-  if (size() == 1 || in.numel == 0) return took("local");
+  if (size() == 1 || in.numel == 0) {
+    if (rank() == root) copy(out[root], in);
+    return took("local");
+  }
   bool done = false;
-  run(op, [&] { done = shm_gather(in, out, root); });
+  run(op, [&] { done = shm_gather(in, out, root); });  // copies the own piece
   if (done) return;
+  if (rank() == root) copy(out[root], in);
   took("tcp");
   exchange(op, kGatherSlot, [&](auto& post_send, auto& post_recv) {
     if (rank() == root) {
@@ -178,11 +183,14 @@ void GlooProcessGroup::all_gather(std::span<const Tensor> out, Tensor in) {
   Call c = make_call(Op::kAllGather, in.dtype, in.numel, -1, ReduceOp::kSum);
   c.local_error = check_tensor(in, "in") + check_list(out, "out", in);
   agree(op, c, {&in, 1});
-  copy(out[rank()], in);
-  if (size() == 1 || in.numel == 0) return took("local");
+  if (size() == 1 || in.numel == 0) {
+    copy(out[rank()], in);
+    return took("local");
+  }
   bool done = false;
-  run(op, [&] { done = shm_gather(in, out, -1); });
+  run(op, [&] { done = shm_gather(in, out, -1); });  // copies the own piece
   if (done) return;
+  copy(out[rank()], in);
   took("tcp");
   exchange(op, kExchangeSlot, [&](auto& post_send, auto& post_recv) {
     for (int s = 1; s < size(); ++s) {
@@ -250,11 +258,14 @@ void GlooProcessGroup::all_to_all(std::span<const Tensor> out,
     }
   }
   agree(op, c, in, rank());  // this rank's own block: copied here
-  copy(out[rank()], in[rank()]);
-  if (size() == 1) return took("local");
+  if (size() == 1) {
+    copy(out[rank()], in[rank()]);
+    return took("local");
+  }
   bool done = false;
-  run(op, [&] { done = shm_all_to_all(out, in); });
+  run(op, [&] { done = shm_all_to_all(out, in); });  // copies the own block
   if (done) return;
+  copy(out[rank()], in[rank()]);
   took("tcp");
   exchange(op, kExchangeSlot, [&](auto& post_send, auto& post_recv) {
     for (int s = 1; s < size(); ++s) {
