@@ -5,7 +5,12 @@
 // pipelined steps of kShmChunkBytes per piece, so that a chunk a rank
 // writes is still in the cache when its peers read it.
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -36,6 +41,41 @@ char* at(const Tensor& t, size_t element) {
 
 void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+// Outputs of at least this many bytes per rank are written from the
+// segments with non-temporal stores: they would leave the cache before
+// anyone reads them, and a plain store first reads each line it writes
+// (64 MiB written from a cached 1 MiB area in 256 KiB pieces: 14 GB/s
+// plain, 20 GB/s non-temporal; 2 cores, load 12).
+constexpr size_t kStreamOutBytes = 8 << 20;
+
+// copy_bytes for a step's piece of an output of `total` bytes.
+void copy_out_bytes(void* dst, const void* src, size_t bytes, size_t total) {
+#if defined(__SSE2__)
+  if (total >= kStreamOutBytes && bytes >= 4096) {
+    auto* d = static_cast<char*>(dst);
+    const auto* s = static_cast<const char*>(src);
+    const size_t head = (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64;
+    std::memcpy(d, s, head);
+    size_t i = head;
+    for (; i + 64 <= bytes; i += 64) {
+      const auto* from = reinterpret_cast<const __m128i*>(s + i);
+      auto* to = reinterpret_cast<__m128i*>(d + i);
+      const __m128i a = _mm_loadu_si128(from), b = _mm_loadu_si128(from + 1),
+                    c = _mm_loadu_si128(from + 2),
+                    e = _mm_loadu_si128(from + 3);
+      _mm_stream_si128(to, a);
+      _mm_stream_si128(to + 1, b);
+      _mm_stream_si128(to + 2, c);
+      _mm_stream_si128(to + 3, e);
+    }
+    std::memcpy(d + i, s + i, bytes - i);
+    _mm_sfence();  // visible before this rank posts its next step
+    return;
+  }
+#endif
+  copy_bytes(dst, src, bytes);
 }
 
 // out = a op b op c ... over `srcs` in rank order (every rank that reduces
@@ -77,11 +117,14 @@ auto copy_in(const Tensor& t, size_t per_step) {
 // A consumer that copies step k of each source's area into out[source].
 auto copy_out(std::span<const Tensor> out, const std::vector<int>& sources,
               size_t per_step) {
-  return [out, &sources, per_step](size_t k,
-                                   const std::vector<const char*>& area) {
+  size_t total = 0;
+  for (int j : sources) total += out[j].nbytes();
+  return [out, &sources, per_step, total](
+             size_t k, const std::vector<const char*>& area) {
     for (int j : sources) {
       auto [b, c] = range(k, per_step, out[j].numel);
-      copy_bytes(at(out[j], b), area[j], c * dtype_size(out[j].dtype));
+      copy_out_bytes(at(out[j], b), area[j], c * dtype_size(out[j].dtype),
+                     total);
     }
   };
 }
@@ -175,7 +218,7 @@ bool GlooProcessGroup::shm_broadcast(Tensor t, int root) {
   s.consume = [&](size_t k, const std::vector<const char*>& area) {
     if (r == root) return;
     auto [b, c] = range(k, q, t.numel);
-    copy_bytes(at(t, b), area[root], c * es);
+    copy_out_bytes(at(t, b), area[root], c * es, t.nbytes());
   };
   return shm_steps(s);
 }
@@ -268,7 +311,8 @@ bool GlooProcessGroup::shm_scatter(Tensor out, std::span<const Tensor> in,
   s.consume = [&](size_t k, const std::vector<const char*>& area) {
     if (r == root) return;
     auto [b, c] = range(k, q, out.numel);
-    copy_bytes(at(out, b), area[root] + r * s.piece_bytes, c * es);
+    copy_out_bytes(at(out, b), area[root] + r * s.piece_bytes, c * es,
+                   out.nbytes());
   };
   return shm_steps(s);
 }
@@ -396,10 +440,12 @@ bool GlooProcessGroup::shm_all_to_all(std::span<const Tensor> out,
       copy_bytes(area + d * s.piece_bytes, at(in[d], b), c * es);
     }
   };
+  size_t total = 0;
+  for (int j : s.sources) total += out[j].nbytes();
   s.consume = [&](size_t k, const std::vector<const char*>& area) {
     for (int j : s.sources) {
       auto [b, c] = range(k, q, out[j].numel);
-      copy_bytes(at(out[j], b), area[j] + r * s.piece_bytes, c * es);
+      copy_out_bytes(at(out[j], b), area[j] + r * s.piece_bytes, c * es, total);
     }
   };
   return shm_steps(s);

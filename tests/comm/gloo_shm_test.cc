@@ -255,6 +255,79 @@ TEST(GlooShmSubGroupTest, SubGroupsMixingRanksEqualTcp) {
   }
 }
 
+// Outputs of 8 MiB and more per rank leave the segments through
+// non-temporal stores, here into destinations that start off a cache line
+// (the stores' aligned part and its unaligned head and tail): every byte
+// lands where it should, on 2 and 3 ranks.
+TEST(GlooShmLargeTest, StreamedOutputsHoldTheirSources) {
+  const size_t piece = (8 << 20) + 4097;
+  auto byte = [](int rank, int part, size_t i) {
+    return static_cast<uint8_t>(rank * 31 + part * 7 + i * 13 + (i >> 12));
+  };
+  auto filled_piece = [&](int rank, int part) {
+    std::vector<uint8_t> v(piece + 1);
+    for (size_t i = 0; i < piece; ++i) v[i + 1] = byte(rank, part, i);
+    return v;
+  };
+  auto holds = [&](const std::vector<uint8_t>& v, int rank, int part) {
+    for (size_t i = 0; i < piece; ++i) {
+      if (v[i + 1] != byte(rank, part, i)) return false;
+    }
+    return true;
+  };
+  auto at1 = [&](std::vector<uint8_t>& v) {  // one byte off the allocation
+    return Tensor::of(v.data() + 1, piece);
+  };
+  setenv("DLAUNCH_COMM_FUSED_BYTES", "0", 1);
+  setenv("DLAUNCH_COMM_CMA", "off", 1);
+  for (int n : {2, 3}) {
+    run_ranks(n, [&](ProcessGroup& pg) {
+      const int r = pg.rank();
+      std::vector<std::vector<uint8_t>> in, out;
+      for (int j = 0; j < n; ++j) {
+        in.push_back(filled_piece(r, j));
+        out.emplace_back(piece + 1, 0);
+      }
+      auto list = [&](std::vector<std::vector<uint8_t>>& bufs) {
+        std::vector<Tensor> t;
+        for (auto& b : bufs) t.push_back(at1(b));
+        return t;
+      };
+      const std::string who =
+          std::to_string(n) + " ranks, rank " + std::to_string(r) + ": ";
+
+      std::vector<uint8_t> b = filled_piece(r, 0);
+      pg.broadcast(at1(b), 1);
+      EXPECT_EQ(gloo::last_path(pg), "shm-chunks");
+      EXPECT_TRUE(holds(b, 1, 0)) << who << "broadcast";
+
+      std::vector<uint8_t> one(piece + 1, 0);
+      auto ins = list(in);
+      pg.scatter(at1(one), ins, 0);
+      EXPECT_TRUE(holds(one, 0, r)) << who << "scatter";
+
+      auto outs = list(out);
+      pg.gather(at1(in[0]), r == n - 1 ? outs : std::vector<Tensor>{}, n - 1);
+      for (int j = 0; r == n - 1 && j < n; ++j) {
+        EXPECT_TRUE(holds(out[j], j, 0)) << who << "gather from " << j;
+      }
+
+      pg.all_gather(outs, at1(in[1]));
+      for (int j = 0; j < n; ++j) {
+        EXPECT_TRUE(holds(out[j], j, 1)) << who << "all_gather from " << j;
+      }
+
+      pg.all_to_all(outs, ins);
+      EXPECT_EQ(gloo::last_path(pg), "shm-chunks");
+      for (int j = 0; j < n; ++j) {
+        EXPECT_TRUE(holds(out[j], j, r)) << who << "all_to_all from " << j;
+      }
+    });
+  }
+  unsetenv("DLAUNCH_COMM_FUSED_BYTES");
+  unsetenv("DLAUNCH_COMM_CMA");
+}
+
 // The default path at 1 MiB and above: segment steps without any knob
 // (single copy is opt-in).
 TEST(GlooShmPathTest, LargeDataTakesTheSegmentsByDefault) {
