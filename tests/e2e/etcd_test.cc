@@ -512,8 +512,17 @@ TEST_F(EtcdRendezvous, ALateNodeJoinsARunningJobAndRanksStayStable) {
 TEST_F(EtcdRendezvous, AFailureRestartsEveryNodeUntilTheBudgetIsSpent) {
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.healthy());
+  // Node 1's worker fails only once node 0's worker of the same round has
+  // shown its environment (a marker file, waited for up to 60 s): else the
+  // stop can take node 0's worker before its line, on a loaded machine.
+  testing::TempDir dir;
+  const std::string shown =
+      (dir / "shown.").string() + "$TORCHELASTIC_RESTART_COUNT";
   const std::string script =
-      kShowEnv + "; if [ $NODE = 1 ]; then exit 3; fi; exec sleep 300";
+      kShowEnv + "; if [ $NODE = 1 ]; then i=0; while [ ! -e " + shown +
+      " ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done; exit 3; fi; "
+      "touch " +
+      shown + "; exec sleep 300";
   for (int i = 0; i < 2; ++i) {
     start(i, etcd.endpoint(0), {"--nnodes", "2", "--max-restarts", "1"},
           script);
