@@ -58,14 +58,11 @@ int kill_tagged(const char* tag) {
 }  // namespace
 
 void run_watchdog(int read_fd, const char* orphan_dir, const char* tag) {
-  ::setsid();  // no terminal signals; survives a kill of the agent's group
   // Every catchable signal stays blocked (the agent started us so): as
   // good as ignored for a process that never unblocks them (`pkill
   // dlaunch` must not end it), and a fork's copy of the agent's handlers
-  // never runs.
-  int null_fd = ::open("/dev/null", O_RDWR);
-  for (int fd = 0; fd < 3; ++fd) ::dup2(null_fd, fd);
-  // Hold nothing of the agent's (its stdout pipe would keep readers waiting).
+  // never runs. Hold nothing else of the agent's (its stdout pipe would
+  // keep readers waiting; the caller already put stdio on /dev/null).
   if (read_fd > 3) ::close_range(3, static_cast<unsigned>(read_fd) - 1, 0);
   ::close_range(static_cast<unsigned>(read_fd) + 1, ~0U, 0);
 
