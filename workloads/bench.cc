@@ -55,17 +55,18 @@ BenchRow bench_one(comm::ProcessGroup& pg, BenchOp op, size_t bytes,
 double memcpy_gbs(size_t bytes, int reps) {
   std::vector<char> src(bytes, 1), dst(bytes, 2);  // both touched
   std::memcpy(dst.data(), src.data(), bytes);
-  double best = 0;
-  for (int i = 0; i < reps; ++i) {
+  std::vector<double> seconds;
+  for (int i = 0; i < std::max(reps, 1); ++i) {
     auto t0 = std::chrono::steady_clock::now();
     std::memcpy(dst.data(), src.data(), bytes);
-    double s =
+    seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-            .count();
+            .count());
     src[i % bytes] = dst[bytes - 1];  // keeps the copies
-    if (s > 0) best = std::max(best, static_cast<double>(bytes) / 1e9 / s);
   }
-  return best;
+  std::sort(seconds.begin(), seconds.end());
+  const double median = seconds[seconds.size() / 2];
+  return median > 0 ? static_cast<double>(bytes) / 1e9 / median : 0;
 }
 
 int64_t run_bench(comm::ProcessGroup& pg, const BenchOptions& options,

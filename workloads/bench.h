@@ -9,6 +9,9 @@
 
 namespace dlaunch::workloads {
 
+// memcpy_gbs()'s default number of timed copies.
+inline constexpr int kMemcpyReps = 7;
+
 struct BenchOptions {
   size_t min_bytes = 32;        // -b: first size; default 32 B
   size_t max_bytes = 32 << 20;  // -e: last size; default 32 MiB
@@ -35,9 +38,12 @@ BenchRow bench_one(comm::ProcessGroup& pg, BenchOp op, size_t bytes,
 int64_t run_bench(comm::ProcessGroup& pg, const BenchOptions& options,
                   std::ostream& out);
 
-// One process's memcpy rate for `bytes` (GB/s, best of `reps` after a
-// warm-up copy): the yardstick for the shared-memory collectives (a 64 MiB
-// all_reduce on 2 ranks should reach 0.4x of it, issue #15).
-double memcpy_gbs(size_t bytes, int reps = 5);
+// One process's memcpy rate for `bytes` in GB/s: the median of `reps`
+// timed copies (at least 1) after an untimed one that touches every page,
+// the statistic OSU and nccl-tests report (robust on a loaded machine). The
+// yardstick for the shared-memory collectives (a 64 MiB all_reduce on 2
+// ranks should reach 0.4x of it, issue #15), printed by dl-bench and
+// allreduce_bench.
+double memcpy_gbs(size_t bytes, int reps = kMemcpyReps);
 
 }  // namespace dlaunch::workloads

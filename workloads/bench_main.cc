@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     if (pg->rank() == 0 && opt.max_bytes >= (64 << 20)) {
       std::cout << "# memcpy: 64 MiB in one process at " << std::fixed
                 << std::setprecision(2) << memcpy_gbs(64 << 20)
-                << " GB/s (best of 5)\n"
+                << " GB/s (median of " << kMemcpyReps << ")\n"
                 << std::defaultfloat;
     }
     int64_t wrong = run_bench(*pg, opt, std::cout);
