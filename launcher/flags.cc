@@ -1017,19 +1017,17 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             if (v.empty()) return;
              for (const std::string& item : split(v, '\n')) {
-               std::string name = item.substr(0, item.find('='));
-               bool ok = !name.empty() &&
-                         !std::isdigit(static_cast<unsigned char>(name[0]));
-               for (char c : name) {
-                 ok = ok &&
-                      (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+               if (item.empty()) {
+                 throw BadValue{
+                     "'' names no variable; give NAME or NAME=VALUE, or "
+                     "drop the empty export"};
                }
-               if (!ok) {
+               if (!is_variable_name(item.substr(0, item.find('=')))) {
                  throw BadValue{"'" + item +
                                 "' is not NAME or NAME=VALUE (a name is "
-                                "letters, digits and _)"};
+                                "letters, digits and _, not starting with a "
+                                "digit)"};
                }
                o.remote.exports.push_back(item);
              }
@@ -1444,6 +1442,13 @@ std::string format_seconds(std::chrono::milliseconds d) {
     while (s.back() == '0') s.pop_back();
   }
   return s;
+}
+
+bool is_variable_name(std::string_view name) {
+  return !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
+         std::all_of(name.begin(), name.end(), [](char c) {
+           return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+         });
 }
 
 }  // namespace dlaunch::launcher

@@ -143,4 +143,9 @@ std::vector<std::string> split_words(const std::string& text);
 // "0.5", "30": seconds as the shortest text that reads back the same.
 std::string format_seconds(std::chrono::milliseconds d);
 
+// Whether `name` is a shell variable name: letters, digits and _, not
+// starting with a digit (what --export, --env-file and a job file's env
+// and ${NAME} accept).
+bool is_variable_name(std::string_view name);
+
 }  // namespace dlaunch::launcher

@@ -40,12 +40,30 @@ class Loader {
     // A folder opens, and its read throws std::ios_base::failure.
     std::error_code ec;
     if (fs::is_directory(job_.path, ec)) throw unreadable("is a folder");
-    try {
-      root = YAML::LoadFile(job_.path.string());
-    } catch (const YAML::BadFile&) {
+    std::ifstream in(job_.path, std::ios::binary);
+    if (!in) {
       throw unreadable(fs::exists(job_.path) ? "cannot be read"
                                              : "no such file");
+    }
+    std::string text((std::istreambuf_iterator<char>(in)),
+                     std::istreambuf_iterator<char>());
+    // yaml-cpp takes a quote left open on the last line, when a newline
+    // ends the file, for a value that runs to the end. A document end
+    // marker on the line after the last is an error inside a quoted value
+    // and harmless anywhere else.
+    if (!text.empty() && text.back() != '\n') text += '\n';
+    const int end_line = static_cast<int>(
+        std::count(text.begin(), text.end(), '\n'));  // 0-based
+    text += "...";
+    try {
+      root = YAML::Load(text);
     } catch (const YAML::ParserException& e) {
+      if (e.mark.line == end_line && (e.msg == YAML::ErrorMsg::DOC_IN_SCALAR ||
+                                      e.msg == YAML::ErrorMsg::EOF_IN_SCALAR)) {
+        throw JobFileError(pos(e.mark).text() +
+                           ": not valid YAML: a quoted value is still open "
+                           "at the end of the file; close its quote");
+      }
       throw JobFileError(pos(e.mark).text() + ": not valid YAML: " + e.msg);
     } catch (const std::exception& e) {
       throw unreadable(std::string("cannot be read (") + e.what() + ")");
@@ -124,12 +142,7 @@ class Loader {
         fallback = inner.substr(d + 2);
         inner = inner.substr(0, d);
       }
-      bool name_ok =
-          !inner.empty() && !std::isdigit(inner[0]) &&
-          std::all_of(inner.begin(), inner.end(), [](char c) {
-            return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
-          });
-      if (!name_ok) {
+      if (!is_variable_name(inner)) {
         fail(at, key + ": '${" + inner +
                      "}' is not a variable name; use letters, digits and _");
       }
@@ -188,8 +201,11 @@ class Loader {
       }
       for (const auto& e : v) {
         std::string name = scalar(e.first, "env", "a variable name");
-        if (name.empty() || name.find('=') != std::string::npos) {
-          fail(e.first, "env: '" + name + "' is not a variable name");
+        if (!is_variable_name(name)) {
+          fail(e.first, "env: '" + name +
+                            "' is not a variable name; use letters, digits "
+                            "and _, not starting with a digit (like "
+                            "MY_VAR_1)");
         }
         job_.env[name] = scalar(e.second, "env." + name, "a string");
       }
@@ -197,6 +213,10 @@ class Loader {
       read_hosts(v);
     } else if (const FlagSpec* f = find_flag(key);
                f && !f->action && f->key == key) {
+      // An empty list of repeated items adds none (export: []).
+      if (f->type == ValueType::kRepeated && v.IsSequence() && v.size() == 0) {
+        return;
+      }
       job_.settings[std::string(f->name)] =
           FileSetting{flag_value(*f, key, v), pos(v.Mark())};
     } else {

@@ -304,12 +304,7 @@ std::map<std::string, std::string> asked_environment(
       std::string name =
           eq == std::string::npos ? "" : line.substr(start, eq - start);
       if (name.starts_with("export ")) name = name.substr(7);
-      bool ok =
-          !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0]));
-      for (char c : name) {
-        ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
-      }
-      if (!ok) {
+      if (!is_variable_name(name)) {
         throw std::runtime_error(
             "--env-file " + o.remote.env_file + ":" + std::to_string(n) +
             ": '" + line +

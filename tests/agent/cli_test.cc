@@ -386,6 +386,21 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
       {{"--exit-barrier-timeout", "1e308", "true"},
        "--exit-barrier-timeout: '1e308'"},
       {{"--local-addr", "", "true"}, "--local-addr: must not be empty"},
+      {{"-x", "", "true"},
+       "--export: '' names no variable; give NAME or NAME=VALUE, or drop "
+       "the empty export"},
+      {{"-x", "A", "--export", "", "true"}, "'' names no variable"},
+      {{"-x", "1A=v", "true"},
+       "--export: '1A=v' is not NAME or NAME=VALUE (a name is letters, "
+       "digits and _, not starting with a digit)"},
+      // torchrun's default (empty) endpoint is this machine: no meeting
+      // place for nodes on other hosts.
+      {{"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "",
+        "true"},
+       "--nnodes 2 with --rdzv-backend c10d needs --rdzv-endpoint "
+       "HOST[:PORT]"},
+      {{"--nnodes", "1:2", "--rdzv-backend", "c10d", "true"},
+       "needs --rdzv-endpoint"},
       {{"--start-method", "thread", "true"}, "spawn, fork or forkserver"},
       {{"-m", "--no-python", "x"}, "cannot be used together"},
   };
@@ -452,6 +467,11 @@ TEST(Cli, RendezvousFlagsAreHonoured) {
   EXPECT_EQ(one.rdzv.endpoint_host, "localhost");
   EXPECT_EQ(one.rdzv.endpoint_port, 0);
   EXPECT_TRUE(ok({"--standalone", "true"}).standalone);
+  // An empty endpoint is torchrun's default: one node, no agents' store.
+  EXPECT_EQ(ok({"--rdzv-endpoint", "", "true"}).rdzv.endpoint_host, "");
+  EXPECT_EQ(ok({"--rdzv-backend", "c10d", "--rdzv-endpoint", "", "true"})
+                .rdzv.endpoint_host,
+            "");
   EXPECT_EQ(ok({"--rdzv-endpoint", "[::1]:29500", "true"}).rdzv.endpoint_port,
             29500);
 

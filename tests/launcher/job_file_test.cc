@@ -98,6 +98,18 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
        "job.yaml:2:15: term_timeout: expected a number of seconds, got 'soon'"},
       {"program: x\nargs: {a: 1}\n", "job.yaml:2:7: args: expected a list"},
       {"program: x\nenv: [A]\n", "job.yaml:2:6: env: expected a mapping"},
+      // Names a shell could not export.
+      {"program: x\nenv:\n  1A: v\n",
+       "job.yaml:3:3: env: '1A' is not a variable name; use letters, digits "
+       "and _, not starting with a digit (like MY_VAR_1)"},
+      {"program: x\nenv: {'A-B': v}\n",
+       "job.yaml:2:7: env: 'A-B' is not a variable name"},
+      {"program: x\nenv: {'': v}\n",
+       "job.yaml:2:7: env: '' is not a variable name"},
+      {"program: x\nexport: [A, '']\n",
+       "job.yaml:2:9: export: '' names no variable; give NAME or NAME=VALUE"},
+      {"program: x\nexport: [1A=v]\n",
+       "job.yaml:2:9: export: '1A=v' is not NAME or NAME=VALUE"},
       {"program: x\nlocal_ranks_filter: [0, [1]]\n",
        "job.yaml:2:25: local_ranks_filter: expected a list item, got list"},
       {"- program\n", "job.yaml:1:1: the file must be a mapping"},
@@ -144,6 +156,14 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
        "job.yaml:2:9: faults: expected a list"},
       // Not YAML at all.
       {"program: [x\n", "job.yaml:2:1: not valid YAML"},
+      // A quote left open on the last line (yaml-cpp alone takes it for
+      // a value that runs to the end), or earlier, or with no newline.
+      {"program: x\nrole: \"abc\n",
+       "job.yaml:3:1: not valid YAML: a quoted value is still open at the "
+       "end of the file; close its quote"},
+      {"program: x\nrole: 'abc\nmax_restarts: 2\n",
+       "job.yaml:4:1: not valid YAML: a quoted value is still open"},
+      {"program: x\nrole: \"abc", "job.yaml:3:1: not valid YAML: a quoted"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.yaml);
@@ -167,6 +187,20 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
   const std::string e = error(text + "\n");
   EXPECT_THAT(e, HasSubstr("not a 'root:x:0:0:root:/root:/bin/bash xxx"));
   EXPECT_THAT(e, Not(HasSubstr("end-of-the-file")));
+}
+
+// Quotes closed on the last line, with or without a newline, and a
+// document end marker of the file's own still load; export: [] adds none.
+TEST_F(JobFileTest, AFileEndingInAClosedQuoteOrAnEndMarkerLoads) {
+  EXPECT_EQ(ok({"--config", write("program: x\nrole: 'a b'")}).agent.role,
+            "a b");
+  EXPECT_EQ(
+      ok({"--config", write("program: x\nrole: \"a\\\"b\"\n")}).agent.role,
+      "a\"b");
+  EXPECT_EQ(ok({"--config", write("program: x\nrole: r\n...\n")}).agent.role,
+            "r");
+  EXPECT_TRUE(ok({"--config", write("program: x\nexport: []\n")})
+                  .remote.exports.empty());
 }
 
 TEST_F(JobFileTest, InvalidValuesGetTheFlagsOwnMessages) {
