@@ -7,7 +7,10 @@
 
 #include <cerrno>
 #include <charconv>
+#include <chrono>
+#include <set>
 #include <system_error>
+#include <vector>
 
 #include "agent/posix_env.h"
 
@@ -18,6 +21,11 @@ namespace fs = std::filesystem;
 
 constexpr char kRecord[] = "head";
 constexpr std::string_view kPrefix = "dlaunch-job-", kSuffix = ".d";
+// A folder without a record is a head's that has not written it yet (for
+// microseconds after its mkdir) or one from a dlaunch before the record
+// (81922dc). Past this age, and with no process naming its tag, it is
+// left over.
+constexpr std::chrono::hours kRecordlessAge{1};
 
 // A small file's text, or nullopt (read through `dir_fd` when >= 0).
 std::optional<std::string> read_small(int dir_fd, const char* path) {
@@ -61,6 +69,33 @@ bool head_runs(std::string_view record) {
   return now && *now == start;
 }
 
+// The job tags (dlaunch-job-HEX) that this user's processes name in their
+// command line or environment: an older head's ssh, pdsh or srun carry its
+// agents' --job-tag, its workers DLAUNCH_JOB_TAG.
+std::set<std::string, std::less<>> live_job_tags() {
+  std::set<std::string, std::less<>> tags;
+  const uid_t me = ::getuid();
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator("/proc", ec)) {
+    const std::string pid = e.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    struct stat st {};
+    if (::stat(e.path().c_str(), &st) != 0 || st.st_uid != me) continue;
+    for (const char* what : {"/cmdline", "/environ"}) {
+      std::optional<std::string> text =
+          read_small(AT_FDCWD, (e.path().string() + what).c_str());
+      if (!text) continue;
+      for (size_t at = text->find(kPrefix); at != std::string::npos;
+           at = text->find(kPrefix, at + 1)) {
+        size_t end =
+            text->find_first_not_of("0123456789abcdef", at + kPrefix.size());
+        tags.insert(text->substr(at, end - at));
+      }
+    }
+  }
+  return tags;
+}
+
 }  // namespace
 
 std::optional<unsigned long long> process_start_time(pid_t pid) {
@@ -84,6 +119,12 @@ std::optional<unsigned long long> process_start_time(pid_t pid) {
 
 size_t remove_stale_staging(const fs::path& tmp) {
   size_t removed = 0;
+  auto remove = [&](const fs::path& p) {
+    std::error_code ignored;  // another head may be removing it too
+    if (fs::remove_all(p, ignored) > 0) ++removed;
+  };
+  const auto old = std::chrono::system_clock::now() - kRecordlessAge;
+  std::vector<fs::path> unrecorded;  // old enough, without a record
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(tmp, ec)) {
     const std::string name = e.path().filename().string();
@@ -98,9 +139,19 @@ size_t remove_stale_staging(const fs::path& tmp) {
     if (dir < 0) continue;
     std::optional<std::string> record = read_small(dir, kRecord);
     ::close(dir);
-    if (!record || head_runs(*record)) continue;
-    std::error_code ignored;  // another head may be removing it too
-    if (fs::remove_all(e.path(), ignored) > 0) ++removed;
+    if (record) {
+      if (!head_runs(*record)) remove(e.path());
+    } else if (std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec) <
+               old) {
+      unrecorded.push_back(e.path());
+    }
+  }
+  if (unrecorded.empty()) return removed;
+  const auto live = live_job_tags();  // one look at /proc for them all
+  for (const fs::path& p : unrecorded) {
+    std::string name = p.filename().string();
+    name.resize(name.size() - kSuffix.size());
+    if (!live.contains(name)) remove(p);
   }
   return removed;
 }

@@ -33,8 +33,11 @@ class StagingDir {
 // Removes the heads' staging folders in `tmp` (dlaunch-job-HEX.d: real
 // folders, this user's) whose head is gone: no process runs under the
 // recorded pid, or one that started at another time (the pid was
-// reused). A folder without a readable record (one being made, or another
-// version's) stays. Returns how many it removed.
+// reused). A folder without a readable record (one being made, or one of
+// a dlaunch before the record) goes only when it was last changed over an
+// hour ago and no process of this user names its tag in its command line
+// or environment (an older head's ssh, pdsh or srun, its workers); else
+// it stays. Returns how many it removed.
 size_t remove_stale_staging(const std::filesystem::path& tmp);
 
 // When process `pid` started (clock ticks after boot, /proc/PID/stat's

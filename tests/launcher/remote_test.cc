@@ -1,12 +1,17 @@
 // Unit tests of what the head hands its hosts: the RemoteJob text (round
 // trips with any bytes, read from a pipe exactly to its end), and each
 // backend's commands as text.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -447,6 +452,95 @@ TEST(StagingTest, TheNextHeadRemovesOnlyTheFoldersOfGoneHeads) {
     EXPECT_TRUE(fs::exists(made));
   }
   EXPECT_FALSE(fs::exists(made));
+}
+
+// Sets the modification time of `path` to `age` ago.
+void age_by(const std::filesystem::path& path, std::chrono::seconds age) {
+  const timespec times[2] = {{0, UTIME_OMIT},
+                             {::time(nullptr) - age.count(), 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0) << path;
+}
+
+// Folders without a record (a dlaunch before it wrote none): one over an
+// hour old goes unless a process of this user names its tag; a fresh one
+// (a head between its mkdir and its record) stays.
+TEST(StagingTest, ARecordlessFolderGoesOnlyWhenOldAndNoProcessNamesItsTag) {
+  namespace fs = std::filesystem;
+  testing::TempDir dir;
+  auto make = [&](const std::string& name, std::chrono::seconds age) {
+    fs::path d = dir / name;
+    fs::create_directory(d);
+    testing::write_file(d / "job", "secret");
+    age_by(d, age);
+    return d;
+  };
+  using std::chrono::hours;
+  using std::chrono::minutes;
+  const fs::path fresh = make("dlaunch-job-0c1.d", minutes(50));
+  const fs::path old = make("dlaunch-job-0c2.d", hours(2));
+  const fs::path old_empty = dir / "dlaunch-job-0c3.d";
+  fs::create_directory(old_empty);
+  age_by(old_empty, hours(30));
+  // An old job whose workers still run: the tag in their environment, or
+  // in an agent's command line (--job-tag).
+  const fs::path running = make("dlaunch-job-0c4.d", hours(2));
+  const fs::path named = make("dlaunch-job-0c5.d", hours(2));
+  testing::Subprocess worker({{"sh", "-c", "echo ready; exec sleep 60"},
+                              {{"DLAUNCH_JOB_TAG", "dlaunch-job-0c4"}},
+                              {},
+                              ""});
+  testing::Subprocess agent(
+      {{"bash", "-c",
+        "echo ready; exec -a 'dlaunch --job-tag dlaunch-job-0c5' sleep 60"},
+       {},
+       {},
+       ""});
+  ASSERT_TRUE(worker.wait_for_output("ready", std::chrono::seconds(30)));
+  ASSERT_TRUE(agent.wait_for_output("ready", std::chrono::seconds(30)));
+
+  EXPECT_EQ(remove_stale_staging(dir.path()), 2u);
+  EXPECT_TRUE(fs::exists(fresh / "job"));
+  EXPECT_FALSE(fs::exists(old));
+  EXPECT_FALSE(fs::exists(old_empty));
+  EXPECT_TRUE(fs::exists(running / "job"));
+  EXPECT_TRUE(fs::exists(named / "job"));
+  worker.signal(SIGKILL);
+  agent.signal(SIGKILL);
+  worker.wait(std::chrono::seconds(10));
+  agent.wait(std::chrono::seconds(10));
+  EXPECT_EQ(remove_stale_staging(dir.path()), 2u);
+  EXPECT_FALSE(fs::exists(running));
+  EXPECT_FALSE(fs::exists(named));
+  EXPECT_TRUE(fs::exists(fresh / "job"));
+}
+
+// Heads that start while others sweep: each one's folder, made before its
+// record is written, survives every other head's sweep; the old
+// record-less folder goes.
+TEST(StagingTest, HeadsStartingTogetherKeepTheirFolders) {
+  namespace fs = std::filesystem;
+  testing::TempDir dir;
+  const fs::path old = dir / "dlaunch-job-0d0.d";
+  fs::create_directory(old);
+  age_by(old, std::chrono::hours(2));
+  constexpr int kHeads = 4, kRounds = 150;
+  std::atomic<int> lost{0};
+  std::vector<std::thread> heads;
+  for (int h = 0; h < kHeads; ++h) {
+    heads.emplace_back([&, h] {
+      for (int i = 0; i < kRounds; ++i) {
+        char tag[32];
+        std::snprintf(tag, sizeof tag, "dlaunch-job-%02x%04x", h, i);
+        StagingDir staging(dir.path(), tag);
+        // Another head's sweep runs between our mkdir and record, or now.
+        remove_stale_staging(dir.path());
+        if (!fs::exists(staging.path() / "head")) ++lost;
+      }
+    });
+  }
+  for (std::thread& t : heads) t.join();
+  EXPECT_EQ(lost.load(), 0);
+  EXPECT_FALSE(fs::exists(old));
 }
 
 TEST(BackendsTest, SlurmRunsOneSrunTaskPerNodeWithEveryJobOnStdin) {
