@@ -128,6 +128,28 @@ std::string last_line(const std::string& text) {
   return last;
 }
 
+// The hosts of `run`'s commands that started and have not ended.
+std::string hosts_still_running(const CommandRunner& run) {
+  std::string left;
+  std::vector<CommandResult> rs = run.results();
+  for (size_t i = 0; i < rs.size(); ++i) {
+    if (rs[i].exited || !rs[i].started) continue;
+    for (const std::string& h : run.commands()[i].hosts) {
+      left += (left.empty() ? "" : ", ") + h;
+    }
+  }
+  return left;
+}
+
+// Stops the job on every host (the backend's stop commands), bounded by
+// the connection timeout and 15 s, and says which hosts did not answer.
+void stop_hosts(const AgentLauncher& backend, const LaunchPlan& plan) {
+  const std::string late = run_stop(
+      backend.stop_commands(plan),
+      plan.options.connect_timeout + std::chrono::seconds(15), plan.job_tag);
+  if (!late.empty()) write_stderr(late + "\n");
+}
+
 // Runs the backend's pre-flight and says what failed on which host.
 std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
                                         const LaunchPlan& plan) {
@@ -377,6 +399,18 @@ std::vector<std::string> agent_args(const LaunchOptions& o, const Host& h,
   return args;
 }
 
+std::string run_stop(const std::vector<AgentCommand>& stop,
+                     std::chrono::milliseconds bound, const std::string& tag) {
+  CommandRunner run(stop, CommandOutput::kCapture);
+  if (run.wait(bound)) return "";
+  return "dlaunch: the stop of this job on " + hosts_still_running(run) +
+         " did not end within " +
+         std::to_string(
+             std::chrono::ceil<std::chrono::seconds>(bound).count()) +
+         " s; its processes there may remain: run 'dlaunch --remote-stop " +
+         tag + "' on those hosts";
+}
+
 int launch_hosts(const LaunchOptions& job) {
   LaunchOptions o = job;
   const agent::EnvMap head_env = agent::current_environment();
@@ -508,8 +542,7 @@ int launch_hosts(const LaunchOptions& job) {
     if (!failures.empty()) {
       write_stderr(preflight_table(failures, plan.jobs.size()));
       // The pdsh job file may be in place on the hosts that passed.
-      CommandRunner stop(backend->stop_commands(plan), CommandOutput::kCapture);
-      stop.wait(o.remote.connect_timeout + std::chrono::seconds(15));
+      stop_hosts(*backend, plan);
       return 1;
     }
   }
@@ -598,19 +631,11 @@ int launch_hosts(const LaunchOptions& job) {
                          std::chrono::seconds(30);
     if (!all_done && (head_failed || stop_signal != 0 || failed >= 0)) {
       remote->close_stdins();
-      CommandRunner stop(backend->stop_commands(plan), CommandOutput::kCapture);
-      stop.wait(o.remote.connect_timeout + std::chrono::seconds(15));
+      stop_hosts(*backend, plan);
       bound = o.agent.term_timeout + std::chrono::seconds(15);
     }
     if (!remote->wait(bound)) {
-      std::string left;
-      std::vector<CommandResult> rs = remote->results();
-      for (size_t i = 0; i < rs.size(); ++i) {
-        if (rs[i].exited || !rs[i].started) continue;
-        for (const std::string& h : remote->commands()[i].hosts) {
-          left += (left.empty() ? "" : ", ") + h;
-        }
-      }
+      const std::string left = hosts_still_running(*remote);
       write_stderr("dlaunch: the agents of " + left + " did not end within " +
                    std::to_string(bound.count() / 1000) +
                    " s; ending their connections\n");
@@ -629,9 +654,7 @@ int launch_hosts(const LaunchOptions& job) {
         });
     if (o.remote.launcher == "pdsh" && !every_agent_succeeded &&
         (rcmd == head_env.end() || rcmd->second != "exec")) {
-      CommandRunner cleanup(backend->stop_commands(plan),
-                            CommandOutput::kCapture);
-      cleanup.wait(o.remote.connect_timeout + std::chrono::seconds(15));
+      stop_hosts(*backend, plan);
     }
     // The first host that failed gives the job its status: the others may
     // have ended only because the teardown stopped them (a signal's code).

@@ -1,10 +1,12 @@
 #pragma once
 
+#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "agent/worker_env.h"
+#include "launcher/agent_launcher.h"
 #include "launcher/launch_options.h"
 
 namespace dlaunch::launcher {
@@ -68,5 +70,13 @@ std::string workers_on(const LaunchOptions& options, const Host& host);
 // --local-addr, localhost, 127.0.0.1 or ::1. Other loopback addresses
 // (127.0.0.2, ...) are "other hosts", so that one machine can play many.
 bool is_head_host(const std::string& host, const std::string& local_addr);
+
+// Runs a teardown (`stop`: the backend's stop_commands for job `tag`,
+// `dlaunch --remote-stop TAG` on each host) and waits up to `bound`.
+// Returns "" when every command ended, else one line naming the hosts
+// whose stop did not end and how to stop them by hand; what still runs
+// is then SIGKILLed.
+std::string run_stop(const std::vector<AgentCommand>& stop,
+                     std::chrono::milliseconds bound, const std::string& tag);
 
 }  // namespace dlaunch::launcher

@@ -747,16 +747,24 @@ TEST(Launch, ExportEnvFileAndChdirHoldOnOneNode) {
 
 // Counts the agent's open fds from inside each attempt's worker.
 TEST(Launch, RestartsLeakNoFileDescriptors) {
-  // The last rank measures once every worker has started; rank 0 sleeps
-  // meanwhile (and is stopped when rank 1 fails).
+  // The last rank measures once the agent's count has settled (every
+  // worker started; read twice alike); rank 0 runs until it has measured
+  // (and is stopped when rank 1 fails).
+  TempDir dir;
+  const std::string mark = (dir / "measured").string();
   CommandResult r =
       sh(2,
-         "if [ $LOCAL_RANK = 0 ]; then sleep 0.5; exit 0; fi; "
-         "sleep 0.05; "
-         "echo fds=$(ls /proc/$PPID/fd | wc -l) "
-         "own=$(ls /proc/self/fd | wc -l) "
-         "attempt=$TORCHELASTIC_RESTART_COUNT; "
-         "[ $TORCHELASTIC_RESTART_COUNT -lt 3 ] && exit 1; exit 0",
+         "if [ $LOCAL_RANK = 0 ]; then i=0; while [ ! -e " + mark +
+             "$TORCHELASTIC_RESTART_COUNT ] && [ $i -lt 6000 ]; do sleep "
+             "0.01; i=$((i+1)); done; exit 0; fi; "
+             "a=; b=$(ls /proc/$PPID/fd | wc -l); i=0; "
+             "while [ \"$a\" != \"$b\" ] && [ $i -lt 500 ]; do a=$b; "
+             "sleep 0.02; b=$(ls /proc/$PPID/fd | wc -l); i=$((i+1)); done; "
+             "echo fds=$b own=$(ls /proc/self/fd | wc -l) "
+             "attempt=$TORCHELASTIC_RESTART_COUNT; touch " +
+             mark +
+             "$TORCHELASTIC_RESTART_COUNT; "
+             "[ $TORCHELASTIC_RESTART_COUNT -lt 3 ] && exit 1; exit 0",
          {"--max-restarts", "3"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::set<std::string> agent_fds, own_fds;

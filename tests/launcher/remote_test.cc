@@ -20,6 +20,7 @@
 #include "launcher/cli.h"
 #include "launcher/command_runner.h"
 #include "launcher/hostfile.h"
+#include "launcher/multi_host.h"
 #include "launcher/remote_job.h"
 #include "launcher/ship.h"
 #include "launcher/slurm.h"
@@ -541,6 +542,23 @@ TEST(StagingTest, HeadsStartingTogetherKeepTheirFolders) {
   for (std::thread& t : heads) t.join();
   EXPECT_EQ(lost.load(), 0);
   EXPECT_FALSE(fs::exists(old));
+}
+
+// A teardown whose stop commands do not end within the bound names the
+// hosts and how to stop the job there by hand (it once said nothing).
+TEST(TeardownTest, AStopThatDoesNotEndNamesItsHostsAndTheFix) {
+  AgentCommand stuck, quick;
+  stuck.argv = {"sleep", "60"};
+  stuck.hosts = {"n2", "n3"};
+  quick.argv = {"true"};
+  quick.hosts = {"n1"};
+  const std::string late =
+      run_stop({stuck}, std::chrono::milliseconds(200), "dlaunch-job-0e0");
+  EXPECT_THAT(late, HasSubstr("dlaunch: the stop of this job on n2, n3 did "
+                              "not end within 1 s; its processes there may "
+                              "remain: run 'dlaunch --remote-stop "
+                              "dlaunch-job-0e0' on those hosts"));
+  EXPECT_EQ(run_stop({quick}, std::chrono::seconds(60), "dlaunch-job-0e1"), "");
 }
 
 TEST(BackendsTest, SlurmRunsOneSrunTaskPerNodeWithEveryJobOnStdin) {
