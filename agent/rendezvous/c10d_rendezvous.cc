@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "agent/rendezvous/member.h"
+#include "comm/store/resolve.h"
 #include "comm/store/text.h"
 
 namespace dlaunch::agent::rendezvous {
@@ -344,9 +345,19 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
             auto v = store_->multi_get({key(r, "node/" + std::to_string(i))});
             who.push_back(MemberRecord::decode(v[0], i).addr);
           }
-          throw RendezvousError(too_few_message(
+          std::string message = too_few_message(
               n, r, p_.run_id, where,
-              std::chrono::duration_cast<milliseconds>(now - start), o, who));
+              std::chrono::duration_cast<milliseconds>(now - start), o, who);
+          // torchrun's defaults (an empty endpoint, --master-addr
+          // 127.0.0.1) meet on each host alone.
+          if (comm::store::is_loopback(p_.store_host)) {
+            message += "; " + p_.store_host +
+                       " reaches this machine alone: nodes on other hosts "
+                       "must name node 0's address (--rdzv-endpoint "
+                       "HOST[:PORT], or --master-addr HOST for the static "
+                       "backend)";
+          }
+          throw RendezvousError(message);
         }
         auto until =
             std::min({deadline, next_progress,

@@ -573,6 +573,11 @@ TEST_F(Rendezvous, TooFewNodesFailNamingWhoJoined) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("1/2 nodes joined round 0"));
   EXPECT_THAT(r.err, HasSubstr("joined: 127.0.0.1"));
+  // A loopback meeting place cannot be other hosts' (torchrun's defaults).
+  EXPECT_THAT(r.err, HasSubstr("; 127.0.0.1 reaches this machine alone: nodes "
+                               "on other hosts must name node 0's address "
+                               "(--rdzv-endpoint HOST[:PORT], or --master-addr "
+                               "HOST for the static backend)"));
 }
 
 TEST_F(Rendezvous, JobsWithDifferentIdsShareAnExternalStore) {
