@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <atomic>
 #include <future>
 #include <thread>
 #include <vector>
@@ -368,15 +369,23 @@ TEST(TcpStoreConnectTest, MissingHostOrPortFailsAtOnce) {
 
 TEST(TcpStoreConnectTest, ConnectRetriesUntilTheServerStarts) {
   uint16_t port = testing::unused_port();
+  // Asked between attempts: set once the first one has been refused.
+  std::promise<void> refused;
+  std::future<void> first_refusal = refused.get_future();
+  std::atomic<bool> told{false};
   auto client = std::async(std::launch::async, [&] {
     TcpStoreOptions o;
     o.host = "127.0.0.1";
     o.port = port;
-    o.connect_timeout = 10s;
-    auto c = TcpStore::connect(o);
+    o.connect_timeout = 30s;
+    auto c = TcpStore::connect(o, [&] {
+      if (!told.exchange(true)) refused.set_value();
+      return false;
+    });
     return c->get("ready");
   });
-  std::this_thread::sleep_for(300ms);
+  // The server starts only after the client has been refused.
+  ASSERT_EQ(first_refusal.wait_for(30s), std::future_status::ready);
   StoreServerOptions so;
   so.host = "127.0.0.1";
   so.port = port;
