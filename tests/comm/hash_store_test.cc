@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <future>
 #include <thread>
 
 namespace dlaunch::comm::store {
@@ -52,16 +53,11 @@ TEST(HashStoreTest, MultiSetAndMultiGet) {
 
 TEST(HashStoreTest, GetBlocksUntilAnotherThreadSets) {
   HashStore s;
-  // Timed from before the setter starts: it sets the key 50 ms after that
-  // at the earliest, however late this thread gets to its get().
-  auto start = std::chrono::steady_clock::now();
-  std::thread setter([&] {
-    std::this_thread::sleep_for(milliseconds(50));
-    s.set("late", "v");
-  });
-  EXPECT_EQ(s.get("late"), "v");
-  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(50));
-  setter.join();
+  auto getter = std::async(std::launch::async, [&] { return s.get("late"); });
+  // Still waiting without the key; the set releases it.
+  EXPECT_EQ(getter.wait_for(milliseconds(50)), std::future_status::timeout);
+  s.set("late", "v");
+  EXPECT_EQ(getter.get(), "v");
 }
 
 TEST(HashStoreTest, WaitTimesOutNamingMissingKeys) {
