@@ -412,6 +412,63 @@ Watch::~Watch() {
   if (thread_.joinable()) thread_.join();
 }
 
+etcdserverpb::WatchRequest Watch::create_request() const {
+  etcdserverpb::WatchRequest req;
+  auto* create = req.mutable_create_request();
+  create->set_key(key_);
+  create->set_range_end(range_end_);
+  create->set_start_revision(next_revision_);
+  create->set_watch_id(watch_id_);
+  return req;
+}
+
+bool Watch::rewatch(const std::string& key, const std::string& range_end,
+                    int64_t start_revision) {
+  std::lock_guard<std::mutex> write(write_mu_);
+  etcdserverpb::WatchRequest cancel, create;
+  bool was_paused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!error_.empty() || stopping_) return false;
+    was_paused = paused_;
+    cancel.mutable_cancel_request()->set_watch_id(watch_id_);
+    ++watch_id_;
+    key_ = key;
+    range_end_ = range_end;
+    next_revision_ = start_revision;
+    first_revision_ = start_revision;
+    events_.clear();
+    interrupted_ = false;
+    sent_ = false;
+    paused_ = false;
+    create = create_request();
+  }
+  // Without an open stream (connecting, or failing over) the thread
+  // creates the new watch when it opens one. A write that fails ends the
+  // stream's reads too, and the thread resumes on the next member.
+  if (stream_ && (was_paused || stream_->Write(cancel)) &&
+      stream_->Write(create)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sent_ = true;
+    cv_.notify_all();
+  }
+  return true;
+}
+
+void Watch::pause() {
+  std::lock_guard<std::mutex> write(write_mu_);
+  etcdserverpb::WatchRequest cancel;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (paused_ || !error_.empty() || stopping_) return;
+    paused_ = true;
+    cancel.mutable_cancel_request()->set_watch_id(watch_id_);
+    ++watch_id_;  // whatever still comes for the old one is dropped
+    events_.clear();
+  }
+  if (stream_) stream_->Write(cancel);
+}
+
 void Watch::interrupt() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -484,47 +541,57 @@ void Watch::run() {
       fail(e.what());
       return;
     }
-    int64_t from;
+    std::unique_ptr<Stream> stream;
+    bool sent;
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_) return;
-      ctx_ = &ctx;
-      from = next_revision_;
-    }
-    auto stream = m.watch->Watch(&ctx);
-    etcdserverpb::WatchRequest req;
-    auto* create = req.mutable_create_request();
-    create->set_key(key_);
-    create->set_range_end(range_end_);
-    create->set_start_revision(from);
-    etcdserverpb::WatchResponse resp;
-    std::string canceled;
-    if (stream->Write(req)) {
+      // The current watch (the latest rewatch()'s) is created once on
+      // this stream: a rewatch() from here on writes to it itself.
+      std::lock_guard<std::mutex> write(write_mu_);
+      etcdserverpb::WatchRequest req;
+      bool paused;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        sent_ = true;
+        if (stopping_) return;
+        ctx_ = &ctx;
+        paused = paused_;
+        req = create_request();
       }
-      cv_.notify_all();
-      while (stream->Read(&resp)) {
-        if (resp.canceled()) {
-          canceled = resp.cancel_reason().empty()
-                         ? "the watch was canceled by etcd"
-                         : resp.cancel_reason();
-          break;
-        }
+      stream = m.watch->Watch(&ctx);
+      sent = paused || stream->Write(req);
+      if (sent) {
+        stream_ = stream.get();
         std::lock_guard<std::mutex> lock(mu_);
-        if (resp.created() && next_revision_ == 0) {
-          // From now: etcd reports every event after its revision then.
-          next_revision_ = resp.header().revision() + 1;
-          first_revision_ = next_revision_;
-          cv_.notify_all();
-        }
-        for (const auto& ev : resp.events()) {
-          events_.push_back(ev);
-          next_revision_ = ev.kv().mod_revision() + 1;
-        }
-        if (resp.events_size() > 0) cv_.notify_all();
+        sent_ = !paused;
+        cv_.notify_all();
       }
+    }
+    etcdserverpb::WatchResponse resp;
+    std::string canceled;
+    while (sent && stream->Read(&resp)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (resp.watch_id() != watch_id_) continue;  // an earlier watch's
+      if (resp.canceled()) {
+        canceled = resp.cancel_reason().empty()
+                       ? "the watch was canceled by etcd"
+                       : resp.cancel_reason();
+        break;
+      }
+      if (resp.created() && next_revision_ == 0) {
+        // From now: etcd reports every event after its revision then.
+        next_revision_ = resp.header().revision() + 1;
+        first_revision_ = next_revision_;
+        cv_.notify_all();
+      }
+      for (const auto& ev : resp.events()) {
+        events_.push_back(ev);
+        next_revision_ = ev.kv().mod_revision() + 1;
+      }
+      if (resp.events_size() > 0) cv_.notify_all();
+    }
+    {
+      // No rewatch() writes to the stream once it is finished.
+      std::lock_guard<std::mutex> write(write_mu_);
+      stream_ = nullptr;
     }
     ctx.TryCancel();
     grpc::Status st = stream->Finish();
@@ -534,7 +601,12 @@ void Watch::run() {
       if (stopping_) return;
     }
     if (!canceled.empty()) {
-      fail("etcd watch on " + key_ + " at " + m.endpoint + ": " + canceled);
+      std::string key;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        key = key_;
+      }
+      fail("etcd watch on " + key + " at " + m.endpoint + ": " + canceled);
       return;
     }
     if (bad_token(st)) {

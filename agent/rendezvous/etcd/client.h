@@ -47,14 +47,26 @@ class EtcdError : public std::runtime_error {
 
 class Client;
 
-// One watch on the keys [key, range_end) from a revision on (or from
-// "now"): events come in revision order; after a member fails it resumes
-// on another from the revision after the last seen. Owned by its user;
-// next(), first_revision() and interrupt() may be called from different
-// threads.
+// A watch on the keys [key, range_end) from a revision on (or from
+// "now"), on a stream of its own: events come in revision order; after a
+// member fails it resumes on another from the revision after the last
+// seen. rewatch() moves it to other keys on the same stream and thread
+// (a new stream and thread cost each agent's helper more than the move).
+// Owned by its user; next(), first_revision(), wait_sent() and
+// interrupt() may be called from different threads, rewatch() from one
+// at a time.
 class Watch {
  public:
   ~Watch();
+  // Watches [key, range_end) from `start_revision` (0: from now) instead:
+  // the earlier keys' events, queued or to come, are dropped (etcd is told
+  // to stop them), and first_revision() and wait_sent() start over. False
+  // once the watch failed for good (next() threw): make a new one.
+  bool rewatch(const std::string& key, const std::string& range_end,
+               int64_t start_revision);
+  // Stops watching (etcd is told) but keeps the stream for a later
+  // rewatch(): no events come until then.
+  void pause();
   // The next event, or nullopt at `deadline` or after interrupt(). Throws
   // EtcdError once no member could serve the watch within the client's
   // timeout.
@@ -76,21 +88,33 @@ class Watch {
 
  private:
   friend class Client;
+  using Stream = grpc::ClientReaderWriter<etcdserverpb::WatchRequest,
+                                          etcdserverpb::WatchResponse>;
   Watch(Client& client, std::string key, std::string range_end,
         int64_t start_revision);
   void run();
+  // The request that creates the current watch on a stream (mu_ held).
+  etcdserverpb::WatchRequest create_request() const;
 
   Client& client_;
+  std::thread thread_;
+  // Serialises the requests written to the stream, so that a watch is
+  // created on it once, before rewatch() cancels it. Taken before mu_.
+  std::mutex write_mu_;
+  Stream* stream_ = nullptr;  // the open stream, if any (write_mu_)
+  std::mutex mu_;             // guards everything below
   std::string key_, range_end_;
   int64_t next_revision_;       // 0: from now, until etcd took the watch
   int64_t first_revision_ = 0;  // 0 until etcd took the watch
-  std::thread thread_;
-  std::mutex mu_;  // guards everything below
+  // The current watch's id on the stream (etcd 3.4 takes the client's):
+  // responses for the earlier ones are dropped.
+  int64_t watch_id_ = 1;
   std::condition_variable cv_;
   std::deque<mvccpb::Event> events_;
   std::string error_;  // set once the watch failed for good
   bool interrupted_ = false;
-  bool sent_ = false;  // the request went out (on some member)
+  bool sent_ = false;    // the request went out (on some member)
+  bool paused_ = false;  // no watch on the stream (pause())
   bool stopping_ = false;
   grpc::ClientContext* ctx_ = nullptr;  // the stream's, for stopping it
 };

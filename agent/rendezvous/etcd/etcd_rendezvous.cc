@@ -84,22 +84,21 @@ struct EtcdRendezvous::RoundState {
   }
 };
 
-// A watch that a lost lease, or stop_watcher(), interrupts while it lives
-// (set_active). The thread that made it uses it.
+// Makes a watch the one that a lost lease, or stop_watcher(), interrupts
+// while this lives (set_active). The thread that made it uses it.
 class EtcdRendezvous::ActiveWatch {
  public:
-  ActiveWatch(EtcdRendezvous& r, std::unique_ptr<Watch> w)
-      : r_(r), w_(std::move(w)) {
-    r_.set_active(w_.get());
+  ActiveWatch(EtcdRendezvous& r, Watch& w) : r_(r), w_(w) {
+    r_.set_active(&w_);
   }
   ~ActiveWatch() { r_.set_active(nullptr); }
   ActiveWatch(const ActiveWatch&) = delete;
   ActiveWatch& operator=(const ActiveWatch&) = delete;
-  Watch* operator->() const { return w_.get(); }
+  Watch* operator->() const { return &w_; }
 
  private:
   EtcdRendezvous& r_;
-  std::unique_ptr<Watch> w_;
+  Watch& w_;
 };
 
 namespace {
@@ -150,6 +149,7 @@ EtcdRendezvous::~EtcdRendezvous() {
   }
   cv_.notify_all();
   stop_watcher();
+  watch_.reset();
   if (alive_thread_.joinable()) alive_thread_.join();
   abandon(std::min(p_.options.read_timeout, kRevokeTimeout));
 }
@@ -167,6 +167,15 @@ void EtcdRendezvous::abandon(milliseconds timeout) {
 
 std::string EtcdRendezvous::round_prefix(int round) const {
   return prefix_ + "r/" + pad(round) + "/";
+}
+
+Watch& EtcdRendezvous::watch_on(const std::string& key,
+                                const std::string& range_end, int64_t from) {
+  if (!watch_ || !watch_->rewatch(key, range_end, from)) {
+    watch_.reset();
+    watch_ = client_->watch(key, range_end, from);
+  }
+  return *watch_;
 }
 
 void EtcdRendezvous::set_active(Watch* w) {
@@ -339,7 +348,7 @@ void EtcdRendezvous::try_close(int round, int need, RoundState& st) {
 bool EtcdRendezvous::wait_next_round(int round, Clock::time_point deadline) {
   // The watch starts before the reads, so that it reports whatever they
   // miss (one from their revision would wait for etcd's sync loop).
-  ActiveWatch w(*this, client_->watch(prefix_, prefix_end(prefix_), 0));
+  ActiveWatch w(*this, watch_on(prefix_, prefix_end(prefix_), 0));
   const std::string rounds = prefix_ + "r/";
   bool read = false;
   while (true) {
@@ -478,7 +487,7 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       // Only that key is watched: with every joiner watching every join, a
       // round of N would send N*N events.
       std::optional<ActiveWatch> w;
-      w.emplace(*this, client_->watch(rp + "closed", "", 0));
+      w.emplace(*this, watch_on(rp + "closed", "", 0));
       // Joining once the watch is on its way saves reading "closed" again
       // after it (below) in nearly every round; a watch still failing over
       // after kWatchSendWait is not waited for (the read covers it).
@@ -675,7 +684,15 @@ RoundEvent EtcdRendezvous::wait_round_end() {
   // what came since matters (every member's "done" comes before the first
   // of them leaves, its keys vanishing with its lease), so a late watcher
   // takes etcd's sync delay (Client::watch) rather than a later state.
-  ActiveWatch w(*this, client_->watch(rp, prefix_end(rp), watch_from_));
+  Watch& stream = watch_on(rp, prefix_end(rp), watch_from_);
+  ActiveWatch w(*this, stream);
+  // Once this returns, etcd stops sending the round's changes (the
+  // members' keys vanish one by one as they leave); the stream stays for
+  // the next round.
+  struct PauseAtEnd {
+    Watch& w;
+    ~PauseAtEnd() { w.pause(); }
+  } pause{stream};
   while (true) {
     auto ev = w->next(Clock::now() + std::chrono::hours(24));
     {

@@ -88,6 +88,10 @@ class EtcdRendezvous : public Rendezvous {
                        std::chrono::steady_clock::time_point deadline);
   void keep_alive_loop();
   void stop_watcher();
+  // Points watch_ at [key, range_end) from revision `from` (0: now),
+  // making it at the first use or after it failed.
+  Watch& watch_on(const std::string& key, const std::string& range_end,
+                  int64_t from);
   void set_active(Watch* w);
   // Throws RendezvousError once the lease is lost.
   void check_lease() const;
@@ -98,6 +102,11 @@ class EtcdRendezvous : public Rendezvous {
   std::string prefix_;   // /dlaunch/RUN_ID/
   std::string node_id_;  // unique per agent: address and pid
   std::unique_ptr<Client> client_;
+  // The one watch stream that a forming round, a node waiting for the
+  // next round and the round's end take in turns (Watch::rewatch), used
+  // by one thread at a time: next_round() runs only once the watcher
+  // thread stopped. Destroyed before client_.
+  std::unique_ptr<Watch> watch_;
   int64_t lease_ = 0;
   std::chrono::seconds ttl_{0};  // as granted
 
