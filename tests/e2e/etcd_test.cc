@@ -672,6 +672,27 @@ TEST_F(EtcdRendezvous, TwoJobsStayApartAndLeaveNoKeys) {
       << keys;
 }
 
+TEST_F(EtcdRendezvous, ARoundOfAnotherFormatIsNamed) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  // Round 0 closed as dlaunch before the "f2:" round format wrote it (its
+  // "closed" headed by the revision alone, no "end" key to come): its
+  // members would wait for an "end" that never comes.
+  CommandResult put =
+      testing::run_command({{kEtcdctl, "--endpoints", etcd.endpoint(0), "put",
+                             "/dlaunch/" + id_ + "/r/00000000/closed", "12"},
+                            {},
+                            {},
+                            ""},
+                           30s);
+  ASSERT_EQ(put.exit_code, 0) << put.err;
+  start(0, etcd.endpoint(0), {"--nnodes", "1"}, kShowEnv);
+  CommandResult r = agents_[0]->wait(120s);
+  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("(another dlaunch version?)"));
+  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("ENV ")));
+}
+
 TEST_F(EtcdRendezvous, LogsInWithAUserWhosePasswordIsInAFile) {
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.healthy());

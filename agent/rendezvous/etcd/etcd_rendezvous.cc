@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <string_view>
 
 #include "agent/rendezvous/member.h"
 #include "comm/store/text.h"
@@ -107,13 +108,21 @@ bool starts_with(const std::string& s, const std::string& p) {
   return s.compare(0, p.size(), p) == 0;
 }
 
-// The first field of a round's "closed" value: the revision at which the
-// closer read the records that follow.
+// Heads a round's "closed" value: the format of the round's keys. "f2":
+// a round's success is its "end" key, which the member whose "done"
+// completes the set puts (before it, every member counted the "done"
+// keys, and "closed" began with the revision alone).
+constexpr std::string_view kRoundFormat = "f2:";
+
+// The first field of a round's "closed" value: kRoundFormat, then the
+// revision at which the closer read the records that follow.
 int64_t closed_read_revision(const std::string& field) {
   int64_t rev = 0;
   const char* end = field.data() + field.size();
-  auto [p, ec] = std::from_chars(field.data(), end, rev);
-  if (ec != std::errc() || p != end || rev <= 0) {
+  const bool ours = field.starts_with(kRoundFormat);
+  auto [p, ec] = std::from_chars(
+      field.data() + (ours ? kRoundFormat.size() : 0), end, rev);
+  if (!ours || ec != std::errc() || p != end || rev <= 0) {
     throw RendezvousError("malformed round record '" + field +
                           "' in etcd (another dlaunch version?)");
   }
@@ -279,7 +288,7 @@ bool EtcdRendezvous::over(const std::string& key) const {
   return key == prefix_ + "finished";
 }
 
-void EtcdRendezvous::mark_job(const std::string& key) {
+etcdserverpb::PutRequest EtcdRendezvous::job_mark(const std::string& key) {
   // Its own lease of close_timeout: the mark outlives the members' leases
   // for late nodes, and no key of the job outlives it.
   auto secs = std::chrono::ceil<std::chrono::seconds>(p_.options.close_timeout);
@@ -288,7 +297,7 @@ void EtcdRendezvous::mark_job(const std::string& key) {
   put.set_key(prefix_ + key);
   put.set_value("1");
   put.set_lease(grant.id());
-  client_->put(put);
+  return put;
 }
 
 etcdserverpb::RangeRequest EtcdRendezvous::joiners(int round,
@@ -316,7 +325,7 @@ void EtcdRendezvous::try_close(int round, int need, RoundState& st) {
   by_rev.resize(std::min<size_t>(by_rev.size(), p_.options.max_nodes));
   // The revision of the read first: the members watch the round from the
   // one after it (wait_round_end), so they need not read it again.
-  std::string value = std::to_string(st.revision);
+  std::string value = std::string(kRoundFormat) + std::to_string(st.revision);
   for (const auto& [rev, record] : by_rev) value += kRecordSep + record;
   // Closed once, with exactly the joiners read: the transaction fails
   // when another closed it or a joiner came or went since the read.
@@ -622,6 +631,7 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       watch_from_ =
           st.closed_rev == read_rev + 1 ? st.closed_rev + 1 : read_rev + 1;
       reported_ = false;
+      done_reported_ = false;
       p_.log(round_line(res));
       return res;
     }
@@ -648,14 +658,34 @@ RoundEvent EtcdRendezvous::wait_round_end() {
     return RoundEvent{RoundEvent::Kind::kNodeJoined, r,
                       "node " + id + " asks to join"};
   };
-  std::set<std::string> done;
+  const RoundEvent succeeded{RoundEvent::Kind::kSucceeded, r, ""};
+  // Whether every member's "done" was there before `revision`: a member
+  // gone once the set was complete (before it put "end") ends the round
+  // as a success, as it would have with "end".
+  auto all_done_before = [&](int64_t revision) {
+    etcdserverpb::RangeRequest req = prefix_range(rp + "done/", revision - 1);
+    req.set_count_only(true);
+    try {
+      return client_->range(req).count() >=
+             static_cast<int64_t>(members_.size());
+    } catch (const EtcdError&) {
+      return false;  // compacted or unreachable: the node is lost
+    }
+  };
   // What one change of the round's keys means; nullopt: nothing yet.
   auto meaning = [&](const mvccpb::Event& ev) -> std::optional<RoundEvent> {
     const bool del = ev.type() == mvccpb::Event::DELETE;
     const std::string name = ev.kv().key().substr(rp.size());
     if (starts_with(name, "node/")) {
       const std::string id = name.substr(5);
-      if (del && is_member(id)) return lost(id, false);
+      if (del && is_member(id)) {
+        // This node's own "done" is one of the set: without it, the set
+        // is not complete.
+        if (done_reported_ && all_done_before(ev.kv().mod_revision())) {
+          return succeeded;
+        }
+        return lost(id, false);
+      }
       if (!del && !is_member(id) && static_cast<int>(members_.size()) < max) {
         return joined(id);
       }
@@ -667,12 +697,8 @@ RoundEvent EtcdRendezvous::wait_round_end() {
                           "a worker on node " + id + " failed"};
       }
       if (ev.kv().value() == "left") return lost(id, true);
-    } else if (starts_with(name, "done/") && !del) {
-      const std::string id = name.substr(5);
-      if (is_member(id)) done.insert(id);
-      if (done.size() == members_.size()) {
-        return RoundEvent{RoundEvent::Kind::kSucceeded, r, ""};
-      }
+    } else if (name == "end" && !del) {
+      return succeeded;
     }
     return std::nullopt;
   };
@@ -681,10 +707,12 @@ RoundEvent EtcdRendezvous::wait_round_end() {
   // watch from the revision after the read (after the close when nothing
   // came between, next_round) reports whatever changed since: a member
   // gone before the close too. It does not start from now: the order of
-  // what came since matters (every member's "done" comes before the first
-  // of them leaves, its keys vanishing with its lease), so a late watcher
+  // what came since matters (the "end" of a round comes before the first
+  // member leaves, its keys vanishing with its lease), so a late watcher
   // takes etcd's sync delay (Client::watch) rather than a later state.
-  Watch& stream = watch_on(rp, prefix_end(rp), watch_from_);
+  // The "done" keys, which sort before "end", are not watched: N members
+  // watching N of them would make N*N events at every job's end.
+  Watch& stream = watch_on(rp + "end", prefix_end(rp), watch_from_);
   ActiveWatch w(*this, stream);
   // Once this returns, etcd stops sending the round's changes (the
   // members' keys vanish one by one as they leave); the stream stays for
@@ -751,9 +779,11 @@ void EtcdRendezvous::report(NodeOutcome outcome) {
   try {
     switch (outcome) {
       case NodeOutcome::kSucceeded: {
-        // The exit barrier: the node whose "done" completes the set marks
-        // the job finished, for nodes that come late (the marker expires
-        // after close_timeout, so no key of the job outlives it).
+        // The exit barrier: the node whose "done" completes the set puts
+        // the round's "end", which the members watch (wait_round_end),
+        // and marks the job finished for nodes that come late (the mark
+        // expires after close_timeout, so no key of the job outlives it).
+        done_reported_ = true;
         etcdserverpb::TxnRequest t;
         auto* put = t.add_success()->mutable_request_put();
         put->set_key(rp + "done/" + node_id_);
@@ -765,7 +795,12 @@ void EtcdRendezvous::report(NodeOutcome outcome) {
         auto resp = client_->txn(t);
         if (resp.responses(1).response_range().count() >=
             static_cast<int64_t>(members_.size())) {
-          mark_job("finished");
+          etcdserverpb::TxnRequest end;
+          *end.add_success()->mutable_request_put() = job_mark("finished");
+          auto* put_end = end.add_success()->mutable_request_put();
+          put_end->set_key(rp + "end");
+          put_end->set_lease(lease_);
+          client_->txn(end);
         }
         break;
       }
@@ -778,7 +813,7 @@ void EtcdRendezvous::report(NodeOutcome outcome) {
       case NodeOutcome::kGaveUp:
         // Every member gives up together; a node that comes later fails
         // at once instead of waiting for a place.
-        mark_job("gave_up");
+        client_->put(job_mark("gave_up"));
         break;
     }
   } catch (const EtcdError& e) {

@@ -74,8 +74,9 @@ class EtcdRendezvous : public Rendezvous {
   // For a key of end_marks(): true for "finished"; throws RendezvousError
   // for "gave_up"; false for any other key.
   bool over(const std::string& key) const;
-  // Puts the end mark `key` under its own lease of close_timeout.
-  void mark_job(const std::string& key);
+  // The put of the end mark `key`, under its own lease of close_timeout
+  // (granted here).
+  etcdserverpb::PutRequest job_mark(const std::string& key);
   // Closes round r with its first max_nodes joiners when at least `need`
   // are there, unless another node closed it (st then holds its
   // records); st.joined says how many were there.
@@ -117,6 +118,8 @@ class EtcdRendezvous : public Rendezvous {
   std::vector<std::string> members_;  // ids, in join order
   int64_t watch_from_ = 0;  // round_'s watch: the revision after its read
   bool reported_ = false;
+  // This node put its "done" in round_ (read by the watcher thread).
+  std::atomic<bool> done_reported_{false};
 
   std::thread watcher_thread_;
   std::thread alive_thread_;
