@@ -5,6 +5,7 @@
 // is gone or done: the helper revokes its lease (its keys vanish, so the
 // other nodes see this one leave at once) and exits.
 
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -214,6 +215,10 @@ int main(int argc, char**) {
     return 2;
   }
   ::signal(SIGPIPE, SIG_IGN);
+  // One malloc arena for all threads (gRPC's, the watch's, ours): each
+  // arena a thread would make costs mappings and page faults at start,
+  // for allocations this small and this rare (docs/performance.md).
+  ::mallopt(M_ARENA_MAX, 1);
   Executor exec;
   std::string buf;
   char chunk[4096];
