@@ -77,6 +77,34 @@ bool eventually(const std::function<bool()>& done,
   return testing::eventually(done, timeout, 20ms);
 }
 
+// The number of watch streams etcd at 127.0.0.1:`port` has served so far,
+// from its /metrics (-1 when it did not answer within 10 s).
+double watch_streams(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  std::string resp;
+  const std::string req = "GET /metrics HTTP/1.0\r\n\r\n";
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+      ::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) resp.append(buf, n);
+  }
+  ::close(fd);
+  const std::string key = "\ngrpc_server_started_total{grpc_method=\"Watch\"";
+  const size_t at = resp.find(key);
+  if (at == std::string::npos) return -1;
+  const size_t value = resp.find("} ", at);
+  if (value == std::string::npos) return -1;
+  return std::strtod(resp.c_str() + value + 2, nullptr);
+}
+
 // An etcd cluster of `n` members on 127.0.0.1, data in a temp folder.
 // Members are killed with the
 // object.
@@ -151,6 +179,7 @@ class EtcdCluster {
   std::string endpoint(int i) const {
     return "127.0.0.1:" + std::to_string(client_[i]);
   }
+  int client_port(int i) const { return client_[i]; }
   // "127.0.0.1:P0,127.0.0.1:P1,..."
   std::string endpoints() const {
     std::string s;
@@ -670,6 +699,33 @@ TEST_F(EtcdRendezvous, TwoJobsStayApartAndLeaveNoKeys) {
       },
       30s))
       << keys;
+}
+
+// Each node's helper keeps one watch stream to etcd for all its rounds:
+// the forming round's watch moves to the round's end and on to the next
+// round on it (Watch::rewatch) rather than a stream, and a thread, per
+// watch (docs/performance.md). Counted by etcd itself: 2 nodes through
+// 2 rounds, 2 streams.
+TEST_F(EtcdRendezvous, EachNodeWatchesOnOneStreamThroughItsRounds) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  const double before = watch_streams(etcd.client_port(0));
+  ASSERT_GE(before, 0) << "etcd's /metrics has no watch stream count";
+  // Round 0's workers fail, round 1's succeed.
+  const std::string script =
+      kShowEnv + "; [ $TORCHELASTIC_RESTART_COUNT = 1 ] || exit 3";
+  for (int i = 0; i < 2; ++i) {
+    start(i, etcd.endpoint(0), {"--nnodes", "2", "--max-restarts", "1"},
+          script);
+  }
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = agents_[i]->wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_FALSE(lines.empty()) << r.out << r.err;
+    EXPECT_EQ(lines.back().rc, 1) << r.out;
+  }
+  EXPECT_EQ(watch_streams(etcd.client_port(0)) - before, 2);
 }
 
 TEST_F(EtcdRendezvous, ARoundOfAnotherFormatIsNamed) {
