@@ -878,7 +878,7 @@ Elf64_Ehdr elf_header(const std::string& elf, bool& needs_loader) {
 // PT_INTERP) that does not link gRPC, so its launch costs nothing extra
 // (docs/performance.md, "Why etcd runs in a helper program"). The helper
 // must hold gRPC, or the check would prove nothing; it is static too
-// (by default not a PIE, which starts faster).
+// (a PIE by default; -DDLAUNCH_ETCD_HELPER_PIE=OFF starts faster).
 TEST(EtcdHelper, DlaunchStaysAStaticPieWithoutTheEtcdClient) {
   const std::string dl = testing::read_file(kDlaunch);
   const std::string helper =
