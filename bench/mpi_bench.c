@@ -5,7 +5,7 @@
  * latency between ranks 0 and 1.
  *
  *   mpicc -O2 -o mpi_bench bench/mpi_bench.c
- *   mpirun -np 2 ./mpi_bench [-n ITERS] [-w WARMUP] SIZE...
+ *   mpirun -np 2 ./mpi_bench [-n ITERS] [-w WARMUP] [-o OP,...] SIZE...
  *
  * Prints one line per op and size: "op bytes time_us", OSU's statistic and
  * dl-bench's: each rank's mean time per call over the iterations, averaged
@@ -20,6 +20,16 @@
 static const char* kOps[] = {"pingpong", "all_reduce",     "broadcast",
                              "reduce",   "all_gather",     "gather",
                              "scatter",  "reduce_scatter", "all_to_all"};
+
+/* Whether `op` is in the comma list `only` (NULL: every op). */
+static int wanted(const char* only, const char* op) {
+  const size_t n = strlen(op);
+  for (const char* p = only; p; p = strchr(p, ',')) {
+    if (*p == ',') ++p;
+    if (strncmp(p, op, n) == 0 && (p[n] == ',' || p[n] == 0)) return 1;
+  }
+  return only == NULL;
+}
 
 static void run(const char* op, float* in, float* out, size_t bytes, int rank,
                 int n) {
@@ -58,12 +68,15 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   int iters = 20, warmup = 5, first = 1;
+  const char* only = NULL;
   while (first + 1 < argc && argv[first][0] == '-') {
     if (strcmp(argv[first], "-n") == 0) iters = atoi(argv[first + 1]);
     if (strcmp(argv[first], "-w") == 0) warmup = atoi(argv[first + 1]);
+    if (strcmp(argv[first], "-o") == 0) only = argv[first + 1];
     first += 2;
   }
   for (size_t o = 0; o < sizeof(kOps) / sizeof(kOps[0]); ++o) {
+    if (!wanted(only, kOps[o])) continue;
     for (int a = first; a < argc; ++a) {
       const size_t bytes = strtoull(argv[a], NULL, 10);
       const size_t count = bytes / sizeof(float) + 1;
@@ -84,7 +97,7 @@ int main(int argc, char** argv) {
       double sum = 0;
       MPI_Reduce(&us, &sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
       if (rank == 0) {
-        printf("%s %zu %.2f\n", kOps[o], bytes, pingpong ? sum : sum / n);
+        printf("%s %zu %.3f\n", kOps[o], bytes, pingpong ? sum : sum / n);
       }
       fflush(stdout);
       free(in);

@@ -79,7 +79,11 @@ def torch_bench(ranks, nbytes, iters):
 
 
 def fmt(us):
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} us"
+    """Three significant digits or more: below 10 us two decimals, so that
+    0.18 and 0.25 us (8 B ping-pongs) do not both read 0.2 us."""
+    if us >= 1000:
+        return f"{us / 1000:.2f} ms"
+    return f"{us:.1f} us" if us >= 10 else f"{us:.2f} us"
 
 
 def label(nbytes):

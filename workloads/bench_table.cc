@@ -259,8 +259,12 @@ std::string format_row(const BenchRow& row) {
     std::snprintf(time, sizeof time, "%7.0f", row.time_us);
   } else if (row.time_us >= 100.0) {
     std::snprintf(time, sizeof time, "%7.1f", row.time_us);
-  } else {
+  } else if (row.time_us >= 1.0) {
     std::snprintf(time, sizeof time, "%7.2f", row.time_us);
+  } else {
+    // Nanoseconds below 1 us: two 8-byte ping-pongs of 0.18 and 0.25 us
+    // must not both read 0.2.
+    std::snprintf(time, sizeof time, "%7.3f", row.time_us);
   }
   char wrong[32];
   if (row.wrong < 0) {

@@ -143,6 +143,8 @@ TEST(BenchTableTest, FormatMatchesNcclTestsColumns) {
   EXPECT_THAT(format_row(r), HasSubstr("N/A"));
   r.time_us = 5.5;
   EXPECT_THAT(format_row(r), HasSubstr("   5.50  "));
+  r.time_us = 0.1834;  // a small ping-pong: nanoseconds shown
+  EXPECT_THAT(format_row(r), HasSubstr("  0.183  "));
 }
 
 }  // namespace
