@@ -147,8 +147,10 @@ struct GroupState {
   std::string shm_token;           // names this group's segments, from rank 0
 
   std::mutex mu;  // guards the members below
-  // (direction 0 send / 1 recv, peer, tag) of p2p operations in flight.
-  std::set<std::tuple<int, int, int>> inflight;
+  // (direction 0 send / 1 recv, peer, tag) of p2p operations in flight:
+  // a few at a time, kept in a vector so that an operation allocates
+  // nothing here (a set's node was a malloc and a free per message).
+  std::vector<std::tuple<int, int, int>> inflight;
   // First fatal error; non-empty: collectives refuse to run.
   std::string broken;
 

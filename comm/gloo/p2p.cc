@@ -44,7 +44,12 @@ std::string mismatch_text(bool is_send, int peer, uint32_t their_dtype,
 // Frees the (peer, tag) slot of a finished operation for another one.
 void release_slot(GroupState& g, bool is_send, int peer, int tag) {
   std::lock_guard lock(g.mu);
-  g.inflight.erase({is_send ? 0 : 1, peer, tag});
+  auto& v = g.inflight;
+  auto it = std::find(v.begin(), v.end(),
+                      std::make_tuple(is_send ? 0 : 1, peer, tag));
+  if (it == v.end()) return;
+  *it = v.back();
+  v.pop_back();
 }
 
 // A zero-length tensor still needs a valid pointer for Gloo.
@@ -456,13 +461,16 @@ std::unique_ptr<Work> GlooProcessGroup::post(bool is_send, Tensor t, int peer,
   }
   {
     std::lock_guard lock(g_->mu);
-    if (!g_->inflight.insert({is_send ? 0 : 1, peer, tag}).second) {
+    auto& v = g_->inflight;
+    const auto slot = std::make_tuple(is_send ? 0 : 1, peer, tag);
+    if (std::find(v.begin(), v.end(), slot) != v.end()) {
       throw CommError(
           what() + ": an earlier " + (is_send ? "isend to" : "irecv from") +
           " rank " + std::to_string(peer) + " with tag " + std::to_string(tag) +
           " is still in flight; wait() on its Work first or use another "
           "tag");
     }
+    v.push_back(slot);
   }
   if (g_->p2p && g_->p2p->serves(peer)) {
     took("shm-p2p");

@@ -20,7 +20,7 @@ constexpr uint64_t kControlRecords = 256;
 // A sender publishes (and a receiver frees) ring space in steps of at most
 // this, so that the other side starts while the rest is copied.
 constexpr uint64_t kStepBytes = 64 << 10;
-constexpr uint32_t kMagic = 0x444c5034;  // "DLP4": this layout
+constexpr uint32_t kMagic = 0x444c5035;  // "DLP5": layout and wake-ups
 constexpr size_t kSegHeaderBytes = 128;
 
 void ring_put(char* ring, uint64_t pos, const void* src, uint64_t n) {
@@ -63,8 +63,9 @@ struct ShmP2p::Seg {
   uint64_t pid_ns;               // ... in this pid namespace
   std::atomic<uint32_t> closed;  // 1 once the owner has left
   std::atomic<int32_t> cpu;      // where the owner last posted or waited
-  // Rung (incremented) by every peer after it wrote something the owner
-  // reads, or freed space the owner writes: the owner's futex word.
+  // The owner's futex word. Rung (incremented) by a peer after it wrote
+  // something the owner reads while the owner has sleepers (notify()),
+  // and after it freed space the owner writes or failed (ring()).
   alignas(64) std::atomic<uint32_t> bell;
   std::atomic<uint32_t> sleepers;  // owner threads asleep on `bell`
 };
@@ -116,7 +117,7 @@ struct ShmP2p::Peer {
   // This side's counters, and what it last saw of the other side's.
   uint64_t out_head = 0, out_published = 0, out_tail = 0;
   uint64_t ctl_head = 0, ctl_tail = 0;
-  uint64_t in_tail = 0, in_published = 0, in_ctl_tail = 0;
+  uint64_t in_tail = 0, in_published = 0, in_ctl_tail = 0, in_ctl_published = 0;
 
   std::deque<Op*> sends;       // not fully written yet, in post order
   bool front_started = false;  // sends.front()'s header is written
@@ -297,10 +298,14 @@ bool ShmP2p::progress() {
 }
 
 bool ShmP2p::progress(Peer& p) {
-  bool any = read_control(p);
-  if (write_control(p)) any = true;
+  // Writes first: a send's payload goes out before this rank stalls on
+  // the lines the peer is writing (the order matches nothing: a send is
+  // written whether or not its recv's header came).
+  bool any = write_control(p);
   if (write_data(p)) any = true;
+  free_read(p);  // what the last round read
   if (read_data(p)) any = true;
+  if (read_control(p)) any = true;
   return any;
 }
 
@@ -330,13 +335,30 @@ bool ShmP2p::read_control(Peer& p) {
       p.early.push_back(r);
     }
   }
-  // seq_cst against the owner's want_space (see write_control).
-  p.in->ctl_tail.store(p.in_ctl_tail, std::memory_order_seq_cst);
+  return true;  // the records' slots are freed by free_read()
+}
+
+// Publishes the ring space this rank has read since the last call, and
+// rings the owner if it waits for space. Deferred from the reads (to the
+// next round's end of writes, or to before a wait) because its fence
+// would otherwise stand between a small payload's arrival and the reply.
+void ShmP2p::free_read(Peer& p) {
+  if (p.in_tail == p.in_published && p.in_ctl_tail == p.in_ctl_published) {
+    return;
+  }
+  // seq_cst against the owner's want_space (see write_data, write_control).
+  if (p.in_tail != p.in_published) {
+    p.in->data_tail.store(p.in_tail, std::memory_order_seq_cst);
+    p.in_published = p.in_tail;
+  }
+  if (p.in_ctl_tail != p.in_ctl_published) {
+    p.in->ctl_tail.store(p.in_ctl_tail, std::memory_order_seq_cst);
+    p.in_ctl_published = p.in_ctl_tail;
+  }
   if (p.in->want_space.load(std::memory_order_seq_cst) != 0 &&
       p.in->want_space.exchange(0) != 0) {
     ring(p);
   }
-  return true;
 }
 
 bool ShmP2p::write_control(Peer& p) {
@@ -361,7 +383,7 @@ bool ShmP2p::write_control(Peer& p) {
   }
   if (wrote) {
     p.out->ctl_head.store(p.ctl_head, std::memory_order_release);
-    ring(p);
+    notify(p);
   }
   return wrote;
 }
@@ -372,7 +394,7 @@ bool ShmP2p::write_data(Peer& p) {
     if (p.out_head != p.out_published) {
       p.out->data_head.store(p.out_head, std::memory_order_release);
       p.out_published = p.out_head;
-      ring(p);
+      notify(p);
     }
   };
   while (!p.sends.empty()) {
@@ -420,16 +442,6 @@ bool ShmP2p::write_data(Peer& p) {
 bool ShmP2p::read_data(Peer& p) {
   bool any = false;
   uint64_t head = p.in->data_head.load(std::memory_order_acquire);
-  auto free_space = [&] {
-    if (p.in_tail == p.in_published) return;
-    // seq_cst against the sender's want_space (see write_data).
-    p.in->data_tail.store(p.in_tail, std::memory_order_seq_cst);
-    p.in_published = p.in_tail;
-    if (p.in->want_space.load(std::memory_order_seq_cst) != 0 &&
-        p.in->want_space.exchange(0) != 0) {
-      ring(p);
-    }
-  };
   for (;;) {
     if (!p.reading) {
       if (head - p.in_tail < sizeof(Rec)) break;
@@ -470,7 +482,8 @@ bool ShmP2p::read_data(Peer& p) {
       p.got += n;
       if (p.cur_op) p.cur_op->moved = p.got;
       any = true;
-      free_space();
+      // The sender may wait for this space to stream the rest.
+      if (p.got < p.cur.nbytes) free_read(p);
     }
     if (p.got < p.cur.nbytes) break;
     p.reading = false;
@@ -486,8 +499,7 @@ bool ShmP2p::read_data(Peer& p) {
       head = p.in->data_head.load(std::memory_order_acquire);
     }
   }
-  free_space();
-  return any;
+  return any;  // the last payload's space is freed by free_read()
 }
 
 // Copies a complete early payload into the recv it matched, and forgets it.
@@ -508,7 +520,7 @@ void ShmP2p::finish(Op& op) {
     detached_.erase(std::find(detached_.begin(), detached_.end(), &op));
   }
   op.done.store(true, std::memory_order_release);
-  if (in_wait_.load(std::memory_order_relaxed) > 1) ring_self();
+  if (in_wait_ > 1) ring_self();
 }
 
 void ShmP2p::fail(Op& op, const std::string& why) {
@@ -593,6 +605,29 @@ void ShmP2p::ring(Peer& p) {
   }
 }
 
+// The peer's waiters poll the counters (activity()) while they spin; only
+// a sleeping one needs its bell rung. Dekker with sleep_until_rung: either
+// its look at the counters after it counted itself a sleeper sees this
+// write, or this look sees the sleeper. A bell rung on every message
+// cost a locked write to a line the peer polls, and the peer a third
+// cache miss (bell, head, ring) before it saw a small payload.
+void ShmP2p::notify(Peer& p) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (p.their->sleepers.load(std::memory_order_relaxed) > 0) {
+    p.their->bell.fetch_add(1, std::memory_order_seq_cst);
+    futex_wake(&p.their->bell);
+  }
+}
+
+uint64_t ShmP2p::activity() const {
+  uint64_t sum = 0;
+  for (const auto& p : peers_) {
+    sum += p->in->data_head.load(std::memory_order_acquire) +
+           p->in->ctl_head.load(std::memory_order_acquire);
+  }
+  return sum;
+}
+
 void ShmP2p::ring_self() {
   seg_->bell.fetch_add(1, std::memory_order_seq_cst);
   if (seg_->sleepers.load(std::memory_order_seq_cst) > 0) {
@@ -600,11 +635,14 @@ void ShmP2p::ring_self() {
   }
 }
 
-void ShmP2p::sleep_until_rung(uint32_t seen, Clock::time_point until) {
+void ShmP2p::sleep_until_rung(uint32_t seen, uint64_t active,
+                              Clock::time_point until) {
   const auto now = Clock::now();
   if (now >= until) return;
   seg_->sleepers.fetch_add(1, std::memory_order_seq_cst);
-  if (seg_->bell.load(std::memory_order_seq_cst) == seen) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // see notify()
+  if (seg_->bell.load(std::memory_order_seq_cst) == seen &&
+      activity() == active) {
     futex_wait(&seg_->bell, seen,
                std::min<std::chrono::nanoseconds>(until - now, kLivenessSlice));
   }
@@ -612,47 +650,73 @@ void ShmP2p::sleep_until_rung(uint32_t seen, Clock::time_point until) {
 }
 
 bool ShmP2p::wait(Op& op, Clock::time_point until) {
-  struct Waiting {
-    std::atomic<int>& n;
-    explicit Waiting(std::atomic<int>& w) : n(w) { n.fetch_add(1); }
-    ~Waiting() { n.fetch_sub(1); }
-  } waiting(in_wait_);
+  // Counted in in_wait_ (under mu_, as every return is) from its first
+  // round on.
+  bool counted = false;
+  auto leave = [&](bool done) {
+    if (counted) --in_wait_;
+    return done;
+  };
   SpinWait spin;
   bool spinning = true;
   const std::atomic<int32_t>& peer_cpu = peer_of(op.peer)->their->cpu;
+  // Both read before each round of progress: what changes after it ends
+  // the spin or the sleep. The spin's last look serves the next round.
+  uint64_t active = activity();
   for (;;) {
     const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
     const int cpu = publish_cpu(seg_->cpu);
     Clock::time_point deadline;
+    const char* next = nullptr;  // a recv's: where its payload will land
     {
       std::lock_guard lock(mu_);
-      if (op.done.load(std::memory_order_relaxed)) return true;
+      if (op.done.load(std::memory_order_relaxed)) return leave(true);
+      if (!counted) {
+        counted = true;
+        ++in_wait_;
+      }
       if (progress()) {
         spin.reset();
         spinning = true;
       }
-      if (op.done.load(std::memory_order_relaxed)) return true;
+      if (op.done.load(std::memory_order_relaxed)) return leave(true);
       const auto now = Clock::now();
       if (now >= op.deadline) {
         time_out(op);
-        return true;
+        return leave(true);
       }
-      if (now >= until) return false;
+      if (now >= until) return leave(false);
       if (!spinning) {
         check_peers();
-        if (op.done.load(std::memory_order_relaxed)) return true;
+        if (op.done.load(std::memory_order_relaxed)) return leave(true);
+      }
+      // Space read in this round, freed now that this thread will wait
+      // (not before a reply was written: see free_read).
+      for (auto& p : peers_) {
+        if (!p->dead) free_read(*p);
       }
       deadline = op.deadline;
+      if (!op.is_send) {
+        const Peer& p = *peer_of(op.peer);
+        next = p.in_data + (p.in_tail & (kRingBytes - 1));
+      }
     }
     if (spinning) {
+      uint64_t now_active = active;
       while (seg_->bell.load(std::memory_order_acquire) == seen &&
+             (now_active = activity()) == active &&
              (spinning =
                   spin.once(cpu >= 0 &&
                             peer_cpu.load(std::memory_order_relaxed) == cpu))) {
+        // The line the sender writes, fetched while the head is watched:
+        // once the head moves, the record is here or on its way.
+        if (next) __builtin_prefetch(next);
       }
+      active = now_active;
       continue;
     }
-    sleep_until_rung(seen, std::min(until, deadline));
+    sleep_until_rung(seen, active, std::min(until, deadline));
+    active = activity();
   }
 }
 
@@ -679,25 +743,29 @@ void ShmP2p::detach(Op& op) {
 // The engine's thread: drives detached operations while nobody waits for
 // them, and fails them at their deadline.
 void ShmP2p::loop() {
-  in_wait_.fetch_add(1);
   std::unique_lock lock(mu_);
+  ++in_wait_;
   while (!stop_) {
     if (detached_.empty()) {
       detach_cv_.wait(lock);
       continue;
     }
     const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
+    const uint64_t active = activity();
     progress();
     expire(Clock::now());
     check_peers();
+    for (auto& p : peers_) {
+      if (!p->dead) free_read(*p);
+    }
     if (detached_.empty()) continue;
     auto next = Clock::time_point::max();
     for (Op* o : detached_) next = std::min(next, o->deadline);
     lock.unlock();
-    sleep_until_rung(seen, next);
+    sleep_until_rung(seen, active, next);
     lock.lock();
   }
-  in_wait_.fetch_sub(1);
+  --in_wait_;
 }
 
 std::string ShmP2p::stage(const Op& op) {

@@ -23,10 +23,12 @@ namespace dlaunch::comm::gloo {
 // proof that it matched). The k-th send with a tag to a peer matches the
 // k-th recv with that tag from it, as over TCP; a payload that arrives
 // before its recv stays in the ring, unless a recv from the same peer with
-// another tag waits behind it, in which case it is copied aside. Waiters
-// spin briefly (SpinWait), then sleep on the rank's futex "bell", which
-// every peer rings after it writes. Progress is made by whichever thread waits,
-// under one mutex; operations handed over by detach() by a thread of its own.
+// another tag waits behind it, in which case it is copied aside.
+// Waiters spin briefly (SpinWait) watching the heads their peers publish,
+// then sleep on the rank's futex "bell", which a peer rings after it writes
+// when the rank has sleepers (always for freed space and failures).
+// Progress is made by whichever thread waits, under one mutex; operations
+// handed over by detach() by a thread of its own.
 // Owned by a group's state (shared with its Works).
 class ShmP2p {
  public:
@@ -114,6 +116,7 @@ class ShmP2p {
   bool write_control(Peer& p);
   bool write_data(Peer& p);
   bool read_data(Peer& p);
+  void free_read(Peer& p);
   static Op* match(std::vector<Op*>& ops, const Rec& r);
   void deliver(Peer& p, Unexpected& u);
   void finish(Op& op);
@@ -123,9 +126,18 @@ class ShmP2p {
   void kill(Peer& p, const std::string& why);
   void check_peers();
   void expire(Clock::time_point now);
+  // Wakes the peer's waiters (space freed, a failure, leaving).
   void ring(Peer& p);
+  // After this rank published a counter of activity(): wakes the peer's
+  // sleepers, if any (its spinners watch the counters).
+  void notify(Peer& p);
   void ring_self();
-  void sleep_until_rung(uint32_t seen, Clock::time_point until);
+  // The sum of the counters the peers publish when they write for this
+  // rank (data and control heads): any change means something to read.
+  uint64_t activity() const;
+  // Sleeps unless the bell moved from `seen` or activity() from `active`.
+  void sleep_until_rung(uint32_t seen, uint64_t active,
+                        Clock::time_point until);
   void loop();
 
   const std::string base_;
@@ -139,10 +151,11 @@ class ShmP2p {
   // Ranks the connection watch reported (index = group rank).
   std::unique_ptr<std::atomic<bool>[]> lost_;
 
-  // Threads in wait() or the engine's loop: above one, finishing an op
-  // rings this rank's own bell, so that a thread waiting for it wakes.
-  std::atomic<int> in_wait_{0};
   std::mutex mu_;  // guards the progress state and every registered Op
+  // Threads in wait() or the engine's loop (under mu_): above one,
+  // finishing an op rings this rank's own bell, so that a thread waiting
+  // for it wakes.
+  int in_wait_ = 0;
   std::vector<Op*> detached_;
   bool stop_ = false;
   std::condition_variable detach_cv_;  // an op was detached, or stop_
