@@ -152,6 +152,31 @@ TEST_P(GlooP2pTest, AnEarlyPayloadIsSetAsideForTheRecvBehindIt) {
   });
 }
 
+TEST_P(GlooP2pTest, SmallMessagesWrapTheRingsSeveralTimes) {
+  // A ping-pong long enough to wrap each pair's data ring (272 bytes a
+  // message, 256 KiB) and control ring (256 recv headers) several times:
+  // space read is freed lazily (after the reply, or before a wait), and a
+  // waiter that went to sleep must be rung by the next message.
+  run_ranks(2, [&](ProcessGroup& pg) {
+    const int peer = 1 - pg.rank();
+    constexpr int kRounds = 3000;
+    for (int i = 0; i < kRounds; ++i) {
+      std::vector<int32_t> v(64, pg.rank() == 0 ? i : -1);
+      if (pg.rank() == 0) {
+        pg.send(Tensor::of(v), peer);
+        pg.recv(Tensor::of(v), peer);
+        ASSERT_EQ(v, std::vector<int32_t>(v.size(), i + 1)) << "round " << i;
+      } else {
+        pg.recv(Tensor::of(v), peer);
+        ASSERT_EQ(v, std::vector<int32_t>(v.size(), i)) << "round " << i;
+        v.assign(v.size(), i + 1);
+        pg.send(Tensor::of(v), peer);
+      }
+    }
+    EXPECT_EQ(gloo::last_path(pg), path());
+  });
+}
+
 TEST_P(GlooP2pTest, SendsAndReceivesCrossingBothWays) {
   // Each rank streams a large payload to the other while the other's
   // receive for it is posted only after a small exchange the other way.
