@@ -15,6 +15,7 @@
 
 #include "agent/program.h"
 #include "agent/report.h"
+#include "agent/temp_dir.h"
 #include "comm/store/text.h"
 
 namespace dlaunch::agent {
@@ -97,13 +98,12 @@ RunResult Agent::run() {
     return result_;
   }
   // Removed at the end (below) unless it holds logs; if the agent is
-  // killed first, its watchdog removes it; if something throws, the catch
-  // below does.
+  // killed first, its watchdog removes it (make_run_dir()); if something
+  // throws, the catch below does.
   const bool keep_dir = !temp_run_dir_ || writes_logs();
   fired_.assign(options_.faults.size(), false);
   fitted_.assign(options_.faults.size(), false);
   try {
-    if (!keep_dir) env_.remove_if_orphaned(result_.run_dir);
     // The records also carry the comm faults that fired (the report and
     // summary.json name them), so DLAUNCH_COMM_FAULTS asks for them too.
     auto comm_faults = base_env_.find("DLAUNCH_COMM_FAULTS");
@@ -200,17 +200,18 @@ void Agent::make_run_dir() {
     }
     bases.push_back("/tmp");
   }
-  std::string why;
+  std::vector<std::string> templates;
   for (const std::string& base : bases) {
-    std::string tmpl = base + "/dlaunch-" + result_.run_id + "-XXXXXX";
-    if (::mkdtemp(tmpl.data()) != nullptr) {
-      result_.run_dir = tmpl;
-      temp_run_dir_ = true;
-      return;
-    }
-    why += (why.empty() ? "" : "; ") + tmpl + ": " + std::strerror(errno);
+    templates.push_back(base + "/dlaunch-" + result_.run_id + "-XXXXXX");
   }
-  throw std::runtime_error(why + "; set TMPDIR to a writable folder");
+  // Log files outlive the run; a folder without them is the Env's to make:
+  // it is removed even if the agent is killed as it is made.
+  if (writes_logs()) {
+    result_.run_dir = make_temp_dir(std::move(templates));
+  } else {
+    result_.run_dir = env_.make_temp_dir(std::move(templates));
+  }
+  temp_run_dir_ = true;
 }
 
 void Agent::start_attempt(rendezvous::RoundReason reason) {

@@ -103,10 +103,15 @@ class Env {
   virtual std::chrono::system_clock::time_point now() = 0;
   // A TCP port that is free on `host` right now (bind port 0, read, close).
   virtual int free_port(const std::string& host) = 0;
-  // A folder of the agent's own that must not outlive it: removed, with
-  // what it holds, if the agent dies (SIGKILL) without removing it. Call
-  // before the first spawn.
-  virtual void remove_if_orphaned(const std::filesystem::path& dir) = 0;
+  // Makes a folder of the agent's own that must not outlive it, from the
+  // first of `templates` (mkdtemp's, each ending in XXXXXX) that works,
+  // and returns it: removed, with what it holds, if the agent dies
+  // (SIGKILL) without removing it, at any moment from the folder's
+  // creation on. Throws std::runtime_error naming each template and why it
+  // failed (temp_dir_error()), SpawnError when nothing could remove it.
+  // Call once, before the first spawn.
+  virtual std::filesystem::path make_temp_dir(
+      std::vector<std::string> templates) = 0;
   // Runs `fn` on the thread inside run(), soon. The one method any thread
   // may call (a rendezvous watcher delivers its event this way); `fn` is
   // dropped unrun if run() never dispatches it.

@@ -206,7 +206,6 @@ struct PosixEnv::Impl {
   std::optional<asio::signal_set> signals;
   std::function<void(int)> signal_handler;
   Watchdog watchdog;
-  std::filesystem::path orphan_dir;  // the watchdog's to remove
   std::chrono::milliseconds drain_timeout{std::chrono::seconds(2)};
   Fd dev_null;  // write end for discarded streams
   Fd null_in;   // stdin for workers when the agent's is a terminal
@@ -256,11 +255,13 @@ struct PosixEnv::Impl {
     return set;
   }
 
-  void start_watchdog() {
-    if (watchdog.started()) return;
+  // Starts the watchdog (once), making the folder from the first of
+  // `dir_templates` that works (Watchdog::start).
+  std::string start_watchdog(std::vector<std::string> dir_templates = {}) {
+    if (watchdog.started()) return "";
     try {
-      watchdog.start(orphan_dir, tag);
-    } catch (const std::exception& e) {
+      return watchdog.start(tag, std::move(dir_templates));
+    } catch (const std::system_error& e) {
       throw SpawnError(std::string("cannot start the watchdog: ") + e.what());
     }
   }
@@ -800,11 +801,15 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
   return std::make_unique<PosixProcess>(std::move(w));
 }
 
-void PosixEnv::remove_if_orphaned(const std::filesystem::path& dir) {
-  impl_->orphan_dir = dir;
-  // Started now, not at the first spawn: a dlaunch killed before its
-  // workers start must not leave the folder behind either.
-  impl_->start_watchdog();
+std::filesystem::path PosixEnv::make_temp_dir(
+    std::vector<std::string> templates) {
+  if (impl_->watchdog.started()) {
+    throw std::logic_error("make_temp_dir() after the first spawn");
+  }
+  // The watchdog starts now, not at the first spawn, and makes the folder
+  // itself: a dlaunch killed before its workers start, even as the folder
+  // is made, must not leave it behind either.
+  return impl_->start_watchdog(std::move(templates));
 }
 
 void PosixEnv::write_console(int fd, std::string_view text) {

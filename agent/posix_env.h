@@ -29,14 +29,14 @@ void die_with_parent(pid_t parent);
 // DLAUNCH_AGENT_TAG=<unique> in its environment; the agent is their
 // children's subreaper, and when no worker is left running it SIGKILLs
 // every adopted process carrying the tag (children that left their group).
-// A watchdog process (dlaunch-watchdog, started on the first spawn, in its
-// own session; agent/watchdog.h)
-// SIGKILLs every worker's process group, and every tagged process, if the
-// agent dies without stopping them. Output is teed to log files as it
-// arrives and queued as whole, prefixed lines for the console's own writer
-// thread (agent/console.h), so a stalled console never blocks the loop;
-// SIGPIPE is ignored. Single-threaded: call everything from the thread that
-// calls run() (post() from any); run_in_background()'s work runs on a
+// A watchdog process (dlaunch-watchdog in its own session, started by
+// make_temp_dir(), which it makes the folder for, or by the first spawn;
+// agent/watchdog.h) SIGKILLs every worker's process group, and every
+// tagged process, if the agent dies without stopping them. Output is teed to
+// log files as it arrives and queued as whole, prefixed lines for the console's
+// own writer thread (agent/console.h), so a stalled console never blocks the
+// loop; SIGPIPE is ignored. Single-threaded: call everything from the thread
+// that calls run() (post() from any); run_in_background()'s work runs on a
 // thread the env owns and joins.
 class PosixEnv : public Env {
  public:
@@ -54,7 +54,8 @@ class PosixEnv : public Env {
                       std::function<void(int)> handler) override;
   std::chrono::system_clock::time_point now() override;
   int free_port(const std::string& host) override;
-  void remove_if_orphaned(const std::filesystem::path& dir) override;
+  std::filesystem::path make_temp_dir(
+      std::vector<std::string> templates) override;
   void post(std::function<void()> fn) override;
   void run_in_background(std::function<void()> work,
                          std::function<void()> done) override;

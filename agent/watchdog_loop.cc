@@ -1,79 +1,209 @@
 #include "agent/watchdog_loop.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
-#include <unistd.h>
+#include <signal.h>
+#include <sys/mman.h>
 
 #include <cerrno>
-#include <csignal>
-#include <cstdlib>
-#include <cstring>
-#include <set>
-#include <string>
+#include <cstddef>
+#include <cstdint>
 
+#include "agent/watchdog_sys.h"
+
+// System calls only (agent/watchdog_sys.h): no C library function, no C++
+// runtime, no errno, so that dlaunch-watchdog can be built without them.
 namespace dlaunch::agent {
 namespace {
 
-int remove_entry(const char* path, const struct stat*, int, FTW*) {
-  ::remove(path);
-  return 0;
+using sys::arg;
+using sys::call;
+
+size_t length(const char* s) {
+  size_t n = 0;
+  while (s[n] != '\0') ++n;
+  return n;
+}
+
+bool same(const char* a, const char* b) {
+  while (*a != '\0' && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+
+// One record of getdents64(2).
+struct DirEntry {
+  uint64_t ino;
+  int64_t off;
+  unsigned short reclen;
+  unsigned char type;
+  char name[1];
+};
+
+// Calls `fn(name)` for each entry of the open folder `fd` but . and ..,
+// reading it from where it stands.
+template <typename Fn>
+void each_entry(int fd, Fn&& fn) {
+  alignas(8) char buf[4096];
+  long n;
+  while ((n = call(SYS_getdents64, fd, arg(buf), sizeof buf)) > 0 ||
+         n == -EINTR) {
+    for (long at = 0; at < n;) {
+      auto* e = reinterpret_cast<DirEntry*>(buf + at);
+      at += e->reclen;
+      if (!same(e->name, ".") && !same(e->name, "..")) fn(e->name);
+    }
+  }
+}
+
+// Removes `name` in folder `dir` (an fd, or AT_FDCWD), with what it holds
+// when it is a folder; links are removed, never followed.
+void remove_tree(int dir, const char* name, int depth) {
+  long r = call(SYS_unlinkat, dir, arg(name), 0);
+  if (r != -EISDIR || depth > 64) {
+    if (r == -EISDIR) call(SYS_unlinkat, dir, arg(name), AT_REMOVEDIR);
+    return;
+  }
+  const long fd = call(SYS_openat, dir, arg(name),
+                       O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    // Entries removed while the folder is read may hide others from that
+    // read: a few passes, until one finds nothing.
+    for (int pass = 0; pass < 8; ++pass) {
+      bool found = false;
+      call(SYS_lseek, fd, 0, SEEK_SET);
+      each_entry(static_cast<int>(fd), [&](const char* entry) {
+        found = true;
+        remove_tree(static_cast<int>(fd), entry, depth + 1);
+      });
+      if (!found) break;
+    }
+    call(SYS_close, fd);
+  }
+  call(SYS_unlinkat, dir, arg(name), AT_REMOVEDIR);
+}
+
+// Whether the NUL-separated entries read from `fd` (an environ file)
+// include `entry` (`len` bytes), read a block at a time.
+bool has_entry(int fd, const char* entry, size_t len) {
+  char buf[8192];
+  size_t at = 0;      // bytes of the current entry seen so far
+  bool match = true;  // the current entry matches `entry` so far
+  long n;
+  while ((n = call(SYS_read, fd, arg(buf), sizeof buf)) > 0 || n == -EINTR) {
+    for (long i = 0; i < n; ++i) {
+      if (buf[i] == '\0') {
+        if (match && at == len) return true;
+        at = 0;
+        match = true;
+        continue;
+      }
+      match = match && at < len && entry[at] == buf[i];
+      ++at;
+    }
+  }
+  return match && at == len;  // a last entry without its NUL
 }
 
 // SIGKILLs every process whose environment holds `tag`; the number found.
-// (The watchdog's memory is its own, even as a fork: allocating is fine.)
 int kill_tagged(const char* tag) {
+  const long proc = call(SYS_openat, AT_FDCWD, arg("/proc"),
+                         O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (proc < 0) return 0;
+  const size_t tag_len = length(tag);
+  const long self = call(SYS_getpid);
   int found = 0;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return 0;
-  const size_t tag_len = std::strlen(tag);
-  std::string env;
-  char buf[8192];
-  while (dirent* e = ::readdir(proc)) {
-    char* end = nullptr;
-    long pid = std::strtol(e->d_name, &end, 10);
-    if (*end != '\0' || pid <= 1 || pid == ::getpid()) continue;
-    std::string path = std::string("/proc/") + e->d_name + "/environ";
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) continue;
-    env.clear();
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0) env.append(buf, n);
-    ::close(fd);
-    for (size_t at = 0; at < env.size();) {
-      size_t nul = env.find('\0', at);
-      if (nul == std::string::npos) nul = env.size();
-      if (nul - at == tag_len && env.compare(at, tag_len, tag) == 0) {
-        ::kill(static_cast<pid_t>(pid), SIGKILL);
-        ++found;
-        break;
-      }
-      at = nul + 1;
+  each_entry(static_cast<int>(proc), [&](const char* name) {
+    long pid = 0;
+    char path[32];  // "PID/environ", relative to /proc
+    size_t n = 0;
+    for (; name[n] != '\0'; ++n) {
+      if (name[n] < '0' || name[n] > '9' || n > 10) return;
+      pid = pid * 10 + (name[n] - '0');
+      path[n] = name[n];
     }
-  }
-  ::closedir(proc);
+    if (pid <= 1 || pid == self) return;
+    for (const char* s = "/environ"; *s != '\0'; ++s) path[n++] = *s;
+    path[n] = '\0';
+    const long fd = call(SYS_openat, proc, arg(path), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    const bool tagged = has_entry(static_cast<int>(fd), tag, tag_len);
+    call(SYS_close, fd);
+    if (tagged) {
+      call(SYS_kill, pid, SIGKILL);
+      ++found;
+    }
+  });
+  call(SYS_close, proc);
   return found;
 }
 
+// The registered process groups, unordered, in memory reserved for as
+// many as there can be processes (PID_MAX_LIMIT): pages are only used as
+// the array grows into them.
+struct Groups {
+  static constexpr size_t kMax = size_t{1} << 22;
+  int* pgids = nullptr;
+  size_t size = 0;
+
+  void add(int pgid) {
+    if (pgids == nullptr) {
+      long p = call(SYS_mmap, 0, kMax * sizeof(int), PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (p < 0 && p > -4096) return;  // unrecorded: the tag finds it
+      pgids = reinterpret_cast<int*>(p);
+    }
+    if (size < kMax) pgids[size++] = pgid;
+  }
+  void remove(int pgid) {
+    for (size_t i = 0; i < size; ++i) {
+      if (pgids[i] == pgid) {
+        pgids[i] = pgids[--size];
+        return;
+      }
+    }
+  }
+};
+
 }  // namespace
+
+bool called_as_watchdog(const char* argv0) {
+  if (argv0 == nullptr) return false;
+  const char* name = argv0;
+  for (const char* p = argv0; *p != '\0'; ++p) {
+    if (*p == '/') name = p + 1;
+  }
+  return same(name, kWatchdogProgram);
+}
+
+int watchdog_main(int argc, char** argv) {
+  // The pipe: lseek fails with ESPIPE on a pipe (EBADF on no file).
+  if (argc != 3 || call(SYS_lseek, kWatchdogPipeFd, 0, SEEK_CUR) != -ESPIPE) {
+    static constexpr char kUsage[] =
+        "dlaunch-watchdog: dlaunch starts this program (ORPHAN_DIR TAG, its "
+        "pipe on fd 3); it is not run by hand\n";
+    call(SYS_write, 2, arg(kUsage), sizeof kUsage - 1);
+    return 2;
+  }
+  run_watchdog(kWatchdogPipeFd, argv[1], argv[2]);
+}
 
 void run_watchdog(int read_fd, const char* orphan_dir, const char* tag) {
   // Every catchable signal stays blocked (the agent started us so): as
   // good as ignored for a process that never unblocks them (`pkill
-  // dlaunch` must not end it), and a fork's copy of the agent's handlers
-  // never runs. Hold nothing else of the agent's (its stdout pipe would
-  // keep readers waiting; the caller already put stdio on /dev/null).
-  if (read_fd > 3) ::close_range(3, static_cast<unsigned>(read_fd) - 1, 0);
-  ::close_range(static_cast<unsigned>(read_fd) + 1, ~0U, 0);
+  // dlaunch` must not end it). Hold nothing else that dlaunch inherited
+  // (a pipe of whoever started dlaunch would keep its reader waiting; the
+  // caller already put stdio on /dev/null).
+  if (read_fd > 3) call(SYS_close_range, 3, read_fd - 1, 0);
+  call(SYS_close_range, read_fd + 1, ~0U, 0);
 
-  std::set<int> groups;
+  Groups groups;
   bool clean = false;
   int value = 0;
   size_t have = 0;
   while (true) {
-    ssize_t n = ::read(read_fd, reinterpret_cast<char*>(&value) + have,
-                       sizeof value - have);
-    if (n < 0 && errno == EINTR) continue;
+    long n =
+        call(SYS_read, read_fd, arg(reinterpret_cast<char*>(&value) + have),
+             sizeof value - have);
+    if (n == -EINTR) continue;
     if (n <= 0) break;  // the agent is gone (or closed the pipe)
     have += static_cast<size_t>(n);
     if (have < sizeof value) continue;
@@ -81,12 +211,14 @@ void run_watchdog(int read_fd, const char* orphan_dir, const char* tag) {
     if (value == kWatchdogCleanStop) {
       clean = true;
     } else if (value > 0) {
-      groups.insert(value);
+      groups.add(value);
     } else {
-      groups.erase(-value);
+      groups.remove(-value);
     }
   }
-  for (int g : groups) ::kill(-g, SIGKILL);
+  for (size_t i = 0; i < groups.size; ++i) {
+    call(SYS_kill, -groups.pgids[i], SIGKILL);
+  }
   // Children that left their group carry the tag; a few passes catch those
   // forked while the first one ran.
   if (!clean && *tag != '\0') {
@@ -94,10 +226,8 @@ void run_watchdog(int read_fd, const char* orphan_dir, const char* tag) {
     }
   }
   // Depth first, links not followed: only what the agent made goes.
-  if (*orphan_dir != '\0') {
-    ::nftw(orphan_dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-  }
-  ::_exit(0);
+  if (*orphan_dir != '\0') remove_tree(AT_FDCWD, orphan_dir, 0);
+  sys::exit(0);
 }
 
 }  // namespace dlaunch::agent

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "agent/env.h"
+#include "agent/temp_dir.h"
 
 namespace dlaunch::agent::testing {
 
@@ -77,8 +78,11 @@ class FakeEnv : public Env {
     return std::chrono::system_clock::time_point(now_);
   }
   int free_port(const std::string&) override { return next_port_++; }
-  void remove_if_orphaned(const std::filesystem::path& dir) override {
-    orphan_dir = dir;
+  // A real folder (agent/temp_dir.h), recorded as the watchdog's.
+  std::filesystem::path make_temp_dir(
+      std::vector<std::string> templates) override {
+    orphan_dir = agent::make_temp_dir(std::move(templates));
+    return orphan_dir;
   }
   std::filesystem::path orphan_dir;
   // Queued at the current virtual time (tests post from the run thread).

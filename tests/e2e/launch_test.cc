@@ -544,9 +544,10 @@ TEST(Launch, SigkillTakesWorkersThatClearTheirDeathSignalOrLeaveTheirGroup) {
   a.kill_and_expect_nothing_left(testing::bin("dlaunch-watchdog"));
 }
 
-// A dlaunch copied alone (no dlaunch-watchdog beside it) forks itself as
-// its watchdog: the same guarantee.
-TEST(Launch, DlaunchWithoutItsWatchdogProgramForksOneWithTheSameGuarantee) {
+// A dlaunch copied alone (no dlaunch-watchdog beside it) runs itself as
+// its watchdog (started under that name): the same guarantee.
+TEST(Launch,
+     DlaunchWithoutItsWatchdogProgramRunsItselfAsOneWithTheSameGuarantee) {
   TempDir bin;
   const std::string copy = (bin / "dlaunch").string();
   std::filesystem::copy_file(kDlaunch, copy);
@@ -582,6 +583,38 @@ TEST(Launch, SigkillWhileSpawningOrRestartingLeavesNothing) {
       a.kill_and_expect_nothing_left(testing::bin("dlaunch-watchdog"));
     }
   }
+}
+
+// Killed just as its run folder appears: strace holds the mkdir that made
+// it for a second before it returns, and the test SIGKILLs dlaunch then.
+// The folder is made by the watchdog's own process (in its own session,
+// before its exec), so the watchdog still starts and removes it; had
+// dlaunch made it, nobody would.
+TEST(Launch, SigkillAsTheRunFolderIsMadeLeavesNothing) {
+  if (testing::run_command({{"strace", "-V"}, {}, {}, ""}).exit_code != 0) {
+    GTEST_SKIP() << "strace is not installed (scripts/setup)";
+  }
+  TempDir dir;
+  const std::filesystem::path tmp = dir / "tmp";
+  const std::filesystem::path pid_file = dir / "pid";
+  std::filesystem::create_directory(tmp);
+  Subprocess p({{"strace", "-f", "-o", "/dev/null", "-e", "trace=mkdir,mkdirat",
+                 "-e", "inject=mkdir,mkdirat:delay_exit=1000000", "sh", "-c",
+                 "echo $$ > " + pid_file.string() + "; exec " + kDlaunch +
+                     " --nproc-per-node 1 true"},
+                {{"TMPDIR", tmp.string()}},
+                {},
+                ""});
+  const auto made = [&] {
+    return std::filesystem::directory_iterator(tmp) !=
+           std::filesystem::directory_iterator();
+  };
+  ASSERT_TRUE(testing::eventually(made, 20s)) << "no run folder in " << tmp;
+  const pid_t dlaunch_pid = std::stoi(read_file(pid_file));
+  ASSERT_EQ(::kill(dlaunch_pid, SIGKILL), 0);
+  EXPECT_TRUE(testing::eventually([&] { return !made(); }, 10s))
+      << "the run folder outlived dlaunch by 10 s";
+  p.wait(20s);
 }
 
 TEST(Launch, ReportsTheWorkersErrorFileMessage) {
