@@ -617,6 +617,22 @@ TEST(Launch, SigkillAsTheRunFolderIsMadeLeavesNothing) {
   p.wait(20s);
 }
 
+// dlaunch-watchdog built without the C library (agent/CMakeLists.txt) has
+// no code that applies relocations: as a static PIE it must hold none, or
+// it would run with pointers its load address never fixed.
+TEST(Launch, TheWatchdogProgramWithoutTheCLibraryNeedsNoRelocation) {
+  const std::string watchdog = testing::bin("dlaunch-watchdog");
+  CommandResult syms = testing::run_command({{"nm", watchdog}, {}, {}, ""});
+  if (syms.out.find(" dlaunch_watchdog_start") == std::string::npos) {
+    GTEST_SKIP() << "dlaunch-watchdog is built with the C library here";
+  }
+  CommandResult r =
+      testing::run_command({{"readelf", "-r", "-l", watchdog}, {}, {}, ""});
+  ASSERT_EQ(r.exit_code, 0) << testing::describe(r);
+  EXPECT_THAT(r.out, HasSubstr("There are no relocations in this file."));
+  EXPECT_THAT(r.out, Not(HasSubstr("INTERP")));  // no loader either
+}
+
 TEST(Launch, ReportsTheWorkersErrorFileMessage) {
   TempDir dir;
   CommandResult r =
