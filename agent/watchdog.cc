@@ -2,12 +2,15 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
 #include <filesystem>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -19,26 +22,13 @@
 namespace dlaunch::agent {
 namespace {
 
-// What the watchdog's child shares with the agent: it is a vfork, so it
-// runs in the agent's memory until its exec and writes its results here.
-struct Child {
-  int pipe[2] = {-1, -1};
-  const char* program = "";  // dlaunch-watchdog beside dlaunch, or ""
-  const char* argv[4] = {};  // argv[1]: set to the folder made
-  char* const* templates = nullptr;
-  size_t n_templates = 0;
-  int* errnos = nullptr;  // why each template failed
-  int exec_errno = 0;     // set when no exec worked
-};
-
-// The watchdog, in the vfork child: the read end of the agent's pipe moves
-// to kWatchdogPipeFd, it leaves dlaunch's session, makes the folder, then
-// becomes dlaunch-watchdog, or dlaunch itself under that name when that is
-// missing or will not run. Only async-signal-safe calls (mkdtemp makes a
-// name from getrandom and calls mkdir): this is the agent's memory, and
-// the agent may have threads.
-[[noreturn]] void become_watchdog(Child& c) {
-  const int* p = c.pipe;
+// The watchdog, in the child forked for it: the read end of the agent's
+// pipe moves to kWatchdogPipeFd, it leaves dlaunch's session, then it
+// becomes dlaunch-watchdog (`program`), or runs the same code as this fork
+// when that is missing or will not run. (Until exec, only
+// async-signal-safe calls: the agent may have threads.)
+[[noreturn]] void become_watchdog(const int p[2], const char* program,
+                                  const char* const* argv, int argc) {
   if (p[0] == kWatchdogPipeFd) {
     ::fcntl(kWatchdogPipeFd, F_SETFD, 0);  // dup2 onto itself keeps CLOEXEC
   } else {
@@ -46,52 +36,39 @@ struct Child {
     ::close(p[0]);
   }
   if (p[1] != kWatchdogPipeFd) ::close(p[1]);
-  // A kill of dlaunch's process group must not reach it, and it must not
-  // hold dlaunch's stdout (whoever reads that waits for end-of-file) once
-  // dlaunch has exited.
+  // Before exec, not when it first runs: a kill of dlaunch's process group
+  // must not reach it, and it must not hold dlaunch's stdout (whoever reads
+  // that waits for end-of-file) once dlaunch has exited.
   ::setsid();
   const int null_fd = ::open("/dev/null", O_RDWR);
   for (int fd = 0; fd < 3 && null_fd >= 0; ++fd) ::dup2(null_fd, fd);
-  if (null_fd > 2) ::close(null_fd);
-  // Made only now, in its own session: from the moment it exists, the one
-  // process that removes it is already there.
-  for (size_t i = 0; i < c.n_templates; ++i) {
-    if (::mkdtemp(c.templates[i]) != nullptr) {
-      c.argv[1] = c.templates[i];
-      break;
-    }
-    c.errnos[i] = errno;
+  if (*program != '\0') {
+    const char* const envp[] = {nullptr};
+    ::execve(program, const_cast<char* const*>(argv),
+             const_cast<char* const*>(envp));
   }
-  auto argv = const_cast<char* const*>(c.argv);
-  char* const envp[] = {nullptr};
-  if (*c.program != '\0') ::execve(c.program, argv, envp);
-  ::execve("/proc/self/exe", argv, envp);  // watchdog_loop.h's stand-in
-  c.exec_errno = errno;
-  if (*c.argv[1] != '\0') ::rmdir(c.argv[1]);
-  ::_exit(127);
+  run_watchdog(kWatchdogPipeFd, argv[1], argv + 2, argc - 2);
 }
 
-// Starts the watchdog's child; its pid, or -1 with errno set. A vfork: no
-// copy of the agent's page tables to make, for the agent to fault back in
-// page by page as it writes its memory again, nor for the child to tear
-// down at its exec. The agent waits for the exec (the kernel's part; the
-// program's start-up runs alongside the agent). Every signal is blocked
-// across it, and the watchdog keeps them so (watchdog_loop.h).
-pid_t spawn(Child& c) {
-  sigset_t all, old;
-  sigfillset(&all);
-  ::pthread_sigmask(SIG_SETMASK, &all, &old);
-  const pid_t pid = ::vfork();
-  if (pid == 0) become_watchdog(c);
-  const int fork_errno = errno;
-  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
-  errno = fork_errno;
-  return pid;
+// `tmpl` with its trailing XXXXXX replaced by random letters and digits,
+// as mkdtemp would, but not made.
+std::string random_name(std::string tmpl) {
+  static constexpr char kChars[] =
+      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  unsigned char bytes[6] = {};
+  if (::getrandom(bytes, sizeof bytes, 0) != sizeof bytes) {
+    std::random_device rd;
+    for (unsigned char& b : bytes) b = static_cast<unsigned char>(rd());
+  }
+  const size_t x = tmpl.size() >= 6 ? tmpl.size() - 6 : 0;
+  for (size_t i = x; i < tmpl.size(); ++i) {
+    if (tmpl[i] == 'X') tmpl[i] = kChars[bytes[i - x] % (sizeof kChars - 1)];
+  }
+  return tmpl;
 }
 
-// Whether process `pid` runs dlaunch's own binary (the stand-in for a
-// missing dlaunch-watchdog, which holds the binary busy); false once it
-// has exited.
+// Whether process `pid` runs dlaunch's own binary (a fork of dlaunch that
+// has not exec'd, which holds the binary busy); false once it has exited.
 bool runs_dlaunch(pid_t pid) {
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink(
@@ -103,47 +80,65 @@ bool runs_dlaunch(pid_t pid) {
 
 std::string Watchdog::start(const std::string& tag,
                             std::vector<std::string> dir_templates) {
-  // Everything the child uses is made before it exists. (Whether the
-  // program is there is the exec's to find out.)
+  // Everything the child uses is made before it exists; the folders'
+  // names too (the watchdog gets them in argv), though not the folders.
   std::error_code ec;
   std::string program = std::filesystem::read_symlink("/proc/self/exe", ec)
                             .replace_filename(kWatchdogProgram)
                             .string();
   if (ec) program.clear();
-  std::vector<char*> templates;
-  for (std::string& t : dir_templates) templates.push_back(t.data());
-  std::vector<int> errnos(templates.size(), 0);
-  Child c;
-  c.program = program.c_str();
-  c.argv[0] = kWatchdogProgram;
-  c.argv[1] = "";
-  c.argv[2] = tag.c_str();
-  c.templates = templates.data();
-  c.n_templates = templates.size();
-  c.errnos = errnos.data();
-  if (::pipe2(c.pipe, O_CLOEXEC) != 0) {
+  if (dir_templates.size() > kWatchdogMaxDirs) {
+    throw std::logic_error("more folder templates than the watchdog takes");
+  }
+  std::vector<std::string> dirs;
+  for (std::string& t : dir_templates) dirs.push_back(random_name(t));
+  std::vector<const char*> argv = {kWatchdogProgram, tag.c_str()};
+  for (const std::string& d : dirs) argv.push_back(d.c_str());
+  argv.push_back(nullptr);
+  const int argc = static_cast<int>(argv.size()) - 1;
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) {
     throw std::system_error(errno, std::generic_category(), "watchdog pipe");
   }
-  const pid_t pid = spawn(c);
+  // Started with every signal blocked, which it keeps (watchdog_loop.h).
+  // A fork, not a vfork: the agent goes on at once instead of waiting for
+  // the child to be scheduled and exec (a wait a loaded machine makes
+  // long: +7-10 ms per launch at load 5-10); the child's copy of the
+  // agent's memory goes at its exec.
+  sigset_t all, old;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &old);
+  const pid_t pid = ::fork();
+  if (pid == 0) become_watchdog(p, program.c_str(), argv.data(), argc);
   const int fork_errno = errno;
-  ::close(c.pipe[0]);
-  if (pid < 0 || c.exec_errno != 0) {
-    ::close(c.pipe[1]);
-    if (pid < 0) {
-      throw std::system_error(fork_errno, std::generic_category(),
-                              "watchdog vfork");
-    }
-    ::waitpid(pid, nullptr, 0);  // it has _exit()ed: vfork resumes us then
-    throw std::system_error(
-        c.exec_errno, std::generic_category(),
-        "watchdog exec (" + program + ", then dlaunch itself)");
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  ::close(p[0]);
+  if (pid < 0) {
+    ::close(p[1]);
+    throw std::system_error(fork_errno, std::generic_category(),
+                            "watchdog fork");
   }
-  write_fd_ = c.pipe[1];
+  write_fd_ = p[1];
   pid_ = pid;
-  if (*c.argv[1] == '\0' && !dir_templates.empty()) {
-    throw std::runtime_error(temp_dir_error(dir_templates, errnos));
+  // Made only now, by name: the watchdog already knows each name, so from
+  // the moment a folder exists a killed agent leaves it to the watchdog.
+  // The names not made (an error; EEXIST: someone else's) it forgets.
+  std::vector<int> errnos(dirs.size(), 0);
+  size_t made = dirs.size();
+  for (size_t i = 0; i < dirs.size() && made == dirs.size(); ++i) {
+    if (::mkdir(dirs[i].c_str(), 0700) == 0) {
+      made = i;
+    } else {
+      errnos[i] = errno;
+    }
   }
-  return c.argv[1];
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    if (i != made) send(kWatchdogForgetDir + static_cast<int>(i));
+  }
+  if (made == dirs.size() && !dirs.empty()) {
+    throw std::runtime_error(temp_dir_error(dirs, errnos));
+  }
+  return made < dirs.size() ? dirs[made] : "";
 }
 
 bool Watchdog::send(int value) {

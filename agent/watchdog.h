@@ -13,9 +13,8 @@ namespace dlaunch::agent {
 // group (workers' children; PR_SET_PDEATHSIG covers only workers that keep
 // it), then, unless the agent stopped cleanly, every process with the
 // agent's tag (children that left their group), then removes the agent's
-// temporary folder. The program dlaunch-watchdog beside dlaunch, or
-// dlaunch's own binary started under that name where it is missing
-// (watchdog_loop.h). Owned by PosixEnv; single-threaded.
+// temporary folder. The program dlaunch-watchdog beside dlaunch, or a fork
+// of dlaunch where that is missing. Owned by PosixEnv; single-threaded.
 class Watchdog {
  public:
   Watchdog() = default;
@@ -24,20 +23,20 @@ class Watchdog {
   // Closes the pipe (the watchdog kills whatever is still registered) and
   // reaps it, waiting at most one second (it ends at once) unless it was
   // told a clean stop, no group is registered and it runs dlaunch-watchdog:
-  // then it has nothing left to do and holds nothing of dlaunch's (dlaunch's
-  // own binary, standing in, is busy while it runs).
+  // then it has nothing left to do and holds nothing of dlaunch's (a fork
+  // of dlaunch holds dlaunch's binary busy while it lives).
   ~Watchdog();
 
   // Starts the watchdog, in a session of its own, with `tag` ("K=V", may
   // be empty) marking the environment of processes to SIGKILL if the agent
-  // dies. Its process, before it execs, makes the agent's temporary folder
-  // from the first of `dir_templates` (mkdtemp's, each ending in XXXXXX)
-  // that works, and removes it with its contents once the agent is gone:
-  // no moment exists when the folder is there and a killed agent would
-  // leave it. Returns that folder ("" without templates); the agent waits
-  // (a vfork) until the exec. Throws std::system_error when the watchdog
-  // cannot start, std::runtime_error (temp_dir_error()) when no template
-  // worked: then it runs without a folder.
+  // dies; then makes the agent's temporary folder from the first of
+  // `dir_templates` (mkdtemp's, each ending in XXXXXX) that works. The
+  // watchdog gets the folders' names before any exists and removes the
+  // one made, with its contents, once the agent is gone: no moment exists
+  // when the folder is there and a killed agent would leave it. Returns
+  // that folder ("" without templates). Throws std::system_error when the
+  // watchdog cannot start, std::runtime_error (temp_dir_error()) when no
+  // template worked: then it runs without a folder.
   std::string start(const std::string& tag,
                     std::vector<std::string> dir_templates = {});
   bool started() const { return write_fd_ >= 0; }

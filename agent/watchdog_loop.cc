@@ -165,28 +165,20 @@ struct Groups {
 
 }  // namespace
 
-bool called_as_watchdog(const char* argv0) {
-  if (argv0 == nullptr) return false;
-  const char* name = argv0;
-  for (const char* p = argv0; *p != '\0'; ++p) {
-    if (*p == '/') name = p + 1;
-  }
-  return same(name, kWatchdogProgram);
-}
-
 int watchdog_main(int argc, char** argv) {
   // The pipe: lseek fails with ESPIPE on a pipe (EBADF on no file).
-  if (argc != 3 || call(SYS_lseek, kWatchdogPipeFd, 0, SEEK_CUR) != -ESPIPE) {
+  if (argc < 2 || call(SYS_lseek, kWatchdogPipeFd, 0, SEEK_CUR) != -ESPIPE) {
     static constexpr char kUsage[] =
-        "dlaunch-watchdog: dlaunch starts this program (ORPHAN_DIR TAG, its "
+        "dlaunch-watchdog: dlaunch starts this program (TAG DIR..., its "
         "pipe on fd 3); it is not run by hand\n";
     call(SYS_write, 2, arg(kUsage), sizeof kUsage - 1);
     return 2;
   }
-  run_watchdog(kWatchdogPipeFd, argv[1], argv[2]);
+  run_watchdog(kWatchdogPipeFd, argv[1], argv + 2, argc - 2);
 }
 
-void run_watchdog(int read_fd, const char* orphan_dir, const char* tag) {
+void run_watchdog(int read_fd, const char* tag, const char* const* dirs,
+                  int n_dirs) {
   // Every catchable signal stays blocked (the agent started us so): as
   // good as ignored for a process that never unblocks them (`pkill
   // dlaunch` must not end it). Hold nothing else that dlaunch inherited
@@ -196,6 +188,7 @@ void run_watchdog(int read_fd, const char* orphan_dir, const char* tag) {
   call(SYS_close_range, read_fd + 1, ~0U, 0);
 
   Groups groups;
+  bool forgotten[kWatchdogMaxDirs] = {};  // per folder name
   bool clean = false;
   int value = 0;
   size_t have = 0;
@@ -210,6 +203,9 @@ void run_watchdog(int read_fd, const char* orphan_dir, const char* tag) {
     have = 0;
     if (value == kWatchdogCleanStop) {
       clean = true;
+    } else if (value >= kWatchdogForgetDir) {
+      const int i = value - kWatchdogForgetDir;
+      if (i < kWatchdogMaxDirs) forgotten[i] = true;
     } else if (value > 0) {
       groups.add(value);
     } else {
@@ -226,7 +222,9 @@ void run_watchdog(int read_fd, const char* orphan_dir, const char* tag) {
     }
   }
   // Depth first, links not followed: only what the agent made goes.
-  if (*orphan_dir != '\0') remove_tree(AT_FDCWD, orphan_dir, 0);
+  for (int i = 0; i < n_dirs && i < kWatchdogMaxDirs; ++i) {
+    if (!forgotten[i] && *dirs[i] != '\0') remove_tree(AT_FDCWD, dirs[i], 0);
+  }
   sys::exit(0);
 }
 

@@ -47,7 +47,7 @@ std::vector<std::string> cached_dlaunch_argv(const std::string& name);
 // What ship_commands() copies to `host` (a host of plan.shipped): each
 // local file of the head's with its file name in the cache (dlaunch, and
 // dlaunch-cuda-devices and dlaunch-watchdog beside it when the head has
-// them; a dlaunch without its watchdog program runs itself as one).
+// them; a dlaunch without its watchdog program forks itself instead).
 std::vector<std::pair<std::filesystem::path, std::string>> shipped_files(
     const LaunchPlan& plan, const std::string& host);
 

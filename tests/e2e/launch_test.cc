@@ -544,10 +544,9 @@ TEST(Launch, SigkillTakesWorkersThatClearTheirDeathSignalOrLeaveTheirGroup) {
   a.kill_and_expect_nothing_left(testing::bin("dlaunch-watchdog"));
 }
 
-// A dlaunch copied alone (no dlaunch-watchdog beside it) runs itself as
-// its watchdog (started under that name): the same guarantee.
-TEST(Launch,
-     DlaunchWithoutItsWatchdogProgramRunsItselfAsOneWithTheSameGuarantee) {
+// A dlaunch copied alone (no dlaunch-watchdog beside it) forks itself as
+// its watchdog: the same guarantee.
+TEST(Launch, DlaunchWithoutItsWatchdogProgramForksOneWithTheSameGuarantee) {
   TempDir bin;
   const std::string copy = (bin / "dlaunch").string();
   std::filesystem::copy_file(kDlaunch, copy);
@@ -587,9 +586,8 @@ TEST(Launch, SigkillWhileSpawningOrRestartingLeavesNothing) {
 
 // Killed just as its run folder appears: strace holds the mkdir that made
 // it for a second before it returns, and the test SIGKILLs dlaunch then.
-// The folder is made by the watchdog's own process (in its own session,
-// before its exec), so the watchdog still starts and removes it; had
-// dlaunch made it, nobody would.
+// The watchdog was given the folder's name before the folder existed, so
+// it removes it; had dlaunch started the watchdog after, nobody would.
 TEST(Launch, SigkillAsTheRunFolderIsMadeLeavesNothing) {
   if (testing::run_command({{"strace", "-V"}, {}, {}, ""}).exit_code != 0) {
     GTEST_SKIP() << "strace is not installed (scripts/setup)";
