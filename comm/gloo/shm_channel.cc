@@ -21,6 +21,10 @@ constexpr uint32_t kNoFailure = 0;
 constexpr uint32_t kWritingFailure = 1;
 constexpr uint32_t kFailureWritten = 2;
 
+// A rank whose awaited peers ran on its own CPU at every wait for this long
+// sleeps on the futex once instead of yielding (see share_or_sleep()).
+constexpr auto kSharedYieldFor = std::chrono::milliseconds(1);
+
 // Whether call `seq` has been posted by a rank whose counter reads `v`
 // (counters wrap after 2^32 calls).
 bool reached(uint32_t v, uint32_t seq) {
@@ -145,10 +149,15 @@ void ShmChannel::wait_rank(int j, uint32_t seq,
                            bool all, SpinWait& spin) {
   Header* h = header(j);
   const int cpu = publish_cpu(header(rank_)->cpu);
-  while (!reached(h->seq.load(std::memory_order_acquire), seq) &&
-         spin.once(cpu >= 0 && h->cpu.load(std::memory_order_relaxed) == cpu)) {
-  }
   if (reached(h->seq.load(std::memory_order_acquire), seq)) return;
+  if (!sleep_instead(cpu >= 0 &&
+                     h->cpu.load(std::memory_order_relaxed) == cpu)) {
+    while (
+        !reached(h->seq.load(std::memory_order_acquire), seq) &&
+        spin.once(cpu >= 0 && h->cpu.load(std::memory_order_relaxed) == cpu)) {
+    }
+    if (reached(h->seq.load(std::memory_order_acquire), seq)) return;
+  }
   // Counted as a sleeper on `seq` for as long as this scope lasts.
   struct Sleeper {
     std::atomic<uint32_t>& n;
@@ -177,6 +186,30 @@ void ShmChannel::wait_rank(int j, uint32_t seq,
         &h->seq, v,
         std::min<std::chrono::nanoseconds>(deadline - now, kLivenessSlice));
   }
+}
+
+// Ranks that share a CPU hand it to each other with sched_yield(), and
+// each yield pushes the yielder's deadline in the kernel's fair scheduler
+// (EEVDF) out by a time slice: after thousands of meetings a rank loses its
+// CPU to any other task for whole slices. A sleep ends that (a woken task
+// gets a fresh deadline) and lets the kernel wake the rank on an idle CPU
+// when there is one. So once every wait for kSharedYieldFor has found the
+// awaited peer on this rank's CPU, one wait sleeps on the futex at once.
+bool ShmChannel::sleep_instead(bool shares_cpu) {
+  if (!shares_cpu) {
+    sharing_ = false;
+    return false;
+  }
+  const auto now = std::chrono::steady_clock::now();
+  if (!sharing_) {
+    sharing_ = true;
+    sharing_since_ = now;
+    return false;
+  }
+  if (now - sharing_since_ < kSharedYieldFor) return false;
+  sharing_ = false;
+  ++shared_sleeps_;
+  return true;
 }
 
 ShmChannel::WaitError ShmChannel::missing() const {

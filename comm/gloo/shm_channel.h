@@ -88,6 +88,10 @@ class ShmChannel {
   std::string first_failure() const;
   static constexpr size_t kFailureBytes = 448;
 
+  // How many waits slept at once because the awaited peer kept sharing this
+  // rank's CPU (see sleep_instead(); tests).
+  uint64_t shared_sleeps() const { return shared_sleeps_; }
+
  private:
   struct Header;
   char* segment(int j) const;  // rank j's mapping (this rank's own too)
@@ -99,6 +103,9 @@ class ShmChannel {
   void wait_rank(int j, uint32_t seq,
                  std::chrono::steady_clock::time_point deadline, bool all,
                  SpinWait& spin);
+  // Whether a wait whose peer (`shares_cpu`) last ran on this rank's CPU
+  // should sleep at once rather than yield (co-location for too long).
+  bool sleep_instead(bool shares_cpu);
   // Every peer missing from the current call (at the deadline).
   WaitError missing() const;
   // Every peer that has left.
@@ -111,6 +118,10 @@ class ShmChannel {
   size_t segment_bytes_;
   uint32_t seq_ = 0;  // number of the current call
   bool closed_ = false;
+  // Since when every wait found its peer on this rank's CPU (sharing_).
+  bool sharing_ = false;
+  std::chrono::steady_clock::time_point sharing_since_;
+  uint64_t shared_sleeps_ = 0;
   ShmSegment mine_;
   std::vector<ShmSegment> peers_;  // index = rank; this rank's stays empty
   // Peers in other processes of this pid namespace, else -1 (those leave

@@ -5,6 +5,7 @@
 #include "comm/gloo/shm_channel.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -181,6 +182,69 @@ TEST(SpinWaitTest, GivesUpAfterItsBudgetAndResetStartsOver) {
     spin.reset();
     EXPECT_TRUE(spin.once(shares_core));
   }
+}
+
+// Two ranks meeting `calls` times (or, with `until_slept`, until both have
+// slept for sharing a CPU: each post says whether its rank has, so both
+// stop after the same call), each thread pinned to its CPU in `cpus`;
+// every post must be read intact. Returns each rank's shared_sleeps().
+std::vector<uint64_t> meet_pinned(const std::vector<int>& cpus, int calls,
+                                  bool until_slept) {
+  auto chans = make_group(unique_base(), 2, 64);
+  std::vector<int> bad(2, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      CPU_SET(cpus[r], &set);
+      EXPECT_EQ(::sched_setaffinity(0, sizeof(set), &set), 0);
+      ShmChannel& ch = *chans[r];
+      const auto stop = Clock::now() + std::chrono::seconds(20);
+      // Each post's second word: 1 once its rank slept, 2 past the bound.
+      for (uint64_t call = 0;; ++call) {
+        const uint64_t state = Clock::now() > stop      ? 2
+                               : ch.shared_sleeps() > 0 ? 1
+                                                        : 0;
+        const uint64_t post[2] = {call << 8 | uint64_t(r), state};
+        ch.post({reinterpret_cast<const char*>(post), sizeof(post)}, {});
+        ch.wait(Clock::now() + std::chrono::seconds(20));
+        uint64_t got[2];
+        std::memcpy(got, ch.slot(1 - r), sizeof(got));
+        if (got[0] != (call << 8 | uint64_t(1 - r))) ++bad[r];
+        if (state == 2 || got[1] == 2) break;
+        if (until_slept ? state == 1 && got[1] == 1
+                        : call + 1 >= uint64_t(calls)) {
+          break;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(bad, std::vector<int>(2, 0)) << "posts read wrong";
+  return {chans[0]->shared_sleeps(), chans[1]->shared_sleeps()};
+}
+
+// Ranks on one CPU hand it over with sched_yield(), which pushes each
+// one's scheduling deadline further out: after a millisecond of meetings
+// that all found the peer on its CPU, a rank sleeps on the futex once
+// (its wake-up resets the deadline and may move it to an idle CPU). Ranks
+// on CPUs of their own never do.
+TEST(ShmChannelTest, RanksSharingACpuSleepNowAndThenOthersNever) {
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  }
+  ASSERT_FALSE(cpus.empty());
+  const std::vector<uint64_t> shared =
+      meet_pinned({cpus[0], cpus[0]}, 0, /*until_slept=*/true);
+  EXPECT_GT(shared[0], 0u) << "rank 0 never slept while sharing a CPU";
+  EXPECT_GT(shared[1], 0u) << "rank 1 never slept while sharing a CPU";
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU: no rank has its own";
+  EXPECT_EQ(meet_pinned({cpus[0], cpus[1]}, 20000, false),
+            std::vector<uint64_t>(2, 0));
 }
 
 // Every rank takes part in every call: a peer that left fails the call
