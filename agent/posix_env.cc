@@ -806,9 +806,9 @@ std::filesystem::path PosixEnv::make_temp_dir(
   if (impl_->watchdog.started()) {
     throw std::logic_error("make_temp_dir() after the first spawn");
   }
-  // The watchdog starts now, not at the first spawn, and makes the folder
-  // itself: a dlaunch killed before its workers start, even as the folder
-  // is made, must not leave it behind either.
+  // The watchdog starts now, not at the first spawn, knowing the folder's
+  // name before the folder exists: a dlaunch killed before its workers
+  // start, even as the folder is made, must not leave it behind either.
   return impl_->start_watchdog(std::move(templates));
 }
 

@@ -30,7 +30,7 @@ void die_with_parent(pid_t parent);
 // children's subreaper, and when no worker is left running it SIGKILLs
 // every adopted process carrying the tag (children that left their group).
 // A watchdog process (dlaunch-watchdog in its own session, started by
-// make_temp_dir(), which it makes the folder for, or by the first spawn;
+// make_temp_dir(), whose folder it removes, or by the first spawn;
 // agent/watchdog.h) SIGKILLs every worker's process group, and every
 // tagged process, if the agent dies without stopping them. Output is teed to
 // log files as it arrives and queued as whole, prefixed lines for the console's

@@ -56,7 +56,7 @@ std::string random_name(std::string tmpl) {
   static constexpr char kChars[] =
       "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   unsigned char bytes[6] = {};
-  if (::getrandom(bytes, sizeof bytes, 0) != sizeof bytes) {
+  if (::getrandom(bytes, sizeof bytes, GRND_NONBLOCK) != sizeof bytes) {
     std::random_device rd;
     for (unsigned char& b : bytes) b = static_cast<unsigned char>(rd());
   }
