@@ -8,7 +8,8 @@ run back to back at each size of each round, in one sitting.
 
 Builds bench/mpi_bench.c with mpicc (Debian's libopenmpi-dev) and runs the
 three `rounds` times at 4 KiB, 1 MiB and 64 MiB (8 B too for the
-ping-pong). Prints, per rank count, a markdown table of medians over rounds
+ping-pong; 10000 calls after 100 at 8 B and 4 KiB, as osu_latency, 200 at
+1 MiB, 10 at 64 MiB; torch gloo fewer). Prints, per rank count, a markdown table of medians over rounds
 with the path dl-bench reported; the ratios are medians of each round's
 back-to-back ratio, which a machine whose load moves between rounds
 disturbs less than a ratio of medians. The load average is read before and
@@ -33,11 +34,20 @@ BEGIN = "<!-- onehost-table:begin (bench/onehost_compare.py --write-docs) -->"
 END = "<!-- onehost-table:end -->"
 
 
-def dl_bench(build, ranks, nbytes, iters):
+def counts(nbytes):
+    """(iterations, warm-up) for dl-bench and OpenMPI at a size: OSU's
+    osu_latency counts for small messages (10000 after 100), since a 8 B
+    ping-pong of 0.2 us timed over a few hundred calls is mostly noise."""
+    if nbytes <= 8 << 10:
+        return 10000, 100
+    return (10, 3) if nbytes >= 64 << 20 else (200, 10)
+
+
+def dl_bench(build, ranks, nbytes, iters, warm):
     cmd = [os.path.join(build, "bin", "dlaunch"), "--nproc-per-node",
            str(ranks), os.path.join(build, "bin", "dl-bench"), "-b",
-           str(nbytes), "-e", str(nbytes), "-n", str(iters), "-w", "3", "-c",
-           "0", "-o", ",".join(OPS)]
+           str(nbytes), "-e", str(nbytes), "-n", str(iters), "-w",
+           str(warm), "-c", "0", "-o", ",".join(OPS)]
     out = subprocess.run(cmd, check=True, capture_output=True,
                          text=True).stdout
     rows, op, path = {}, None, ""
@@ -64,9 +74,9 @@ def parse_op_lines(out):
     return rows
 
 
-def mpi_bench(exe, ranks, nbytes, iters):
+def mpi_bench(exe, ranks, nbytes, iters, warm):
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
-           str(ranks), exe, "-n", str(iters), "-w", "3", str(nbytes)]
+           str(ranks), exe, "-n", str(iters), "-w", str(warm), str(nbytes)]
     return parse_op_lines(subprocess.run(cmd, check=True, capture_output=True,
                                          text=True).stdout)
 
@@ -98,11 +108,13 @@ def measure(build, mpi_exe, ranks, rounds, loads):
     for r in range(rounds):
         before = os.getloadavg()[0]
         for nbytes in [8] + SIZES:
-            iters = 10 if nbytes >= 64 << 20 else 200
-            for k, (t, path) in dl_bench(build, ranks, nbytes, iters).items():
+            iters, warm = counts(nbytes)
+            for k, (t, path) in dl_bench(build, ranks, nbytes, iters,
+                                         warm).items():
                 times["dl"].setdefault(k, []).append(t)
                 paths[k] = path
-            for k, t in mpi_bench(mpi_exe, ranks, nbytes, iters).items():
+            for k, t in mpi_bench(mpi_exe, ranks, nbytes, iters,
+                                  warm).items():
                 times["mpi"].setdefault(k, []).append(t)
             # torch gloo's large sizes take seconds an iteration: fewer.
             for k, t in torch_bench(ranks, nbytes,
