@@ -22,7 +22,7 @@ constexpr uint32_t kWritingFailure = 1;
 constexpr uint32_t kFailureWritten = 2;
 
 // A rank whose awaited peers ran on its own CPU at every wait for this long
-// sleeps on the futex once instead of yielding (see share_or_sleep()).
+// sleeps on the futex once instead of yielding (see sleep_instead()).
 constexpr auto kSharedYieldFor = std::chrono::milliseconds(1);
 
 // Whether call `seq` has been posted by a rank whose counter reads `v`

@@ -119,10 +119,16 @@ auto copy_in(const Tensor& t, size_t per_step) {
 }
 
 // A consumer that copies step k of each source's area into out[source].
-auto copy_out(std::span<const Tensor> out, const std::vector<int>& sources,
-              size_t per_step) {
+// Bytes of the outputs of `sources` together (what copy_out_bytes streams).
+size_t out_total(std::span<const Tensor> out, const std::vector<int>& sources) {
   size_t total = 0;
   for (int j : sources) total += out[j].nbytes();
+  return total;
+}
+
+auto copy_out(std::span<const Tensor> out, const std::vector<int>& sources,
+              size_t per_step) {
+  const size_t total = out_total(out, sources);
   return [out, &sources, per_step, total](
              size_t k, const std::vector<const char*>& area) {
     for (int j : sources) {
@@ -218,8 +224,9 @@ bool GlooProcessGroup::shm_broadcast(Tensor t, int root) {
   // on cores of their own: 46 us in 256 KiB steps, 96 us in one (52 and
   // 57 us when they share a core); 4 ranks on 2 cores: 140 us in one step,
   // 160 us in steps. The host's CPU count is the same on every rank.
-  const bool cpus_enough =
-      static_cast<unsigned>(size()) <= std::thread::hardware_concurrency();
+  // Read once: glibc reads /sys/devices/system/cpu/online at every call.
+  static const unsigned host_cpus = std::thread::hardware_concurrency();
+  const bool cpus_enough = static_cast<unsigned>(size()) <= host_cpus;
   const size_t es = dtype_size(t.dtype);
   ShmSteps s = steps_over(t.dtype, t.numel, 1, /*one_step=*/!cpus_enough);
   const size_t q = s.per_step;
@@ -451,8 +458,7 @@ bool GlooProcessGroup::shm_all_to_all(std::span<const Tensor> out,
       copy_bytes(area + d * s.piece_bytes, at(in[d], b), c * es);
     }
   };
-  size_t total = 0;
-  for (int j : s.sources) total += out[j].nbytes();
+  const size_t total = out_total(out, s.sources);
   s.consume = [&](size_t k, const std::vector<const char*>& area) {
     for (int j : s.sources) {
       auto [b, c] = range(k, q, out[j].numel);
