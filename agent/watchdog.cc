@@ -42,6 +42,7 @@ namespace {
   ::setsid();
   const int null_fd = ::open("/dev/null", O_RDWR);
   for (int fd = 0; fd < 3 && null_fd >= 0; ++fd) ::dup2(null_fd, fd);
+  if (null_fd > 2) ::close(null_fd);
   if (*program != '\0') {
     const char* const envp[] = {nullptr};
     ::execve(program, const_cast<char* const*>(argv),
@@ -90,8 +91,8 @@ std::string Watchdog::start(const std::string& tag,
   if (dir_templates.size() > kWatchdogMaxDirs) {
     throw std::logic_error("more folder templates than the watchdog takes");
   }
-  std::vector<std::string> dirs;
-  for (std::string& t : dir_templates) dirs.push_back(random_name(t));
+  std::vector<std::string>& dirs = dir_templates;  // named in place
+  for (std::string& t : dirs) t = random_name(std::move(t));
   std::vector<const char*> argv = {kWatchdogProgram, tag.c_str()};
   for (const std::string& d : dirs) argv.push_back(d.c_str());
   argv.push_back(nullptr);
@@ -122,18 +123,20 @@ std::string Watchdog::start(const std::string& tag,
   pid_ = pid;
   // Made only now, by name: the watchdog already knows each name, so from
   // the moment a folder exists a killed agent leaves it to the watchdog.
-  // The names not made (an error; EEXIST: someone else's) it forgets.
+  // The names not made (an error; EEXIST: someone else's) it forgets, each
+  // at once, so that a kill of the agent right after leaves none of them
+  // to the watchdog.
   std::vector<int> errnos(dirs.size(), 0);
   size_t made = dirs.size();
-  for (size_t i = 0; i < dirs.size() && made == dirs.size(); ++i) {
-    if (::mkdir(dirs[i].c_str(), 0700) == 0) {
-      made = i;
-    } else {
+  for (size_t i = 0; i < dirs.size(); ++i) {
+    if (made == dirs.size()) {
+      if (::mkdir(dirs[i].c_str(), 0700) == 0) {
+        made = i;
+        continue;
+      }
       errnos[i] = errno;
     }
-  }
-  for (size_t i = 0; i < dirs.size(); ++i) {
-    if (i != made) send(kWatchdogForgetDir + static_cast<int>(i));
+    send(kWatchdogForgetDir + static_cast<int>(i));
   }
   if (made == dirs.size() && !dirs.empty()) {
     throw std::runtime_error(temp_dir_error(dirs, errnos));

@@ -12,6 +12,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "agent/watchdog_loop.h"
 #include "launcher/command_runner.h"
 
 namespace dlaunch::launcher {
@@ -123,7 +124,7 @@ std::vector<std::pair<fs::path, std::string>> shipped_files(
     out.emplace_back(plan.ship_cuda_devices_from, "dlaunch-cuda-devices");
   }
   if (!plan.ship_watchdog_from.empty()) {
-    out.emplace_back(plan.ship_watchdog_from, "dlaunch-watchdog");
+    out.emplace_back(plan.ship_watchdog_from, agent::kWatchdogProgram);
   }
   return out;
 }
@@ -169,7 +170,7 @@ std::vector<PreflightFailure> ship_where_missing(
     return ::access(p.c_str(), R_OK) == 0 ? p : fs::path();
   };
   plan.ship_cuda_devices_from = beside("dlaunch-cuda-devices");
-  plan.ship_watchdog_from = beside("dlaunch-watchdog");
+  plan.ship_watchdog_from = beside(agent::kWatchdogProgram);
   try {
     plan.ship_checksum = file_checksum(self);
   } catch (const std::exception& e) {
