@@ -549,7 +549,9 @@ TEST_F(EtcdRendezvous, AFailureRestartsEveryNodeUntilTheBudgetIsSpent) {
       (dir / "shown.").string() + "$TORCHELASTIC_RESTART_COUNT";
   const std::string script =
       kShowEnv + "; if [ $NODE = 1 ]; then i=0; while [ ! -e " + shown +
-      " ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done; exit 3; fi; "
+      " ] && [ $i -lt 6000 ]; do sleep 0.01; i=$((i+1)); done; [ -e " + shown +
+      " ] || echo node 1: no " + shown +
+      " after 60 s >&2; exit 3; fi; "
       "touch " +
       shown + "; exec sleep 300";
   for (int i = 0; i < 2; ++i) {

@@ -431,13 +431,11 @@ bool Watch::rewatch(const std::string& key, const std::string& range_end,
     std::lock_guard<std::mutex> lock(mu_);
     if (!error_.empty() || stopping_) return false;
     was_paused = paused_;
-    cancel.mutable_cancel_request()->set_watch_id(watch_id_);
-    ++watch_id_;
+    cancel = end_current();
     key_ = key;
     range_end_ = range_end;
     next_revision_ = start_revision;
     first_revision_ = start_revision;
-    events_.clear();
     interrupted_ = false;
     sent_ = false;
     paused_ = false;
@@ -462,11 +460,17 @@ void Watch::pause() {
     std::lock_guard<std::mutex> lock(mu_);
     if (paused_ || !error_.empty() || stopping_) return;
     paused_ = true;
-    cancel.mutable_cancel_request()->set_watch_id(watch_id_);
-    ++watch_id_;  // whatever still comes for the old one is dropped
-    events_.clear();
+    cancel = end_current();
   }
   if (stream_) stream_->Write(cancel);
+}
+
+etcdserverpb::WatchRequest Watch::end_current() {
+  etcdserverpb::WatchRequest cancel;
+  cancel.mutable_cancel_request()->set_watch_id(watch_id_);
+  ++watch_id_;  // whatever still comes for the old one is dropped
+  events_.clear();
+  return cancel;
 }
 
 void Watch::interrupt() {

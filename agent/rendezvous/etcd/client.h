@@ -95,6 +95,9 @@ class Watch {
   void run();
   // The request that creates the current watch on a stream (mu_ held).
   etcdserverpb::WatchRequest create_request() const;
+  // The request that cancels the current watch, whose queued and later
+  // events are dropped from now on (mu_ held).
+  etcdserverpb::WatchRequest end_current();
 
   Client& client_;
   std::thread thread_;
