@@ -29,8 +29,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rendezvous_bench import (dlaunch_agent, free_port, rendezvous_time,  # noqa
-                              wait_lines, worker)
+from rendezvous_bench import (dlaunch_agent, fail_if_left, free_port,  # noqa
+                              rendezvous_time, stop_all, wait_lines, worker)
 
 
 def start_etcd(d):
@@ -79,7 +79,8 @@ def detection(build, endpoint, sig, with_helper, run_id):
         env = dict(os.environ, BLOCK_AT="3")
         agents = [subprocess.Popen(
             etcd_agent(build, i, "2:3", endpoint, run_id, stamps, conf),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            start_new_session=True)
             for i in range(3)]
         victims = [agents[2].pid]
         try:
@@ -98,11 +99,7 @@ def detection(build, endpoint, sig, with_helper, run_id):
             for v in victims:
                 if sig == signal.SIGSTOP:
                     os.kill(v, signal.SIGCONT)
-            for a in agents:
-                try:
-                    a.wait(60)
-                except subprocess.TimeoutExpired:
-                    a.kill()
+            fail_if_left(stop_all(agents, 60, "detection"), 60, "detection")
 
 
 def main():

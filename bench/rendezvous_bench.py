@@ -118,13 +118,15 @@ def fail_if_left(left, timeout, what):
                            f"{more}")
 
 
-def rendezvous_time(cmds, stamps, n, timeout):
+def rendezvous_time(cmds, stamps, n, timeout, env=None):
+    """Seconds from the last agent's start to the last stamp; `env`: the
+    agents' environment (None: this one's)."""
     procs = []
     try:
         for c in cmds:
             procs.append(subprocess.Popen(c, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.DEVNULL,
-                                          start_new_session=True))
+                                          start_new_session=True, env=env))
         last_start = time.time()
         lines = wait_lines(stamps, n, timeout)
     except BaseException:
