@@ -332,12 +332,8 @@ int main(int argc, char** argv) {
   if (needs_head(options)) return launch_hosts(options);
   // --export, --env-file and --chdir hold for this node as for any host.
   try {
-    const std::string error = settle_in_process_host(
-        options, asked_environment(options, agent::current_environment()));
-    if (!error.empty()) {
-      write_stderr("dlaunch: " + error + "\n");
-      return 2;
-    }
+    settle_host(asked_environment(options, agent::current_environment()),
+                options.remote.chdir);
   } catch (const std::exception& e) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
     return 2;

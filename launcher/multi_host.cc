@@ -252,11 +252,14 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
   return failures;
 }
 
-// --chdir's error on this machine.
-std::string cannot_enter(const std::string& dir, int error) {
-  return "--chdir: cannot enter " + dir + " on this machine (" +
-         machine_name() + "): " + std::strerror(error) +
-         "; give a folder that exists on every host";
+// --chdir's error on `host` ("": this machine).
+std::string cannot_enter(const std::string& dir, int error,
+                         const std::string& host = "") {
+  return "--chdir: cannot enter " + dir + " on " +
+         (host.empty() ? "this machine (" + machine_name() + ")" : host) +
+         ": " + std::strerror(error) +
+         "; give a folder that exists on every "
+         "host";
 }
 
 }  // namespace
@@ -348,13 +351,12 @@ std::map<std::string, std::string> asked_environment(
   return env;
 }
 
-std::string settle_in_process_host(
-    const LaunchOptions& o, const std::map<std::string, std::string>& env) {
+void settle_host(const std::map<std::string, std::string>& env,
+                 const std::string& chdir, const std::string& host) {
   for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-  if (!o.remote.chdir.empty() && ::chdir(o.remote.chdir.c_str()) != 0) {
-    return cannot_enter(o.remote.chdir, errno);
+  if (!chdir.empty() && ::chdir(chdir.c_str()) != 0) {
+    throw std::runtime_error(cannot_enter(chdir, errno, host));
   }
-  return "";
 }
 
 std::vector<std::string> agent_args(const LaunchOptions& o, const Host& h,
@@ -601,10 +603,15 @@ int launch_hosts(const LaunchOptions& job) {
           (tmpl.empty() ? "[${role_name}${local_rank}]:" : tmpl);
     }
     mine.hosts.clear();
-    if (std::string error = settle_in_process_host(o, env); !error.empty()) {
-      write_stderr("dlaunch: " + error + "\n");
+    bool settled = false;
+    try {
+      settle_host(env, o.remote.chdir);
+      settled = true;
+    } catch (const std::exception& e) {
+      write_stderr(std::string("dlaunch: ") + e.what() + "\n");
       head_code = 2;
-    } else {
+    }
+    if (settled) {
       if (!head_host->gpus.empty()) {
         ::setenv("CUDA_VISIBLE_DEVICES", gpu_list(head_host->gpus).c_str(), 1);
       }

@@ -21,6 +21,7 @@
 #include "agent/posix_env.h"
 #include "launcher/cli.h"
 #include "launcher/launcher.h"
+#include "launcher/multi_host.h"
 #include "launcher/remote_job.h"
 #include "launcher/ship.h"
 
@@ -220,12 +221,10 @@ int remote_agent_main(const std::vector<std::string>& args) {
   // would be given twice.
   ::unsetenv("DLAUNCH_FAULTS");
   ::unsetenv("PET_FAULTS");
-  for (const auto& [name, value] : job.env) {
-    ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  if (!job.chdir.empty() && ::chdir(job.chdir.c_str()) != 0) {
-    write_stderr("dlaunch: cannot enter " + job.chdir + " on " + job.host +
-                 ": " + std::strerror(errno) + " (--chdir)\n");
+  try {
+    settle_host(job.env, job.chdir, job.host);
+  } catch (const std::exception& e) {
+    write_stderr(std::string("dlaunch: ") + e.what() + "\n");
     return 1;
   }
   ParseResult parsed =

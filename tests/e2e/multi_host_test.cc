@@ -16,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "launcher/remote_job.h"
 #include "launcher/ship.h"
 #include "tests/testing/sshd.h"
 #include "tests/testing/subprocess.h"
@@ -445,6 +446,28 @@ TEST(MultiHostHead, ChdirHoldsForTheHeadsOwnWorkersToo) {
                         " on this machine"));
   EXPECT_THAT(r.out, Not(HasSubstr("PWD=")));
   EXPECT_TRUE(none_marked(mark, 10s));
+}
+
+// A remote agent's --chdir that its host lacks fails as the head's own
+// does (one settle_host()): the folder, the host and the fix, before any
+// worker starts.
+TEST(MultiHostHead, ARemoteAgentsMissingChdirNamesTheHostAndTheFix) {
+  TempDir dir;
+  launcher::RemoteJob job;
+  job.host = "node07";
+  job.job_tag = "dlaunch-job-chdir";
+  job.chdir = (dir / "missing").string();
+  job.args = {"--nproc-per-node=1", "--", "sh", "-c", "echo STARTED"};
+  testing::write_file(dir / "job", launcher::encode_remote_job(job));
+  CommandResult r = testing::run_command(
+      cmd({kDlaunch, "--remote-agent", "--job-tag", job.job_tag, "--job-file",
+           (dir / "job").string(), "--host", "node07"}),
+      60s);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err, "dlaunch: --chdir: cannot enter " + job.chdir +
+                       " on node07: No such file or directory; give a "
+                       "folder that exists on every host\n");
+  EXPECT_THAT(r.out, Not(HasSubstr("STARTED")));
 }
 
 TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {
