@@ -29,12 +29,20 @@ namespace {
 
 using Options = LaunchOptions;
 
+// `v` as a whole number lo..hi, else BadValue "'V' is not valid; use
+// FORMS".
 int parse_int(const std::string& v, int lo, int hi, const std::string& forms) {
   int n = 0;
-  if (!parse_number(v, n) || n < lo || n > hi) {
+  if (!parse_in_range(v, lo, hi, n)) {
     throw BadValue{"'" + v + "' is not valid; use " + forms};
   }
   return n;
+}
+
+// The same, FORMS being "NOUN LO..HI", from the bounds.
+int parse_int_in(const std::string& v, int lo, int hi,
+                 std::string_view noun = "a number") {
+  return parse_int(v, lo, hi, range_text(noun, lo, hi));
 }
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -133,8 +141,9 @@ int resolve_nproc(const std::string& v, const agent::EnvMap& env) {
     int n = gpus();
     return n > 0 ? n : cpu_count();
   }
-  return parse_int(v, 1, 1 << 16,
-                   "a positive number (at most 65536), cpu, gpu or auto");
+  return parse_int(v, 1, kMaxSlots,
+                   "a positive number (at most " + std::to_string(kMaxSlots) +
+                       "), cpu, gpu or auto");
 }
 
 std::string one_of(const FlagSpec& f, const std::string& v,
@@ -171,8 +180,9 @@ void check_host(const std::string& v) {
 // given.
 void parse_endpoint(const std::string& v,
                     agent::rendezvous::RendezvousOptions& r) {
-  const std::string forms =
-      "'" + v + "' is not valid; use HOST or HOST:PORT with a port 0..65535";
+  const std::string forms = "'" + v +
+                            "' is not valid; use HOST or HOST:PORT with " +
+                            range_text("a port", 0, 65535);
   std::string host = v;
   std::string port;
   if (v[0] == '[') {
@@ -194,8 +204,7 @@ void parse_endpoint(const std::string& v,
   r.endpoint_port = 29400;
   if (!port.empty() || v.back() == ':') {
     // The message quotes all of `v`: a bare '' or 'x' names nothing.
-    if (!parse_number(port, r.endpoint_port) || r.endpoint_port < 0 ||
-        r.endpoint_port > 65535) {
+    if (!parse_in_range(port, 0, 65535, r.endpoint_port)) {
       throw BadValue{forms};
     }
   }
@@ -224,8 +233,7 @@ void apply_rdzv_conf(const FlagSpec& f, const std::string& key,
     r.read_timeout = seconds();
   } else if (key == "keep_alive_max_attempt") {
     try {
-      r.keep_alive_max_attempt =
-          parse_int(v, 1, 1000, "a whole number 1..1000");
+      r.keep_alive_max_attempt = parse_int_in(v, 1, 1000, "a whole number");
     } catch (const BadValue& b) {
       throw BadValue{b.message, key};
     }
@@ -360,8 +368,7 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.agent.max_restarts =
-                 parse_int(v, 0, 1 << 20, "a number 0..1048576");
+             o.agent.max_restarts = parse_int_in(v, 0, 1 << 20);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          return std::to_string(o.agent.max_restarts);
@@ -438,7 +445,7 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.agent.master_port = parse_int(v, 0, 65535, "a port 0..65535");
+             o.agent.master_port = parse_int_in(v, 0, 65535, "a port");
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          return std::to_string(o.agent.master_port);
@@ -644,7 +651,7 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.rdzv.node_rank = parse_int(v, 0, 1 << 20, "a number 0..1048576");
+             o.rdzv.node_rank = parse_int_in(v, 0, 1 << 20);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          if (o.rdzv.node_rank < 0) return std::nullopt;
@@ -923,7 +930,7 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.remote.ssh_port = parse_int(v, 1, 65535, "a port 1..65535");
+             o.remote.ssh_port = parse_int_in(v, 1, 65535, "a port");
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          if (o.remote.ssh_port == 0) return std::nullopt;
@@ -977,8 +984,7 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.remote.pdsh_fanout =
-                 parse_int(v, 1, 1 << 16, "a number 1..65536");
+             o.remote.pdsh_fanout = parse_int_in(v, 1, 1 << 16);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          return std::to_string(o.remote.pdsh_fanout);

@@ -49,6 +49,23 @@ bool parse_number(const std::string& s, T& out) {
   return !s.empty() && ec == std::errc() && p == s.data() + s.size();
 }
 
+// "NOUN LO..HI" ("a port 1..65535"; "LO..HI" without a noun): the range
+// of a message, written from the bounds the value is checked against.
+inline std::string range_text(std::string_view noun, long long lo,
+                              long long hi) {
+  return std::string(noun) + (noun.empty() ? "" : " ") + std::to_string(lo) +
+         ".." + std::to_string(hi);
+}
+
+// Parses all of `s` as an int within lo..hi; false otherwise.
+inline bool parse_in_range(const std::string& s, int lo, int hi, int& out) {
+  return parse_number(s, out) && out >= lo && out <= hi;
+}
+
+// The most slots (workers) one host may have: a hostfile's slots=, a host
+// list's NAME:SLOTS, --nproc-per-node.
+inline constexpr int kMaxSlots = 1 << 16;
+
 // The largest duration any flag or key accepts, and its words for messages.
 inline constexpr double kMaxSeconds = 7 * 24 * 3600.0;
 inline constexpr std::string_view kMaxSecondsText = "604800 (7 days)";

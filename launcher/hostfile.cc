@@ -50,9 +50,9 @@ std::vector<Host> parse_hostfile(const std::string& text,
       fail("'" + more + "' is extra; write one host per line");
     }
     int n = 0;
-    if (!slots.empty() && (!parse_number(slots, n) || n < 1 || n > (1 << 16))) {
-      fail("'" + slots + "' slots for " + name +
-           " is not valid; use a number 1..65536");
+    if (!slots.empty() && !parse_in_range(slots, 1, kMaxSlots, n)) {
+      fail("'" + slots + "' slots for " + name + " is not valid; use " +
+           range_text("a number", 1, kMaxSlots));
     }
     std::vector<std::string> names;
     try {

@@ -46,10 +46,11 @@ std::vector<Host> parse_host_list(std::string_view text) {
     if (size_t colon = item.rfind(':'); colon != std::string_view::npos) {
       name = item.substr(0, colon);
       std::string n(item.substr(colon + 1));
-      if (!parse_number(n, slots) || slots < 1 || slots > (1 << 16)) {
+      if (!parse_in_range(n, 1, kMaxSlots, slots)) {
         throw HostsError(quoted(item) + ": '" + n +
-                         "' is not a slot count; write NAME:SLOTS with "
-                         "1..65536 slots, like node[01-04]:8");
+                         "' is not a slot count; write NAME:SLOTS with " +
+                         range_text("", 1, kMaxSlots) +
+                         " slots, like node[01-04]:8");
       }
     }
     if (name.empty()) {

@@ -212,12 +212,12 @@ std::optional<SlurmTask> read_slurm_task(const agent::EnvMap& env) {
 int slurm_store_port(const SlurmTask& t, const agent::EnvMap& env) {
   if (const std::string* given = first_of(env, {"MASTER_PORT"})) {
     int port = 0;
-    if (!parse_number(*given, port) || port < 1 || port > 65535) {
+    if (!parse_in_range(*given, 1, 65535, port)) {
       throw HostsError("MASTER_PORT='" + *given +
                        "' (the agents' store port of Slurm step " + t.job_id +
-                       "." + t.step_id +
-                       ") is not a port 1..65535; set it to a free port "
-                       "like 29400, or unset it");
+                       "." + t.step_id + ") is not " +
+                       range_text("a port", 1, 65535) +
+                       "; set it to a free port like 29400, or unset it");
     }
     return port;
   }

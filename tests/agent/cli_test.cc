@@ -296,6 +296,38 @@ TEST(Cli, GpuCountingFailuresNameTheHelper) {
               HasSubstr("printed 'lots'"));
 }
 
+// Each bounded number takes its bounds and refuses one past them, with a
+// message that quotes those same bounds (one helper writes the range from
+// the bounds it checks).
+TEST(Cli, ABoundedNumberQuotesTheBoundsItChecks) {
+  struct Case {
+    std::string flag;
+    int lo, hi;
+    std::string noun;
+  };
+  for (const Case& c :
+       std::vector<Case>{{"--max-restarts", 0, 1 << 20, "a number"},
+                         {"--pdsh-fanout", 1, 1 << 16, "a number"},
+                         {"--ssh-port", 1, 65535, "a port"},
+                         {"--master-port", 0, 65535, "a port"}}) {
+    SCOPED_TRACE(c.flag);
+    ok({c.flag, std::to_string(c.lo), "true"});
+    ok({c.flag, std::to_string(c.hi), "true"});
+    const std::string range = "use " + c.noun + " " + std::to_string(c.lo) +
+                              ".." + std::to_string(c.hi);
+    for (int v : {c.lo - 1, c.hi + 1}) {
+      EXPECT_THAT(
+          bad({c.flag, std::to_string(v), "true"}).message,
+          HasSubstr("'" + std::to_string(v) + "' is not valid; " + range));
+    }
+  }
+  EXPECT_THAT(
+      bad({"--rdzv-conf", "keep_alive_max_attempt=1001", "true"}).message,
+      HasSubstr("use a whole number 1..1000"));
+  EXPECT_THAT(bad({"--rdzv-endpoint", "h:65536", "true"}).message,
+              HasSubstr("with a port 0..65535"));
+}
+
 TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
   struct Case {
     std::vector<std::string> args;
