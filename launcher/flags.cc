@@ -618,21 +618,23 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             const std::string forms =
-                 "N or MIN:MAX with 1 <= MIN <= MAX, like 2 or 2:4";
-             // The message quotes all of `v`, not the half that is wrong.
-             const BadValue invalid{"'" + v + "' is not valid; use " + forms};
-             size_t colon = v.find(':');
+             constexpr int kMaxNodes = 1 << 20;
+             const size_t colon = v.find(':');
              int lo = 0, hi = 0;
-             try {
-               lo = parse_int(v.substr(0, colon), 1, 1 << 20, forms);
-               hi = colon == std::string::npos
-                        ? lo
-                        : parse_int(v.substr(colon + 1), 1, 1 << 20, forms);
-             } catch (const BadValue&) {
-               throw invalid;
+             // MAX is checked from MIN up: a range the wrong way round
+             // fails like any other bad value.
+             const bool valid =
+                 parse_in_range(v.substr(0, colon), 1, kMaxNodes, lo) &&
+                 (colon == std::string::npos
+                      ? (hi = lo, true)
+                      : parse_in_range(v.substr(colon + 1), lo, kMaxNodes, hi));
+             if (!valid) {
+               // All of `v`, not the half that is wrong.
+               throw BadValue{"'" + v +
+                              "' is not valid; use N or MIN:MAX with 1 <= "
+                              "MIN <= MAX <= " +
+                              std::to_string(kMaxNodes) + ", like 2 or 2:4"};
              }
-             if (lo > hi) throw invalid;
              o.rdzv.min_nodes = lo;
              o.rdzv.max_nodes = hi;
            },

@@ -364,6 +364,10 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
       {{"--nnodes", "2", "true"}, "static backend needs --node-rank (0..1)"},
       {{"--nnodes", "0", "true"}, "--nnodes: '0' is not valid"},
       {{"--nnodes", "3:2", "true"}, "1 <= MIN <= MAX"},
+      {{"--nnodes", "1048577", "true"},
+       "--nnodes: '1048577' is not valid; use N or MIN:MAX with 1 <= MIN <= "
+       "MAX <= 1048576, like 2 or 2:4"},
+      {{"--nnodes", "2:x", "true"}, "--nnodes: '2:x' is not valid"},
       {{"--nnodes", "2:3", "true"}, "use --rdzv-backend c10d for MIN:MAX"},
       {{"--nnodes", "2", "--rdzv-backend", "c10d", "true"},
        "needs --rdzv-endpoint"},
