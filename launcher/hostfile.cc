@@ -1,14 +1,11 @@
 #include "launcher/hostfile.h"
 
-#include <cerrno>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 
 #include "launcher/flags.h"
 #include "launcher/hostlist.h"
+#include "launcher/read_text.h"
 
 namespace dlaunch::launcher {
 
@@ -77,24 +74,13 @@ std::vector<Host> parse_hostfile(const std::string& text,
 }
 
 std::vector<Host> read_hostfile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
-    throw HostsError("hostfile '" + path + "': " + std::strerror(errno) +
-                     "; give a readable file with one host per line");
-  }
-  // A folder opens, and reads as nothing.
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    throw HostsError("hostfile '" + path +
-                     "' is a folder; give a readable file with one host per "
-                     "line");
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  std::vector<Host> hosts = parse_hostfile(text.str(), path);
+  // Its flag or key is the caller's to name.
+  const std::string text = read_text<HostsError>(
+      path, "", "give a readable file with one host per line");
+  std::vector<Host> hosts = parse_hostfile(text, path);
   // Running on this node alone instead would hide a wrong file.
   if (hosts.empty()) {
-    throw HostsError("hostfile '" + path +
+    throw HostsError("'" + path +
                      "' lists no host; write one host per line (NAME, "
                      "NAME:SLOTS or NAME slots=SLOTS)");
   }

@@ -4,13 +4,14 @@
 
 #include <algorithm>
 #include <cctype>
-#include <fstream>
+#include <filesystem>
 #include <set>
 #include <sstream>
 
 #include "launcher/flags.h"
 #include "launcher/hostfile.h"
 #include "launcher/hosts.h"
+#include "launcher/read_text.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -33,20 +34,8 @@ class Loader {
 
   JobFile load() {
     YAML::Node root;
-    const auto unreadable = [&](const std::string& why) {
-      return JobFileError(flag_ + ": '" + name_ + "': " + why +
-                          "; give the path of a YAML job file");
-    };
-    // A folder opens, and its read throws std::ios_base::failure.
-    std::error_code ec;
-    if (fs::is_directory(job_.path, ec)) throw unreadable("is a folder");
-    std::ifstream in(job_.path, std::ios::binary);
-    if (!in) {
-      throw unreadable(fs::exists(job_.path) ? "cannot be read"
-                                             : "no such file");
-    }
-    std::string text((std::istreambuf_iterator<char>(in)),
-                     std::istreambuf_iterator<char>());
+    std::string text = read_text<JobFileError>(
+        name_, flag_, "give the path of a YAML job file");
     // yaml-cpp takes a quote left open on the last line, when a newline
     // ends the file, for a value that runs to the end. A document end
     // marker on the line after the last is an error inside a quoted value
@@ -66,7 +55,9 @@ class Loader {
       }
       throw JobFileError(pos(e.mark).text() + ": not valid YAML: " + e.msg);
     } catch (const std::exception& e) {
-      throw unreadable(std::string("cannot be read (") + e.what() + ")");
+      // Not a parse error with a position: yaml-cpp's own text, then.
+      throw JobFileError(flag_ + ": '" + name_ + "': not valid YAML (" +
+                         e.what() + "); give the path of a YAML job file");
     }
     if (root.IsNull()) return job_;
     if (!root.IsMap()) {

@@ -10,7 +10,6 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -24,6 +23,7 @@
 #include "launcher/drill.h"
 #include "launcher/flags.h"
 #include "launcher/launcher.h"
+#include "launcher/read_text.h"
 #include "launcher/ship.h"
 #include "launcher/staging.h"
 
@@ -307,18 +307,9 @@ std::map<std::string, std::string> asked_environment(
     const LaunchOptions& o, const agent::EnvMap& head_env) {
   std::map<std::string, std::string> env;
   if (!o.remote.env_file.empty()) {
-    std::error_code ec;
-    if (fs::is_directory(o.remote.env_file, ec)) {  // opens, reads nothing
-      throw std::runtime_error("--env-file " + o.remote.env_file +
-                               " is a folder; give a readable file of "
-                               "NAME=VALUE lines");
-    }
-    std::ifstream in(o.remote.env_file);
-    if (!in) {
-      throw std::runtime_error("--env-file " + o.remote.env_file + ": " +
-                               std::strerror(errno) +
-                               "; give a readable file of NAME=VALUE lines");
-    }
+    std::istringstream in(read_text<std::runtime_error>(
+        o.remote.env_file, "--env-file",
+        "give a readable file of NAME=VALUE lines"));
     int n = 0;
     for (std::string line; std::getline(in, line);) {
       ++n;

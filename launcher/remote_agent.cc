@@ -22,6 +22,7 @@
 #include "launcher/cli.h"
 #include "launcher/launcher.h"
 #include "launcher/multi_host.h"
+#include "launcher/read_text.h"
 #include "launcher/remote_job.h"
 #include "launcher/ship.h"
 
@@ -106,15 +107,9 @@ RemoteJob load_job(const std::vector<std::string>& args, bool& from_stdin) {
     }
   }
   if (from_stdin) return read_remote_job(STDIN_FILENO, bound);
-  std::ifstream in(file);
-  if (!in) {
-    throw RemoteJobError("cannot read the job file " + file + ": " +
-                         std::strerror(errno));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  in.close();
-  std::vector<RemoteJob> jobs = decode_remote_jobs(text.str());
+  std::vector<RemoteJob> jobs = decode_remote_jobs(read_text<RemoteJobError>(
+      file, "--job-file",
+      "the head writes it (dlaunch --launcher pdsh): run the job from there"));
   // A file of this host's alone goes once read (the token in it should not
   // outlive the need); one shared by several hosts of one machine goes at
   // the head's teardown (--remote-stop).

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "launcher/flags.h"
+#include "launcher/read_text.h"
 #include "tests/testing/bin.h"
 #include "tests/testing/temp_dir.h"
 
@@ -454,11 +455,40 @@ TEST(Cli, AHostfileThatIsAFolderOrListsNoHostIsAnError) {
   std::ofstream(dir / "empty") << "# no hosts yet\n\n";
   UsageError e = bad({"--hostfile", dir.path().string(), "true"});
   EXPECT_EQ(e.exit_code, 2);
-  EXPECT_THAT(e.message, HasSubstr("'" + dir.path().string() +
-                                   "' is a folder; give a readable file"));
+  EXPECT_THAT(e.message, HasSubstr("--hostfile: '" + dir.path().string() +
+                                   "': is a folder; give a readable file "
+                                   "with one host per line"));
+  e = bad({"--hostfile", (dir / "none").string(), "true"});
+  EXPECT_THAT(e.message, HasSubstr("--hostfile: '" + (dir / "none").string() +
+                                   "': no such file; give a readable file"));
   e = bad({"--hostfile", (dir / "empty").string(), "true"});
   EXPECT_EQ(e.exit_code, 2);
   EXPECT_THAT(e.message, HasSubstr("lists no host; write one host per line"));
+}
+
+// The files dlaunch reads (a hostfile, a job file, --env-file, a pdsh job
+// file) fail alike: the file as given, what is wrong, and the fix.
+TEST(ReadText, NamesTheFileWhatIsWrongAndTheFix) {
+  dlaunch::testing::TempDir dir;
+  std::ofstream(dir / "f") << "A=1\nB";
+  const auto read = [](const std::string& path) {
+    try {
+      return read_text<std::runtime_error>(path, "--env-file", "give X");
+    } catch (const std::runtime_error& e) {
+      return "error: " + std::string(e.what());
+    }
+  };
+  EXPECT_EQ(read((dir / "f").string()), "A=1\nB");
+  EXPECT_EQ(read((dir / "none").string()), "error: --env-file: '" +
+                                               (dir / "none").string() +
+                                               "': no such file; give X");
+  EXPECT_EQ(
+      read(dir.path().string()),
+      "error: --env-file: '" + dir.path().string() + "': is a folder; give X");
+  // Opens, then fails to read (EIO at offset 0).
+  EXPECT_EQ(read("/proc/self/mem"),
+            "error: --env-file: '/proc/self/mem': cannot be read "
+            "(Input/output error); give X");
 }
 
 // As in torchrun, a --rdzv-conf key given again wins: defaults first,

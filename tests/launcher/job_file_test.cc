@@ -149,7 +149,7 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
       {"program: x\nhosts: hostfile\n",
        "hostfile:3:1: hosts: 'two' slots for node3 is not valid"},
       {"program: x\nhostfile: missing-hostfile\n",
-       "job.yaml:2:11: hostfile: hostfile '"},
+       "job.yaml:2:11: hostfile: '"},
       {"program: x\nhostfile: hostfile\nhosts: [a]\n",
        "hosts and hostfile both name the hosts; keep one"},
       {"program: x\nfaults: {kill: 1}\n",
