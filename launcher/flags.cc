@@ -164,15 +164,23 @@ void not_empty(const std::string& v) {
   if (v.empty()) throw BadValue{"must not be empty"};
 }
 
+// Whether `v` holds a control character (below ' ', or DEL).
+bool has_control(std::string_view v) {
+  return std::ranges::any_of(v, [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u < 0x20 || u == 0x7f;
+  });
+}
+
 // A host name or address: not empty, and no space or control character
 // (which no name holds; a lookup of one fails only after a timeout).
 void check_host(const std::string& v) {
   not_empty(v);
-  if (std::ranges::any_of(
-          v, [](char c) { return static_cast<unsigned char>(c) <= ' '; })) {
+  if (has_control(v) || v.find(' ') != std::string::npos) {
     throw BadValue{"'" + v +
                    "' is not a host name or address (it holds a space or "
-                   "a control character)"};
+                   "a control character); give a name like node01 or an "
+                   "address like 10.0.0.2"};
   }
 }
 
@@ -400,11 +408,8 @@ std::vector<FlagSpec> make_table() {
               const agent::EnvMap&) {
              not_empty(v);
              // It names folders (--log-dir DIR/ID, the run folder).
-             const bool control = std::ranges::any_of(v, [](char c) {
-               return static_cast<unsigned char>(c) < 0x20;
-             });
              if (v.find('/') != std::string::npos || v == "." || v == ".." ||
-                 control) {
+                 has_control(v)) {
                throw BadValue{"'" + v +
                               "' cannot name a folder (the logs' and the "
                               "run's); use letters, digits, '-', '_' and "

@@ -353,6 +353,12 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
       {{"--master-addr", "a\tb", "true"}, "is not a host name or address"},
       {{"--local-addr", "node 1", "true"}, "is not a host name or address"},
       {{"--run-id", "..", "true"}, "cannot name a folder"},
+      // DEL is a control character too (once let through by both checks).
+      {{"--rdzv-id", "a\x7f", "true"}, "cannot name a folder"},
+      {{"--master-addr", "a\x7f", "true"},
+       "is not a host name or address (it holds a space or a control "
+       "character); give a name like node01"},
+      {{"--rdzv-id", "a\tb", "true"}, "cannot name a folder"},
       {{"--nproc-per-node"}, "--nproc-per-node"},
       {{"--max-restarts", "x", "true"}, "--max-restarts: 'x' is not valid"},
       {{"--master-port", "70000", "true"}, "a port 0..65535"},
