@@ -18,6 +18,7 @@
 #include "agent/posix_env.h"
 #include "comm/store/client.h"
 #include "comm/store/server.h"
+#include "comm/store/text.h"
 #include "launcher/agent_launcher.h"
 #include "launcher/command_runner.h"
 #include "launcher/drill.h"
@@ -397,11 +398,9 @@ std::string run_stop(const std::vector<AgentCommand>& stop,
   CommandRunner run(stop, CommandOutput::kCapture);
   if (run.wait(bound)) return "";
   return "dlaunch: the stop of this job on " + hosts_still_running(run) +
-         " did not end within " +
-         std::to_string(
-             std::chrono::ceil<std::chrono::seconds>(bound).count()) +
-         " s; its processes there may remain: run 'dlaunch --remote-stop " +
-         tag + "' on those hosts";
+         " did not end within " + comm::store::format_duration(bound) +
+         "; its processes there may remain: run 'dlaunch --remote-stop " + tag +
+         "' on those hosts";
 }
 
 int launch_hosts(const LaunchOptions& job) {
@@ -635,8 +634,8 @@ int launch_hosts(const LaunchOptions& job) {
     if (!remote->wait(bound)) {
       const std::string left = hosts_still_running(*remote);
       write_stderr("dlaunch: the agents of " + left + " did not end within " +
-                   std::to_string(bound.count() / 1000) +
-                   " s; ending their connections\n");
+                   comm::store::format_duration(bound) +
+                   "; ending their connections\n");
       remote->close_stdins();
       remote->signal_all(SIGTERM);
       if (!remote->wait(std::chrono::seconds(10))) remote->signal_all(SIGKILL);

@@ -554,8 +554,10 @@ TEST(TeardownTest, AStopThatDoesNotEndNamesItsHostsAndTheFix) {
   quick.hosts = {"n1"};
   const std::string late =
       run_stop({stuck}, std::chrono::milliseconds(200), "dlaunch-job-0e0");
+  // The bound as the agents' messages write one (format_duration): the
+  // head's other teardown message too, which once rounded it down.
   EXPECT_THAT(late, HasSubstr("dlaunch: the stop of this job on n2, n3 did "
-                              "not end within 1 s; its processes there may "
+                              "not end within 200 ms; its processes there may "
                               "remain: run 'dlaunch --remote-stop "
                               "dlaunch-job-0e0' on those hosts"));
   EXPECT_EQ(run_stop({quick}, std::chrono::seconds(60), "dlaunch-job-0e1"), "");
