@@ -7,6 +7,9 @@
  *   mpicc -O2 -o mpi_bench bench/mpi_bench.c
  *   mpirun -np 2 ./mpi_bench [-n ITERS] [-w WARMUP] [-o OP,...] SIZE...
  *
+ * An unknown option or op exits 2 with one line naming it and the valid
+ * ones, before MPI starts.
+ *
  * Prints one line per op and size: "op bytes time_us", OSU's statistic and
  * dl-bench's: each rank's mean time per call over the iterations, averaged
  * over the ranks (a rank that leaves a call early, as an eager sender of a
@@ -20,6 +23,30 @@
 static const char* kOps[] = {"pingpong", "all_reduce",     "broadcast",
                              "reduce",   "all_gather",     "gather",
                              "scatter",  "reduce_scatter", "all_to_all"};
+
+/* The first item of the comma list `only` that is no op, or NULL. */
+static const char* unknown_op(const char* only) {
+  for (const char* p = only; p; p = strchr(p, ',')) {
+    if (*p == ',') ++p;
+    const size_t n = strcspn(p, ",");
+    int found = 0;
+    for (size_t o = 0; o < sizeof(kOps) / sizeof(kOps[0]); ++o) {
+      found |= strlen(kOps[o]) == n && strncmp(p, kOps[o], n) == 0;
+    }
+    if (!found) return p;
+  }
+  return NULL;
+}
+
+/* A bad command line: one line naming it and the fix (from rank 0 alone
+ * under mpirun), exit 2, before MPI starts. */
+static int usage_error(const char* what, const char* fix) {
+  const char* rank = getenv("OMPI_COMM_WORLD_RANK");
+  if (rank == NULL || strcmp(rank, "0") == 0) {
+    fprintf(stderr, "mpi_bench: %s; %s\n", what, fix);
+  }
+  return 2;
+}
 
 /* Whether `op` is in the comma list `only` (NULL: every op). */
 static int wanted(const char* only, const char* op) {
@@ -63,18 +90,41 @@ static void run(const char* op, float* in, float* out, size_t bytes, int rank,
 }
 
 int main(int argc, char** argv) {
+  int iters = 20, warmup = 5, first = 1;
+  const char* only = NULL;
+  while (first + 1 < argc && argv[first][0] == '-') {
+    if (strcmp(argv[first], "-n") == 0) {
+      iters = atoi(argv[first + 1]);
+    } else if (strcmp(argv[first], "-w") == 0) {
+      warmup = atoi(argv[first + 1]);
+    } else if (strcmp(argv[first], "-o") == 0) {
+      only = argv[first + 1];
+    } else {
+      char what[256];
+      snprintf(what, sizeof what, "unknown option '%.200s'", argv[first]);
+      return usage_error(what, "use -n ITERS, -w WARMUP, -o OP,...");
+    }
+    first += 2;
+  }
+  /* A misspelt op would measure nothing and exit 0. */
+  if (only != NULL && unknown_op(only) != NULL) {
+    const char* bad = unknown_op(only);
+    int len = (int)strcspn(bad, ",");
+    if (len > 200) len = 200;
+    char what[256], fix[256];
+    snprintf(what, sizeof what, "-o: unknown operation '%.*s'", len, bad);
+    size_t used = (size_t)snprintf(fix, sizeof fix, "valid: ");
+    for (size_t o = 0; o < sizeof(kOps) / sizeof(kOps[0]); ++o) {
+      used += (size_t)snprintf(fix + used, sizeof fix - used, "%s%s",
+                               o ? ", " : "", kOps[o]);
+    }
+    snprintf(fix + used, sizeof fix - used, " (comma-separated)");
+    return usage_error(what, fix);
+  }
   MPI_Init(&argc, &argv);
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  int iters = 20, warmup = 5, first = 1;
-  const char* only = NULL;
-  while (first + 1 < argc && argv[first][0] == '-') {
-    if (strcmp(argv[first], "-n") == 0) iters = atoi(argv[first + 1]);
-    if (strcmp(argv[first], "-w") == 0) warmup = atoi(argv[first + 1]);
-    if (strcmp(argv[first], "-o") == 0) only = argv[first + 1];
-    first += 2;
-  }
   for (size_t o = 0; o < sizeof(kOps) / sizeof(kOps[0]); ++o) {
     if (!wanted(only, kOps[o])) continue;
     for (int a = first; a < argc; ++a) {

@@ -190,7 +190,10 @@ TEST(WorkloadsAlone, BadFlagsExit2) {
   for (const Case& c : std::vector<Case>{
            {{bin("dl-bench"), "-b", "12Q"}},
            {{bin("dl-bench"), "-d", "float32"}},
-           {{bin("dl-bench"), "-o", "allreduce"}},
+           {{bin("dl-bench"), "-o", "allreduce"},
+            "-o: unknown operation 'allreduce'; valid: all, "},
+           {{bin("dl-bench"), "-o", "all_reduce,nosuch"},
+            "-o: unknown operation 'nosuch'; valid: all, "},
            {{bin("dl-bench"), "-n", "0"}, "--iters: '0' " + positive},
            {{bin("dl-bench"), "-w", "-1"},
             "--warmup_iters: '-1' is not valid; use a whole number from 0 to "
