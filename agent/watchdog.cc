@@ -68,16 +68,19 @@ std::string random_name(std::string tmpl) {
   return tmpl;
 }
 
-// Whether process `pid` runs dlaunch's own binary (a fork of dlaunch that
-// has not exec'd, which holds the binary busy); false once it has exited.
-bool runs_dlaunch(pid_t pid) {
-  std::error_code ec;
-  const auto exe = std::filesystem::read_symlink(
-      "/proc/" + std::to_string(pid) + "/exe", ec);
-  return !ec && exe == std::filesystem::read_symlink("/proc/self/exe", ec);
-}
-
 }  // namespace
+
+bool may_run_dlaunch(pid_t pid, const std::filesystem::path& proc) {
+  std::error_code ec;
+  const auto exe =
+      std::filesystem::read_symlink(proc / std::to_string(pid) / "exe", ec);
+  // Exited (a zombie's link reads ENOENT too): it holds nothing.
+  if (ec) return ec != std::errc::no_such_file_or_directory;
+  const auto self = std::filesystem::read_symlink(proc / "self" / "exe", ec);
+  // Cannot compare: it may be a fork of dlaunch (the guess that waits a
+  // bounded second rather than leave dlaunch's binary busy).
+  return ec || exe == self;
+}
 
 std::string Watchdog::start(const std::string& tag,
                             std::vector<std::string> dir_templates) {
@@ -170,7 +173,7 @@ void Watchdog::stopped_cleanly() { clean_ = send(kWatchdogCleanStop); }
 Watchdog::~Watchdog() {
   if (write_fd_ < 0) return;
   ::close(write_fd_);
-  if (clean_ && groups_.empty() && !runs_dlaunch(pid_)) {
+  if (clean_ && groups_.empty() && !may_run_dlaunch(pid_)) {
     // Nothing left for it to do but exit, and it holds nothing of
     // dlaunch's (it is dlaunch-watchdog, or gone): dlaunch need not wait
     // for it to be scheduled, which a loaded machine makes long. Reaped

@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <filesystem>
 #include <set>
 #include <string>
 #include <vector>
@@ -57,5 +58,12 @@ class Watchdog {
   bool clean_ = false;      // stopped_cleanly() told it
   std::set<pid_t> groups_;  // registered, not yet removed
 };
+
+// Whether process `pid` may run dlaunch's own binary (a fork of dlaunch
+// that has not exec'd, which holds the binary busy), from `proc`'s PID/exe
+// and self/exe links: false once it has exited (no PID/exe) or when it
+// runs another binary; true when they match, and when either link cannot
+// be read otherwise (unknown: ~Watchdog then waits its bounded second).
+bool may_run_dlaunch(pid_t pid, const std::filesystem::path& proc = "/proc");
 
 }  // namespace dlaunch::agent

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include "agent/cpu_cores.h"
 #include "agent/line_buffer.h"
@@ -10,6 +11,7 @@
 #include "agent/program.h"
 #include "agent/rendezvous/static_rendezvous.h"
 #include "agent/report.h"
+#include "agent/watchdog.h"
 #include "agent/worker_env.h"
 #include "tests/testing/temp_dir.h"
 
@@ -243,6 +245,34 @@ TEST(StaticRendezvous, OneNodeRoundsWithAFreshPortUnlessOneWasGiven) {
   EXPECT_EQ(fixed.next_round(2, RoundReason::kStart, std::chrono::seconds(1))
                 .master_addr,
             "10.0.0.1");
+}
+
+// ~Watchdog skips its bounded wait only when the watchdog is known not to
+// be a fork of dlaunch: a /proc/self/exe that cannot be read leaves that
+// unknown, so it waits (it once skipped it).
+TEST(WatchdogBinary, AnUnreadableSelfExeCountsAsPossiblyDlaunch) {
+  testing::TempDir proc;
+  namespace fs = std::filesystem;
+  fs::create_directories(proc / "42");
+  fs::create_directories(proc / "self");
+  fs::create_symlink("/opt/dl/dlaunch", proc / "42" / "exe");
+  // No self/exe: unknown.
+  EXPECT_TRUE(may_run_dlaunch(42, proc.path()));
+  // self/exe not a link (readlink's EINVAL): unknown too.
+  testing::write_file(proc / "self" / "exe", "");
+  EXPECT_TRUE(may_run_dlaunch(42, proc.path()));
+  fs::remove(proc / "self" / "exe");
+  fs::create_symlink("/opt/dl/dlaunch", proc / "self" / "exe");
+  EXPECT_TRUE(may_run_dlaunch(42, proc.path()));
+  fs::remove(proc / "self" / "exe");
+  fs::create_symlink("/opt/dl/dlaunch-watchdog", proc / "self" / "exe");
+  EXPECT_FALSE(may_run_dlaunch(42, proc.path()));
+  // Exited: nothing held, whatever self/exe says.
+  EXPECT_FALSE(may_run_dlaunch(43, proc.path()));
+  fs::remove(proc / "self" / "exe");
+  EXPECT_FALSE(may_run_dlaunch(43, proc.path()));
+  // The real /proc: this process runs its own binary.
+  EXPECT_TRUE(may_run_dlaunch(::getpid()));
 }
 
 TEST(ExitStatusTest, DescribesAndMapsToShellCodes) {
