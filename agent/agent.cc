@@ -13,6 +13,7 @@
 #include <random>
 #include <system_error>
 
+#include "agent/posix_env.h"
 #include "agent/program.h"
 #include "agent/report.h"
 #include "agent/temp_dir.h"
@@ -30,12 +31,6 @@ std::string random_run_id() {
 }
 
 namespace {
-
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
-}
 
 bool is_forward_only(int sig, const std::vector<int>& stop_signals) {
   return (sig == SIGUSR1 || sig == SIGUSR2) &&

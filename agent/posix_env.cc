@@ -40,6 +40,12 @@ namespace dlaunch::agent {
 namespace asio = boost::asio;
 namespace bp = boost::process::v2;
 
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
 bool write_all(int fd, std::string_view data) {
   while (!data.empty()) {
     ssize_t n = ::write(fd, data.data(), data.size());

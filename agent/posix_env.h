@@ -14,6 +14,9 @@ namespace dlaunch::agent {
 // a blocking write would); false (errno set) on any other error.
 bool write_all(int fd, std::string_view data);
 
+// This machine's host name (gethostname); "localhost" when it has none.
+std::string host_name();
+
 // Whether process `pid`'s environment (/proc/PID/environ) holds the entry
 // `entry` ("K=V"); false when it cannot be read.
 bool environ_has(pid_t pid, const std::string& entry);

@@ -61,18 +61,13 @@ void write_job_yaml(const LaunchOptions& o) {
   }
 }
 
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
-}
-
 using comm::store::is_loopback;
 
 // Whether `host` names this machine: --local-addr, the host name, a
 // loopback name, or an address of one of its interfaces.
 bool names_this_machine(const std::string& host, const std::string& local) {
-  if (host == local || host == host_name() || is_loopback(host)) return true;
+  if (host == local || host == agent::host_name() || is_loopback(host))
+    return true;
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
@@ -119,7 +114,7 @@ std::string node_address(const LaunchOptions& o) {
   if (r.max_nodes == 1 || (r.backend == "static" && r.node_rank == 0)) {
     return o.agent.master_addr;
   }
-  return host_name();
+  return agent::host_name();
 }
 
 // The etcd backend runs in dlaunch-rdzv-etcd beside this program (or at

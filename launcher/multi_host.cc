@@ -36,12 +36,6 @@ using std::chrono::milliseconds;
 
 void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
 
-std::string machine_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
-}
-
 // `bytes` random bytes as hex, from the OS's generator.
 std::string random_hex(size_t bytes) {
   std::random_device rd;
@@ -257,10 +251,9 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
 std::string cannot_enter(const std::string& dir, int error,
                          const std::string& host = "") {
   return "--chdir: cannot enter " + dir + " on " +
-         (host.empty() ? "this machine (" + machine_name() + ")" : host) +
+         (host.empty() ? "this machine (" + agent::host_name() + ")" : host) +
          ": " + std::strerror(error) +
-         "; give a folder that exists on every "
-         "host";
+         "; give a folder that exists on every host";
 }
 
 }  // namespace
@@ -281,7 +274,7 @@ std::string workers_on(const LaunchOptions& o, const Host& h) {
 }
 
 bool is_head_host(const std::string& host, const std::string& local_addr) {
-  const std::string me = machine_name();
+  const std::string me = agent::host_name();
   return host == local_addr || host == me ||
          host == me.substr(0, me.find('.')) || host == "localhost" ||
          host == "127.0.0.1" || host == "::1";
@@ -430,7 +423,7 @@ int launch_hosts(const LaunchOptions& job) {
   const std::string advertised =
       !o.rdzv.local_addr.empty()
           ? o.rdzv.local_addr
-          : (o.rdzv.endpoint_host.empty() ? machine_name()
+          : (o.rdzv.endpoint_host.empty() ? agent::host_name()
                                           : o.rdzv.endpoint_host);
   std::unique_ptr<comm::store::StoreServer> store;
   store_logs_to_stderr();

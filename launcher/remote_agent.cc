@@ -42,17 +42,11 @@ std::string option(const std::vector<std::string>& args,
   return "";
 }
 
-std::string machine_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "";
-  return buf;
-}
-
 // This host's entry of a pdsh job file: by `host`, else by the machine's
 // name (full or short).
 RemoteJob pick_job(const std::vector<RemoteJob>& jobs, const std::string& host,
                    const std::string& file) {
-  std::string me = host.empty() ? machine_name() : host;
+  std::string me = host.empty() ? agent::host_name() : host;
   std::string shortname = me.substr(0, me.find('.'));
   // Over ssh, the address the head reached this host at (SSH_CONNECTION's
   // third field) names it too: one machine may answer for several.
