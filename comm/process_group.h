@@ -55,10 +55,12 @@ class ProcessGroup {
   // same peer; sizes must agree.
   virtual std::unique_ptr<Work> isend(Tensor t, int dst, int tag = 0) = 0;
   virtual std::unique_ptr<Work> irecv(Tensor t, int src, int tag = 0) = 0;
-  void send(Tensor t, int dst, int tag = 0) {
+  // Blocking: isend/irecv, then wait(timeout()). A backend may override
+  // them to skip the Work (gloo over shared memory: the latency path).
+  virtual void send(Tensor t, int dst, int tag = 0) {
     isend(t, dst, tag)->wait(timeout());
   }
-  void recv(Tensor t, int src, int tag = 0) {
+  virtual void recv(Tensor t, int src, int tag = 0) {
     irecv(t, src, tag)->wait(timeout());
   }
 

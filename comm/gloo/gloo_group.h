@@ -147,7 +147,8 @@ struct GroupState {
   std::string shm_token;           // names this group's segments, from rank 0
 
   std::mutex mu;  // guards the members below
-  // (direction 0 send / 1 recv, peer, tag) of p2p operations in flight:
+  // (direction 0 send / 1 recv, peer, tag) of p2p operations over TCP in
+  // flight (over shared memory the engine keeps them, ShmP2p::claim):
   // a few at a time, kept in a vector so that an operation allocates
   // nothing here (a set's node was a malloc and a free per message).
   std::vector<std::tuple<int, int, int>> inflight;
@@ -327,6 +328,8 @@ class GlooProcessGroup : public ProcessGroup {
   // p2p.cc: point to point (shared memory between ranks on one host).
   std::unique_ptr<Work> isend(Tensor t, int dst, int tag) override;
   std::unique_ptr<Work> irecv(Tensor t, int src, int tag) override;
+  void send(Tensor t, int dst, int tag) override;
+  void recv(Tensor t, int src, int tag) override;
 
   // async.cc: the asynchronous collectives, run in call order on async_
   // (started by the first); the destructor runs what is queued first.
@@ -352,6 +355,8 @@ class GlooProcessGroup : public ProcessGroup {
 
   // p2p.cc
   std::unique_ptr<Work> post(bool is_send, Tensor t, int peer, int tag);
+  void blocking(bool is_send, Tensor t, int peer, int tag);
+  bool admit(bool is_send, const Tensor& t, int peer, int tag);
   void setup_shm_p2p();
 
   // agree.cc

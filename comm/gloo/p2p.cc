@@ -325,22 +325,19 @@ class P2pWork : public Work, public PeerWaiter {
   std::string stage_ = "no matching operation posted there yet";
 };
 
-// Saturating `now + d`: a wait of hours::max() must not wrap.
-ShmP2p::Clock::time_point after(ShmP2p::Clock::time_point now, milliseconds d) {
-  const auto room = ShmP2p::Clock::time_point::max() - now;
-  return d >= room ? ShmP2p::Clock::time_point::max() : now + d;
-}
-
-// The handle of one isend/irecv between ranks on one host: its operation
-// lives in the group's shared-memory engine (ShmP2p) from the constructor
-// until it is done. Whoever waits makes progress; a wait shorter than the
-// group timeout, or is_completed(), leaves it to the engine's thread, which
-// fails it one group timeout later, as P2pWork's thread does.
-class ShmP2pWork : public Work {
+// One isend/irecv between ranks on one host: its operation lives in the
+// group's shared-memory engine (ShmP2p) from the constructor until it is
+// done, and its (peer, tag) slot, claimed by the caller, is held until
+// wait() returns or the destructor (which waits, bounded by the group
+// timeout). Whoever waits makes progress; a wait shorter than the group
+// timeout, or is_completed(), leaves it to the engine's thread, which fails
+// it one group timeout later, as P2pWork's thread does. Blocking send/recv
+// keep one on the stack (no allocation, no reference to the group's state
+// taken); ShmP2pWork wraps one for isend/irecv.
+class ShmCall {
  public:
-  ShmP2pWork(std::shared_ptr<GroupState> g, bool is_send, Tensor t, int peer,
-             int tag)
-      : g_(std::move(g)), numel_(t.numel), dtype_(t.dtype) {
+  ShmCall(GroupState& g, bool is_send, Tensor t, int peer, int tag)
+      : g_(g), numel_(t.numel), dtype_(t.dtype) {
     op_.is_send = is_send;
     op_.peer = peer;
     op_.tag = tag;
@@ -348,29 +345,28 @@ class ShmP2pWork : public Work {
     op_.nbytes = t.nbytes();
     op_.dtype = static_cast<uint32_t>(t.dtype);
     std::string error;
-    if (!g_->p2p->post(op_, error)) {
+    if (!g_.p2p->post(op_, error)) {
       release();
       throw told<CommError>(op() + ": connection to rank " +
                             std::to_string(peer) + " is unusable: " + error);
     }
   }
 
-  ~ShmP2pWork() override {
+  ~ShmCall() {
     if (!op_.done.load(std::memory_order_acquire)) {
-      const auto now = ShmP2p::Clock::now();
-      g_->p2p->arm(op_, after(now, g_->timeout));  // bounded
-      g_->p2p->wait(op_, ShmP2p::Clock::time_point::max());
+      g_.p2p->wait(op_, milliseconds::max(), g_.timeout);  // bounded
     }
     release();
   }
+  ShmCall(const ShmCall&) = delete;
+  ShmCall& operator=(const ShmCall&) = delete;
 
-  void wait(milliseconds timeout) override {
-    ShmP2p& e = *g_->p2p;
+  void wait(milliseconds timeout) {
+    ShmP2p& e = *g_.p2p;
     if (!op_.done.load(std::memory_order_acquire)) {
-      const auto now = ShmP2p::Clock::now();
-      if (timeout >= g_->timeout) e.arm(op_, after(now, g_->timeout));
-      if (!e.wait(op_, after(now, timeout))) {
-        e.arm(op_, after(now, g_->timeout));
+      const bool whole = timeout >= g_.timeout;
+      if (!e.wait(op_, timeout, whole ? g_.timeout : milliseconds(0))) {
+        e.arm(op_, ShmP2p::after(ShmP2p::Clock::now(), g_.timeout));
         e.detach(op_);
         throw CommTimeoutError(
             op() + ": timed out after " + ms_text(timeout) +
@@ -383,7 +379,7 @@ class ShmP2pWork : public Work {
     // Told as they are raised, as fail() does for collectives.
     if (op_.timed_out) {
       throw told<CommTimeoutError>(
-          op() + ": timed out after " + ms_text(g_->timeout) +
+          op() + ": timed out after " + ms_text(g_.timeout) +
           " (the group timeout) waiting for rank " + std::to_string(op_.peer) +
           " (" + op_.failure + ")");
     }
@@ -395,29 +391,43 @@ class ShmP2pWork : public Work {
     }
   }
 
-  bool is_completed() override {
-    ShmP2p& e = *g_->p2p;
+  bool is_completed() {
+    ShmP2p& e = *g_.p2p;
     if (e.test(op_)) return true;
-    e.arm(op_, after(ShmP2p::Clock::now(), g_->timeout));
+    e.arm(op_, ShmP2p::after(ShmP2p::Clock::now(), g_.timeout));
     e.detach(op_);
     return false;
   }
 
  private:
-  std::string op() const {
-    return op_text(*g_, op_.is_send, op_.peer, op_.tag);
-  }
+  std::string op() const { return op_text(g_, op_.is_send, op_.peer, op_.tag); }
   void release() {
     if (released_) return;
     released_ = true;
-    release_slot(*g_, op_.is_send, op_.peer, op_.tag);
+    g_.p2p->release(op_.is_send, op_.peer, op_.tag);
   }
 
-  std::shared_ptr<GroupState> g_;
+  GroupState& g_;
   const uint64_t numel_;
   const DType dtype_;
   ShmP2p::Op op_;
   bool released_ = false;
+};
+
+// The handle of one isend/irecv between ranks on one host: a ShmCall and
+// the group's state it needs (the Work may outlive its group).
+class ShmP2pWork : public Work {
+ public:
+  ShmP2pWork(std::shared_ptr<GroupState> g, bool is_send, Tensor t, int peer,
+             int tag)
+      : g_(std::move(g)), call_(*g_, is_send, t, peer, tag) {}
+
+  void wait(milliseconds timeout) override { call_.wait(timeout); }
+  bool is_completed() override { return call_.is_completed(); }
+
+ private:
+  std::shared_ptr<GroupState> g_;  // declared first: outlives call_
+  ShmCall call_;
 };
 
 }  // namespace
@@ -430,8 +440,40 @@ std::unique_ptr<Work> GlooProcessGroup::irecv(Tensor t, int src, int tag) {
   return post(false, t, src, tag);
 }
 
+void GlooProcessGroup::send(Tensor t, int dst, int tag) {
+  blocking(true, t, dst, tag);
+}
+
+void GlooProcessGroup::recv(Tensor t, int src, int tag) {
+  blocking(false, t, src, tag);
+}
+
+// send/recv: over shared memory the operation lives on this stack frame
+// (the latency path: no Work to allocate); over TCP through a P2pWork.
+void GlooProcessGroup::blocking(bool is_send, Tensor t, int peer, int tag) {
+  if (!admit(is_send, t, peer, tag)) {
+    took("tcp");
+    P2pWork(g_, is_send, t, peer, tag).wait(g_->timeout);
+    return;
+  }
+  took("shm-p2p");
+  ShmCall(*g_, is_send, t, peer, tag).wait(g_->timeout);
+}
+
 std::unique_ptr<Work> GlooProcessGroup::post(bool is_send, Tensor t, int peer,
                                              int tag) {
+  if (admit(is_send, t, peer, tag)) {
+    took("shm-p2p");
+    return std::make_unique<ShmP2pWork>(g_, is_send, t, peer, tag);
+  }
+  took("tcp");
+  return std::make_unique<P2pWork>(g_, is_send, t, peer, tag);
+}
+
+// Checks a point-to-point call's arguments and claims its (peer, tag) slot,
+// throwing CommError naming the problem; whether it goes over shared memory
+// (the slot in the engine, no lock) or TCP (in GroupState::inflight).
+bool GlooProcessGroup::admit(bool is_send, const Tensor& t, int peer, int tag) {
   // Built only for an error: this is the latency path.
   auto what = [&] {
     return std::string(is_send ? "isend to rank " : "irecv from rank ") +
@@ -459,25 +501,23 @@ std::unique_ptr<Work> GlooProcessGroup::post(bool is_send, Tensor t, int peer,
                     " bytes; point-to-point tensors are limited to 128 GiB "
                     "(split the tensor)");
   }
-  {
-    std::lock_guard lock(g_->mu);
-    auto& v = g_->inflight;
-    const auto slot = std::make_tuple(is_send ? 0 : 1, peer, tag);
-    if (std::find(v.begin(), v.end(), slot) != v.end()) {
-      throw CommError(
-          what() + ": an earlier " + (is_send ? "isend to" : "irecv from") +
-          " rank " + std::to_string(peer) + " with tag " + std::to_string(tag) +
-          " is still in flight; wait() on its Work first or use another "
-          "tag");
-    }
-    v.push_back(slot);
-  }
+  auto busy = [&] {
+    return CommError(
+        what() + ": an earlier " + (is_send ? "isend to" : "irecv from") +
+        " rank " + std::to_string(peer) + " with tag " + std::to_string(tag) +
+        " is still in flight; wait() on its Work first or use another tag");
+  };
+  // g_->p2p is set once, at set-up.
   if (g_->p2p && g_->p2p->serves(peer)) {
-    took("shm-p2p");
-    return std::make_unique<ShmP2pWork>(g_, is_send, t, peer, tag);
+    if (!g_->p2p->claim(is_send, peer, tag)) throw busy();
+    return true;
   }
-  took("tcp");
-  return std::make_unique<P2pWork>(g_, is_send, t, peer, tag);
+  std::lock_guard lock(g_->mu);
+  auto& v = g_->inflight;
+  const auto slot = std::make_tuple(is_send ? 0 : 1, peer, tag);
+  if (std::find(v.begin(), v.end(), slot) != v.end()) throw busy();
+  v.push_back(slot);
+  return false;
 }
 
 // Point to point over shared memory for the pairs of ranks that share a

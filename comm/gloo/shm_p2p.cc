@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -20,6 +22,9 @@ constexpr uint64_t kControlRecords = 256;
 // A sender publishes (and a receiver frees) ring space in steps of at most
 // this, so that the other side starts while the rest is copied.
 constexpr uint64_t kStepBytes = 64 << 10;
+// In-flight slots per peer and direction: tags are 0..65535 (kMaxTag,
+// checked before claim()).
+constexpr size_t kTagSlots = size_t{1} << 16;
 constexpr uint32_t kMagic = 0x444c5035;  // "DLP5": layout and wake-ups
 constexpr size_t kSegHeaderBytes = 128;
 
@@ -137,6 +142,20 @@ struct ShmP2p::Peer {
 
   bool dead = false;
   std::string why;  // set with dead
+
+  // In-flight (direction, tag) slots, 1 while an operation holds one:
+  // [0, kTagSlots) sends, then recvs. Bytes, so that a release from one
+  // thread never rewrites a slot the poster sets; calloc'd, so that only
+  // the pages of used tags are touched. Accessed through std::atomic_ref,
+  // outside the engine's mutex.
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<uint8_t[], Free> busy;
+  std::atomic_ref<uint8_t> slot(bool is_send, int tag) {
+    return std::atomic_ref<uint8_t>(
+        busy[(is_send ? 0 : kTagSlots) + static_cast<size_t>(tag)]);
+  }
 };
 
 namespace {
@@ -229,6 +248,8 @@ bool ShmP2p::open_peers(std::string& error) {
     p->in_ctl = p->seg.data() + in_at + sizeof(Pair);
     p->in_data = p->in_ctl + kControlRecords * 16;
     p->pidfd = watch_process(p->their->pid, p->their->pid_ns);
+    p->busy.reset(static_cast<uint8_t*>(std::calloc(2 * kTagSlots, 1)));
+    if (!p->busy) throw std::bad_alloc();
     peer_index_[j] = static_cast<int>(peers_.size());
     peers_.push_back(std::move(p));
   }
@@ -242,6 +263,26 @@ bool ShmP2p::serves(int peer) const {
 
 ShmP2p::Peer* ShmP2p::peer_of(int rank) {
   return peers_[peer_index_[rank]].get();
+}
+
+bool ShmP2p::claim(bool is_send, int peer, int tag) {
+  auto slot = peer_of(peer)->slot(is_send, tag);
+  if (slot.load(std::memory_order_acquire) != 0) return false;
+  slot.store(1, std::memory_order_relaxed);
+  return true;
+}
+
+void ShmP2p::release(bool is_send, int peer, int tag) {
+  peer_of(peer)->slot(is_send, tag).store(0, std::memory_order_release);
+}
+
+ShmP2p::Clock::time_point ShmP2p::after(Clock::time_point now,
+                                        std::chrono::milliseconds d) {
+  // Compared in milliseconds: milliseconds::max() in the clock's
+  // nanoseconds would overflow.
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
+      Clock::time_point::max() - now);
+  return d >= room ? Clock::time_point::max() : now + d;
 }
 
 bool ShmP2p::post(Op& op, std::string& error) {
@@ -289,22 +330,34 @@ bool ShmP2p::post(Op& op, std::string& error) {
   return true;
 }
 
-bool ShmP2p::progress() {
+bool ShmP2p::progress(const Op* mine) {
   bool any = false;
   for (auto& p : peers_) {
-    if (!p->dead && progress(*p)) any = true;
+    if (!p->dead && progress(*p, mine)) any = true;
+    if (mine && mine->done.load(std::memory_order_relaxed)) break;
   }
   return any;
 }
 
-bool ShmP2p::progress(Peer& p) {
+bool ShmP2p::progress(Peer& p, const Op* mine) {
   // Writes first: a send's payload goes out before this rank stalls on
   // the lines the peer is writing (the order matches nothing: a send is
-  // written whether or not its recv's header came).
+  // written whether or not its recv's header came). The space the last
+  // round read is published just before them (plain stores), so that the
+  // fence their notify() takes serves free_read's Dekker too: a fence of
+  // its own cost the 8-byte ping-pong about 3%.
+  const bool freed = store_tails(p);
   bool any = write_control(p);
-  if (write_data(p)) any = true;
-  free_read(p);  // what the last round read
+  if (write_data(p)) any = true;  // either fenced when it wrote
+  if (freed) {
+    if (!any) std::atomic_thread_fence(std::memory_order_seq_cst);
+    answer_want(p);
+  }
   if (read_data(p)) any = true;
+  // A waiter whose recv just completed returns first: the control ring
+  // (a line the peer may be writing) is read in the next round, or when
+  // this rank posts again, after its payload went out.
+  if (mine && mine->done.load(std::memory_order_relaxed)) return true;
   if (read_control(p)) any = true;
   return any;
 }
@@ -340,21 +393,33 @@ bool ShmP2p::read_control(Peer& p) {
 
 // Publishes the ring space this rank has read since the last call, and
 // rings the owner if it waits for space. Deferred from the reads (to the
-// next round's end of writes, or to before a wait) because its fence
-// would otherwise stand between a small payload's arrival and the reply.
+// next round's writes, whose fence serves it, or to before a wait)
+// because its fence would otherwise stand between a small payload's
+// arrival and the reply.
 void ShmP2p::free_read(Peer& p) {
+  if (!store_tails(p)) return;
+  // Dekker against the owner's want_space (see write_data, write_control):
+  // one fence between both tails and the flag (a seq_cst store each was two).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  answer_want(p);
+}
+
+bool ShmP2p::store_tails(Peer& p) {
   if (p.in_tail == p.in_published && p.in_ctl_tail == p.in_ctl_published) {
-    return;
+    return false;
   }
-  // seq_cst against the owner's want_space (see write_data, write_control).
   if (p.in_tail != p.in_published) {
-    p.in->data_tail.store(p.in_tail, std::memory_order_seq_cst);
+    p.in->data_tail.store(p.in_tail, std::memory_order_release);
     p.in_published = p.in_tail;
   }
   if (p.in_ctl_tail != p.in_ctl_published) {
-    p.in->ctl_tail.store(p.in_ctl_tail, std::memory_order_seq_cst);
+    p.in->ctl_tail.store(p.in_ctl_tail, std::memory_order_release);
     p.in_ctl_published = p.in_ctl_tail;
   }
+  return true;
+}
+
+void ShmP2p::answer_want(Peer& p) {
   if (p.in->want_space.load(std::memory_order_seq_cst) != 0 &&
       p.in->want_space.exchange(0) != 0) {
     ring(p);
@@ -649,7 +714,8 @@ void ShmP2p::sleep_until_rung(uint32_t seen, uint64_t active,
   seg_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
-bool ShmP2p::wait(Op& op, Clock::time_point until) {
+bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
+                  std::chrono::milliseconds deadline_in) {
   // Counted in in_wait_ (under mu_, as every return is) from its first
   // round on.
   bool counted = false;
@@ -663,6 +729,8 @@ bool ShmP2p::wait(Op& op, Clock::time_point until) {
   // Both read before each round of progress: what changes after it ends
   // the spin or the sleep. The spin's last look serves the next round.
   uint64_t active = activity();
+  Clock::time_point until;  // set at the first look at the clock
+  bool timed = false;
   for (;;) {
     const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
     const int cpu = publish_cpu(seg_->cpu);
@@ -675,12 +743,20 @@ bool ShmP2p::wait(Op& op, Clock::time_point until) {
         counted = true;
         ++in_wait_;
       }
-      if (progress()) {
+      if (progress(&op)) {
         spin.reset();
         spinning = true;
       }
       if (op.done.load(std::memory_order_relaxed)) return leave(true);
       const auto now = Clock::now();
+      if (!timed) {
+        timed = true;
+        until = after(now, timeout);
+        if (deadline_in.count() > 0 &&
+            op.deadline == Clock::time_point::max()) {
+          op.deadline = after(now, deadline_in);
+        }
+      }
       if (now >= op.deadline) {
         time_out(op);
         return leave(true);

@@ -78,11 +78,22 @@ class ShmP2p {
   // Whether point to point with group rank `peer` goes through here.
   bool serves(int peer) const;
 
+  // The in-flight check of point to point with local peer `peer`: claim()
+  // takes the (direction, tag) slot, false when an operation holds it;
+  // release() frees it. No lock: one thread posts at a time (the group's
+  // contract), and a slot is released only by the one holding it, from any
+  // thread.
+  bool claim(bool is_send, int peer, int tag);
+  void release(bool is_send, int peer, int tag);
+
   // Starts `op`; false with `error` set when the pair is unusable.
   bool post(Op& op, std::string& error);
-  // Makes progress until `op` is done (true) or `until` passes (false). At
-  // op.deadline the op fails as timed out (done, true).
-  bool wait(Op& op, Clock::time_point until);
+  // Makes progress until `op` is done (true) or `timeout` passes (false).
+  // `deadline_in` > 0 arms op.deadline that far from the first look at the
+  // clock (unless armed): at op.deadline the op fails as timed out (done,
+  // true). An op done by its first round of progress reads no clock.
+  bool wait(Op& op, std::chrono::milliseconds timeout,
+            std::chrono::milliseconds deadline_in);
   // One round of progress; whether `op` is done. Never blocks.
   bool test(Op& op);
   // Sets op.deadline to `deadline` unless it has one.
@@ -93,6 +104,9 @@ class ShmP2p {
   // Where `op` stands, for a timeout message ("no matching recv posted
   // there yet", "payload of 4096 bytes in transfer (1024 moved)").
   std::string stage(const Op& op);
+  // Saturating `now + d`: a wait of milliseconds::max() must not wrap.
+  static Clock::time_point after(Clock::time_point now,
+                                 std::chrono::milliseconds d);
 
   // The connection watch saw these ranks' TCP connections fail: wakes the
   // waiters, which fail the operations those ranks can no longer complete.
@@ -110,13 +124,19 @@ class ShmP2p {
   struct Peer;
 
   Peer* peer_of(int rank);
-  bool progress();  // under mu_; whether anything moved
-  bool progress(Peer& p);
+  // Under mu_; whether anything moved. With `mine`, stops once it is done.
+  bool progress(const Op* mine = nullptr);
+  bool progress(Peer& p, const Op* mine = nullptr);
   bool read_control(Peer& p);
   bool write_control(Peer& p);
   bool write_data(Peer& p);
   bool read_data(Peer& p);
   void free_read(Peer& p);
+  // free_read in two: stores the tails of what was read since the last
+  // call (whether any), and, after a seq_cst fence, rings the owner if it
+  // asked for space.
+  bool store_tails(Peer& p);
+  void answer_want(Peer& p);
   static Op* match(std::vector<Op*>& ops, const Rec& r);
   void deliver(Peer& p, Unexpected& u);
   void finish(Op& op);

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/gloo/process_group.h"
@@ -252,6 +253,35 @@ TEST_P(GlooP2pTest, ARecvWithoutASendFailsAtTheGroupTimeoutNamingThePeer) {
       }
     }
     world.barrier();  // rank 0 leaves only once rank 1 has failed
+  });
+}
+
+// A (peer, tag) stays taken from isend until its Work's wait() returns,
+// also for a blocking send (which takes no Work), and a wait on another
+// thread frees it for the group's thread. A Work destroyed unwaited waits
+// for its send (an unbounded wait must not wrap the deadline), and the tag
+// and the pair stay usable.
+TEST_P(GlooP2pTest, ATagInFlightIsRefusedToSendAndFreedByAWaitOnAnotherThread) {
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto a = pattern(6, 0, 1), b = pattern(6, 0, 2), c = pattern(6, 0, 3);
+    if (pg.rank() == 0) {
+      auto w = pg.isend(Tensor::of(a), 1, 5);
+      const std::string error =
+          testing::error_of([&] { pg.send(Tensor::of(b), 1, 5); });
+      EXPECT_THAT(error, HasSubstr("rank 1 with tag 5 is still in flight"));
+      pg.barrier();  // rank 1 posts its receives only now
+      std::thread([&] { w->wait(pg.timeout()); }).join();
+      { auto unwaited = pg.isend(Tensor::of(b), 1, 5); }
+      pg.send(Tensor::of(c), 1, 5);
+      EXPECT_EQ(gloo::last_path(pg), path());
+    } else {
+      pg.barrier();
+      for (const auto* want : {&a, &b, &c}) {
+        std::vector<float> got(6);
+        pg.recv(Tensor::of(got), 0, 5);
+        EXPECT_EQ(got, *want);
+      }
+    }
   });
 }
 
