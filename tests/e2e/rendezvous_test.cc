@@ -110,7 +110,10 @@ class Rendezvous : public ::testing::Test {
 
   int port_ = free_port();
   std::string id_ = "job" + std::to_string(::getpid());
-  std::string conf_ = "join_timeout=60,last_call_timeout=1";  // --rdzv-conf
+  // --rdzv-conf. The last call is 5 s: a round of --nnodes 2:3 closes only
+  // when the third node is that late (1 s, a loaded machine could start it
+  // later, and a round of two would run instead of the test's round of 3).
+  std::string conf_ = "join_timeout=60,last_call_timeout=5";
   std::map<int, std::unique_ptr<Subprocess>> agents_;
 };
 
