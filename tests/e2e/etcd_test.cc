@@ -341,7 +341,10 @@ class EtcdRendezvous : public ::testing::Test {
   }
 
   // Starts agent `i` advertising 127.0.0.(i+1), meeting in etcd at
-  // `endpoints` under job `id`.
+  // `endpoints` under job `id`. What a loaded machine may delay by seconds
+  // has room: a round of --nnodes 2:3 waits 5 s for the third node (last
+  // call), and a lease lives 10 s without keep-alives (a killed or cut node
+  // is dropped after those 10 s).
   Subprocess& start(int i, const std::string& endpoints,
                     const std::vector<std::string>& flags,
                     const std::string& script, const std::string& id = "",
@@ -357,8 +360,8 @@ class EtcdRendezvous : public ::testing::Test {
         "--local-addr",
         "127.0.0." + std::to_string(i + 1),
         "--rdzv-conf",
-        "join_timeout=60,last_call_timeout=1,close_timeout=2" +
-            (conf.empty() ? ",keep_alive_interval=1,keep_alive_max_attempt=3"
+        "join_timeout=60,last_call_timeout=5,close_timeout=2" +
+            (conf.empty() ? ",keep_alive_interval=1,keep_alive_max_attempt=10"
                           : "," + conf)};
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.insert(argv.end(), {"sh", "-c", script});
@@ -434,7 +437,7 @@ TEST_F(EtcdRendezvous, TheFirstAgentIsKilledAndTheOthersFinish) {
   }
   // Nothing of the killed node is left: workers and its etcd helper.
   for (pid_t p : left) {
-    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 10s))
+    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 30s))
         << "process " << p << " of the killed agent survived";
   }
 }
@@ -482,7 +485,7 @@ TEST_F(EtcdRendezvous, AnAgentCutOffFromEtcdStopsItsWorkers) {
   std::vector<pid_t> workers = testing::descendants(agents_[2]->pid());
   ASSERT_FALSE(workers.empty());
   proxy.cut();
-  // Its lease expires (TTL 3 s): the others go on without it...
+  // Its lease expires (TTL 10 s): the others go on without it...
   expect_two_finish({0, 1});
   // ...and it stops its workers instead of running on as a split brain.
   CommandResult cut = agents_[2]->wait(60s);
@@ -493,7 +496,7 @@ TEST_F(EtcdRendezvous, AnAgentCutOffFromEtcdStopsItsWorkers) {
   ASSERT_FALSE(env_lines(cut.out).empty()) << cut.out;
   EXPECT_EQ(env_lines(cut.out).back().gws, 3) << cut.out;
   for (pid_t p : workers) {
-    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 10s))
+    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 30s))
         << "worker " << p << " of the cut-off agent survived";
   }
 }
@@ -582,7 +585,7 @@ TEST_F(EtcdRendezvous, TheExitBarrierHoldsUntilEveryNodeIsDone) {
   testing::TempDir dir;
   testing::Gate gate((dir / "go").string());
   const std::string conf =
-      "close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=3";
+      "close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=10";
   const std::string script = "if [ $NODE = 2 ]; then echo HELD; read x < " +
                              gate.path() + "; fi; echo DONE";
   for (int i = 0; i < 3; ++i) {
@@ -620,7 +623,7 @@ TEST_F(EtcdRendezvous, ANodeArrivingAfterTheJobGaveUpFailsSayingSo) {
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.healthy());
   const std::string conf =
-      "close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=3";
+      "close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=10";
   const std::vector<std::string> flags = {"--nnodes", "2", "--max-restarts",
                                           "0"};
   for (int i = 0; i < 2; ++i) {
@@ -642,7 +645,7 @@ TEST_F(EtcdRendezvous, ANodeArrivingAfterTheJobGaveUpFailsSayingSo) {
 }
 
 // The cut fault (--fault cut:node=N:for=S), as the c10d backend has it:
-// the node's helper stops renewing its lease; past the TTL (3 s) etcd
+// the node's helper stops renewing its lease; past the TTL (10 s) etcd
 // drops its keys, the others re-form without it, and it stops its workers
 // and exits 1 instead of running on.
 TEST_F(EtcdRendezvous, TheCutFaultDropsTheNodeAndTheOthersGoOn) {
@@ -669,7 +672,7 @@ TEST_F(EtcdRendezvous, TheCutFaultDropsTheNodeAndTheOthersGoOn) {
   EXPECT_THAT(r.err, HasSubstr("lease"));
   EXPECT_EQ(env_lines(r.out).back().gws, 3) << r.out;
   for (pid_t p : workers) {
-    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 10s))
+    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 30s))
         << "process " << p << " of the cut-off agent survived";
   }
 }
@@ -764,7 +767,7 @@ TEST_F(EtcdRendezvous, LogsInWithAUserWhosePasswordIsInAFile) {
   testing::TempDir dir;
   testing::write_file(dir / "pw", "s3cret\n", 0600);
   testing::write_file(dir / "bad", "wrong\n", 0600);
-  const std::string ka = "keep_alive_interval=1,keep_alive_max_attempt=3,";
+  const std::string ka = "keep_alive_interval=1,keep_alive_max_attempt=10,";
   for (int i = 0; i < 2; ++i) {
     start(i, etcd.endpoint(0), {"--nnodes", "2"}, kShowEnv, "",
           ka + "user=root,password_file=" + (dir / "pw").string());
@@ -790,7 +793,7 @@ TEST_F(EtcdRendezvous, TalksTlsWithAClientCertificate) {
   ASSERT_TRUE(etcd.healthy());
   const auto& d = etcd.tls_dir();
   const std::string tls =
-      "keep_alive_interval=1,keep_alive_max_attempt=3,"
+      "keep_alive_interval=1,keep_alive_max_attempt=10,"
       "cacert=" +
       (d / "ca.pem").string() + ",cert=" + (d / "client.pem").string() +
       ",key=" + (d / "client.key").string();
@@ -804,7 +807,7 @@ TEST_F(EtcdRendezvous, TalksTlsWithAClientCertificate) {
   }
   // Plain TCP to a TLS member: no answer, and the error says where.
   start(2, etcd.endpoint(0), {"--nnodes", "1"}, kShowEnv, id_ + "plain",
-        "keep_alive_interval=1,keep_alive_max_attempt=3,read_timeout=2,"
+        "keep_alive_interval=1,keep_alive_max_attempt=10,read_timeout=2,"
         "join_timeout=2");
   CommandResult plain = agents_[2]->wait(60s);
   EXPECT_NE(plain.exit_code, 0);
