@@ -59,6 +59,9 @@ struct CommandRunner::Impl {
     int open_streams = 0;
     bool reaped = false;
     CommandResult result;
+    // Made from the environment by the constructor (see there).
+    std::vector<std::string> env_list;
+    std::string exe;  // empty: argv[0] is not in PATH
   };
 
   asio::io_context io;
@@ -180,20 +183,15 @@ struct CommandRunner::Impl {
       }
       ::close(fd);
     }
-    agent::EnvMap env = agent::current_environment();
-    for (const auto& [k, v] : cmd.env) env[k] = v;
-    std::vector<std::string> env_list;
-    for (const auto& [k, v] : env) env_list.push_back(k + "=" + v);
-    std::string exe = cmd.argv[0];
-    if (exe.find('/') == std::string::npos) {
-      auto found = bp::environment::find_executable(exe);
-      if (found.empty()) {
-        c.result.out = "'" + exe + "' is not in PATH";
-        ++done;
-        return;
-      }
-      exe = found.string();
-    } else if (::access(exe.c_str(), X_OK) != 0) {
+    const std::string& exe = c.exe;
+    const std::vector<std::string>& env_list = c.env_list;
+    if (exe.empty()) {
+      c.result.out = "'" + cmd.argv[0] + "' is not in PATH";
+      ++done;
+      return;
+    }
+    if (cmd.argv[0].find('/') != std::string::npos &&
+        ::access(exe.c_str(), X_OK) != 0) {
       c.result.out = "cannot start " + exe + ": " + std::strerror(errno);
       ++done;
       return;
@@ -271,9 +269,21 @@ CommandRunner::CommandRunner(std::vector<AgentCommand> commands,
                              CommandOutput output)
     : commands_(std::move(commands)), impl_(std::make_unique<Impl>()) {
   impl_->output = output;
+  // The environment is read here, on the caller's thread, never on the
+  // runner's: the head's own agent setenv()s while the runner may still be
+  // starting the others, and glibc's setenv frees the array a reader on
+  // another thread walks (the head died of SIGSEGV in strlen that way).
+  const agent::EnvMap base = agent::current_environment();
   for (const AgentCommand& c : commands_) {
     auto child = std::make_unique<Impl::Child>();
     child->cmd = &c;
+    agent::EnvMap env = base;
+    for (const auto& [k, v] : c.env) env[k] = v;
+    for (const auto& [k, v] : env) child->env_list.push_back(k + "=" + v);
+    child->exe = c.argv[0];
+    if (child->exe.find('/') == std::string::npos) {
+      child->exe = bp::environment::find_executable(child->exe).string();
+    }
     impl_->children.push_back(std::move(child));
   }
   // The children are forked by the runner's thread: they die with it.

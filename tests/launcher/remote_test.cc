@@ -392,6 +392,47 @@ TEST(ShipTest, AFileOnStdinIsTheFileItselfForEveryCommand) {
               AllOf(HasSubstr("cannot read"), HasSubstr("absent")));
 }
 
+// The runner never reads the environment on its thread: the head's own
+// agent setenv()s on the main thread while the runner starts the other
+// hosts' agents, and glibc's setenv frees the array that a reader on
+// another thread walks (a SIGSEGV, now and then, of a head under load).
+// The commands get the environment as it was when the runner was made:
+// the first command's local file is a FIFO, so the runner's thread waits
+// in its open() until this thread has set DLT_RUNNER_AFTER and opens the
+// FIFO to read it. Then this thread adds variables while 63 more start.
+TEST(CommandRunnerTest, TakesTheEnvironmentBeforeItsThreadStarts) {
+  testing::TempDir dir;
+  const std::filesystem::path fifo = dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ::setenv("DLT_RUNNER_BEFORE", "before", 1);
+  std::vector<AgentCommand> cmds(64);
+  for (size_t i = 0; i < cmds.size(); ++i) {
+    cmds[i].argv = {"sh", "-c",
+                    "echo \"$DLT_RUNNER_BEFORE/$DLT_RUNNER_AFTER\""};
+    cmds[i].hosts = {"host" + std::to_string(i)};
+  }
+  cmds[0].local_files[fifo] = "x";
+  std::vector<std::string> names;
+  {
+    CommandRunner run(cmds, CommandOutput::kCapture);
+    ::setenv("DLT_RUNNER_AFTER", "after", 1);
+    EXPECT_EQ(testing::read_file(fifo), "x");  // lets the runner go on
+    for (int i = 0; i < 5000 && !run.wait(std::chrono::milliseconds(0)); ++i) {
+      names.push_back("DLT_RUNNER_" + std::to_string(i));
+      ::setenv(names.back().c_str(), "x", 1);
+    }
+    ASSERT_TRUE(run.wait(std::chrono::seconds(60)));
+    for (const CommandResult& r : run.results()) {
+      EXPECT_TRUE(r.exited);
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+      EXPECT_EQ(r.out, "before/\n");
+    }
+  }
+  for (const std::string& n : names) ::unsetenv(n.c_str());
+  ::unsetenv("DLT_RUNNER_BEFORE");
+  ::unsetenv("DLT_RUNNER_AFTER");
+}
+
 // The head's staging folders: private, recorded, removed at its end; the
 // folders of heads that are gone (or whose pid was reused) are removed by
 // the next head, nothing else is.
