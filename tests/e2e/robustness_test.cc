@@ -178,9 +178,10 @@ TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithTheJob) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   pid_t stray = pid_in(file);
   ASSERT_GT(stray, 0);
-  EXPECT_TRUE(eventually([&] { return !testing::process_alive(stray); }, 5s))
+  EXPECT_TRUE(eventually([&] { return !testing::process_alive(stray); }, 30s))
       << "the worker's setsid child outlived the job";
-  ::kill(stray, SIGKILL);
+  // Only a survivor: the pid of one that is gone may be another's now.
+  if (testing::process_alive(stray)) ::kill(stray, SIGKILL);
 }
 
 TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithAKilledAgent) {
@@ -193,13 +194,14 @@ TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithAKilledAgent) {
                 {{"TMPDIR", dir.path().string()}},
                 {},
                 ""});
-  ASSERT_TRUE(eventually([&] { return pid_in(file) > 0; }, 10s));
+  ASSERT_TRUE(eventually([&] { return pid_in(file) > 0; }, 60s));
   pid_t stray = pid_in(file);
   p.signal(SIGKILL);
-  p.wait(10s);
-  EXPECT_TRUE(eventually([&] { return !testing::process_alive(stray); }, 5s))
+  p.wait(30s);
+  EXPECT_TRUE(eventually([&] { return !testing::process_alive(stray); }, 30s))
       << "the worker's setsid child outlived the SIGKILLed agent";
-  ::kill(stray, SIGKILL);
+  // Only a survivor: the pid of one that is gone may be another's now.
+  if (testing::process_alive(stray)) ::kill(stray, SIGKILL);
 }
 
 TEST(Robustness, AFullLogDiskIsReportedNotHidden) {

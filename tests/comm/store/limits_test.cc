@@ -71,7 +71,7 @@ TEST(DlStoreLimitsTest, HeadersAnnouncingHugeFramesCostNoMemory) {
 
 TEST(DlStoreLimitsTest, ServesOnlyLoopbackUnlessToldOtherwise) {
   auto child = testing::spawn({testing::bin("dl-store"), "--port", "0"});
-  ASSERT_TRUE(child->wait_for_output("\n", 5s)) << child->err();
+  ASSERT_TRUE(child->wait_for_output("\n", 30s)) << child->err();
   EXPECT_THAT(child->out(), HasSubstr("dl-store listening on 127.0.0.1:"));
   auto help = testing::run({testing::bin("dl-store"), "--help"});
   EXPECT_EQ(help.exit_code, 0);
@@ -128,10 +128,10 @@ TEST_F(LimitsTest, OverTheServersBudgetTheGrowingConnectionIsClosed) {
   RawSocket b(server_->port());
   a.send(hello() + frame.substr(0, part));
   ASSERT_TRUE(testing::eventually(
-      [&] { return server_->buffered_bytes() >= part; }, 5s));
+      [&] { return server_->buffered_bytes() >= part; }, 30s));
   b.send(hello() + frame.substr(0, part));
   ASSERT_TRUE(testing::eventually(
-      [&] { return server_->buffered_bytes() >= 2 * part; }, 5s));
+      [&] { return server_->buffered_bytes() >= 2 * part; }, 30s));
   // The third does not fit beside them.
   RawSocket c(server_->port());
   c.send(hello());
@@ -157,7 +157,7 @@ TEST_F(LimitsTest, OverTheServersBudgetTheGrowingConnectionIsClosed) {
   }
   // Drained buffers give their growth back.
   EXPECT_TRUE(
-      testing::eventually([&] { return server_->buffered_bytes() == 0; }, 5s))
+      testing::eventually([&] { return server_->buffered_bytes() == 0; }, 30s))
       << server_->buffered_bytes();
 }
 

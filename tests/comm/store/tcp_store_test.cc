@@ -127,7 +127,7 @@ TEST_F(TcpStoreTest, WaitReturnsWhenAllKeysExist) {
   store_->set("a", "1");
   auto waiter = std::async(std::launch::async, [&] {
     auto c = connect_to(server_->port());
-    c->wait({"a", "b", "c"}, 5s);
+    c->wait({"a", "b", "c"}, 30s);
   });
   store_->set("b", "2");
   EXPECT_EQ(waiter.wait_for(100ms), std::future_status::timeout);
@@ -165,7 +165,7 @@ TEST_F(TcpStoreTest, TimeoutMessageListsTenMissingKeysAndCountsTheRest) {
 TEST_F(TcpStoreTest, WaitSurvivesAKeyDeletedBeforeTheOthersArrive) {
   auto waiter = std::async(std::launch::async, [&] {
     auto c = connect_to(server_->port());
-    c->wait({"a", "b"}, 5s);
+    c->wait({"a", "b"}, 30s);
   });
   store_->set("a", "1");
   store_->delete_key("a");
