@@ -175,16 +175,16 @@ TEST(MultiProcessTest, LargeAllReduceFallsBackToTcpWhenSharedMemoryFails) {
 
 TEST(MultiProcessTest, SubGroupsCreatedFromTwoThreadsAtOnce) {
   // Over the TCP store: each rendezvous must block on its own connection,
-  // or the two threads' rendezvous would wait for each other across ranks.
+  // or the two threads' rendezvous would wait for each other across ranks
+  // until the timeout (60 s) failed them: exit 0 is the proof.
   auto procs = start_workers(3, {"concurrent-groups"},
                              {{"MASTER_ADDR", "127.0.0.1"},
                               {"MASTER_PORT", std::to_string(free_port())},
-                              {"DLAUNCH_COMM_TIMEOUT", "20"}});
+                              {"DLAUNCH_COMM_TIMEOUT", "60"}});
   for (int r = 0; r < 3; ++r) {
-    CommandResult res = procs[r]->wait(seconds(60));
+    CommandResult res = procs[r]->wait(seconds(120));
     EXPECT_EQ(res.exit_code, 0) << "rank " << r << ": " << res.err;
     EXPECT_THAT(res.out, HasSubstr("concurrent groups ok"));
-    EXPECT_LT(res.elapsed, seconds(15)) << "rank " << r;
   }
 }
 
@@ -247,34 +247,34 @@ TEST(MultiProcessTest, BusyMasterPortAndUnreachableStoreAreClearErrors) {
            {"RANK", "1"},
            {"WORLD_SIZE", "2"},
            {"DLAUNCH_COMM_TIMEOUT", "1"}};
-  CommandResult lone = dlaunch::testing::run_command(o, seconds(30));
+  // (At the default 30 minutes, the run's 60 s would time out.)
+  CommandResult lone = dlaunch::testing::run_command(o, seconds(60));
+  EXPECT_FALSE(lone.timed_out);
   EXPECT_EQ(lone.exit_code, 3);
   EXPECT_THAT(lone.err, HasSubstr("rank 1 cannot reach the store that rank 0 "
                                   "serves at 127.0.0.1:"));
-  EXPECT_LT(lone.elapsed, seconds(10));
 }
 
 TEST(MultiProcessTest, PeerKilledMidAllReduceFailsTheOthersFast) {
-  // Timeout 60 s: the survivors must notice the death itself, not time out.
+  // Timeout 300 s: the survivors must notice the death itself, not time
+  // out (each is waited for 60 s at most).
   auto procs = start_workers(4, {"allreduce-loop"},
                              {{"MASTER_ADDR", "127.0.0.1"},
                               {"MASTER_PORT", std::to_string(free_port())},
-                              {"DLAUNCH_COMM_TIMEOUT", "60"}});
+                              {"DLAUNCH_COMM_TIMEOUT", "300"}});
   for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(procs[r]->wait_for_output(
         "rank " + std::to_string(r) + " ready", seconds(30)))
         << "rank " << r << ": " << procs[r]->err();
   }
   procs[2]->signal(SIGKILL);
-  auto killed_at = std::chrono::steady_clock::now();
   for (int r : {0, 1, 3}) {
-    CommandResult res = procs[r]->wait(seconds(15));
+    CommandResult res = procs[r]->wait(seconds(60));
     EXPECT_FALSE(res.timed_out) << "rank " << r << " hung";
     EXPECT_EQ(res.exit_code, 3) << "rank " << r << ": " << res.err;
     EXPECT_THAT(res.err, HasSubstr("all_reduce on group 'world'"));
     EXPECT_THAT(res.err, HasSubstr("rank 2"));
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, seconds(10));
 }
 
 // The p2p-from-last job on 3 ranks (timeout 120 s, shared memory as
@@ -297,7 +297,7 @@ std::vector<std::unique_ptr<Subprocess>> start_p2p_stopping_receivers(
         << "rank " << r << ": " << procs[r]->out() << procs[r]->err();
     procs[r]->signal(SIGSTOP);
     EXPECT_TRUE(eventually(
-        [&] { return process_state(procs[r]->pid()) == 'T'; }, seconds(10)));
+        [&] { return process_state(procs[r]->pid()) == 'T'; }, seconds(30)));
   }
   gate.open_once();
   EXPECT_TRUE(
@@ -311,10 +311,10 @@ std::vector<std::unique_ptr<Subprocess>> start_p2p_stopping_receivers(
 void kill_sender_expecting_fast_failures(
     std::vector<std::unique_ptr<Subprocess>>& procs) {
   procs[2]->signal(SIGKILL);
-  EXPECT_EQ(procs[2]->wait(seconds(10)).signal, SIGKILL);
+  EXPECT_EQ(procs[2]->wait(seconds(30)).signal, SIGKILL);
   for (int r : {0, 1}) procs[r]->signal(SIGCONT);
   for (int r : {0, 1}) {
-    CommandResult res = procs[r]->wait(seconds(20));
+    CommandResult res = procs[r]->wait(seconds(60));
     EXPECT_FALSE(res.timed_out) << "rank " << r << " waited for the timeout";
     EXPECT_EQ(res.exit_code, 3) << "rank " << r << ": " << res.out << res.err;
     EXPECT_THAT(res.err,
@@ -369,7 +369,7 @@ void expect_no_new_shm(const std::set<std::string>& before) {
         }
         return left.empty();
       },
-      seconds(10)));
+      seconds(30)));
   for (const auto& n : left) ADD_FAILURE() << "left in /dev/shm: " << n;
 }
 
@@ -482,8 +482,8 @@ TEST(MultiProcessTest, PeerKilledMidSharedMemoryTransferFailsReceivesFast) {
 TEST(MultiProcessTest, StoreAddressThatNeverResolvesFailsAtTheTimeout) {
   // A nameserver that never answers (a bound, silent UDP socket), given to
   // the worker through a private mount of /etc/resolv.conf; the resolver
-  // alone would wait 30 s. The store connect must give up at the 1 s
-  // timeout, naming the host.
+  // alone would wait 30 s per try, 5 tries. The store connect must give up at
+  // the 1 s timeout, naming the host.
   int dns = socket(AF_INET, SOCK_DGRAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -518,13 +518,13 @@ TEST(MultiProcessTest, StoreAddressThatNeverResolvesFailsAtTheTimeout) {
            {"RANK", "1"},
            {"WORLD_SIZE", "2"},
            {"DLAUNCH_COMM_TIMEOUT", "1"},
-           {"RES_OPTIONS", "timeout:30 attempts:1"}};
+           {"RES_OPTIONS", "timeout:30 attempts:5"}};
   CommandResult res = dlaunch::testing::run_command(o, seconds(60));
   close(dns);
   EXPECT_EQ(res.exit_code, 3) << res.out << res.err;
   EXPECT_THAT(res.err, HasSubstr("cannot resolve host 'dlaunch-test.invalid'"));
   EXPECT_THAT(res.err, HasSubstr("unreachable after 1 s"));
-  EXPECT_LT(res.elapsed, seconds(15)) << "the resolver's 30 s, not the 1 s";
+  EXPECT_FALSE(res.timed_out) << "the resolver's 150 s, not the 1 s";
 }
 
 }  // namespace
