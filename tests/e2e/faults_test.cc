@@ -392,14 +392,17 @@ TEST_F(Sgd, RankKilledMidAllReduceResumesToTheSameWeights) {
 
 // Rank 1 freezes (SIGSTOP) as it calls its 20th all_reduce; rank 0 waits
 // in it. --hang-timeout finds rank 1 (the lowest progress), SIGKILLs it,
-// and the restarted group finishes with the clean run's weights.
+// and the restarted group finishes with the clean run's weights. The
+// timeout is 5 s: after its last all_reduce a rank evaluates and writes
+// its checkpoint, which took over 1 s on a loaded machine (a 1 s timeout
+// called the restarted rank 1 hung there).
 TEST_F(Sgd, FrozenRankIsFoundHungAndNamedWithItsOperation) {
   CommandResult r =
-      run("frozen", {"--max-restarts", "1", "--hang-timeout", "1"},
+      run("frozen", {"--max-restarts", "1", "--hang-timeout", "5"},
           {{"DLAUNCH_COMM_FAULTS",
             "kill:rank=1:op=all_reduce:call=20:signal=STOP"}});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("dlaunch: hang: no progress for 1 s "
+  EXPECT_THAT(r.err, HasSubstr("dlaunch: hang: no progress for 5 s "
                                "(--hang-timeout); stuck: rank 1 (local rank 1, "
                                "pid "));
   EXPECT_THAT(r.err, HasSubstr(") in between operations (last: all_reduce) at "
@@ -419,10 +422,12 @@ TEST_F(Sgd, FrozenRankIsFoundHungAndNamedWithItsOperation) {
   expect_same_weights_as_clean_run("frozen");
 }
 
-// Rank 1 opens its training data 2 s after rank 0 (strace delays that
-// openat), twice the --hang-timeout: dl-sgd loads its data before it joins
-// the group, so rank 0 waits in the group's rendezvous, which is not timed,
-// not in a first collective, which is; no rank is called hung.
+// Rank 1 opens its training data 10 s after rank 0 (strace delays that
+// openat), twice the --hang-timeout (5 s, which a rank's work after its last
+// all_reduce does not reach on a loaded machine, as 1 s did): dl-sgd loads its
+// data before it joins the group, so rank 0 waits in the group's rendezvous,
+// which is not timed, not in a first collective, which is; no rank is called
+// hung.
 TEST_F(Sgd, ARankLoadingItsDataLateIsNotCalledHung) {
   if (testing::run_command({{"strace", "-V"}, {}, {}, ""}).exit_code != 0) {
     GTEST_SKIP() << "strace is not installed (scripts/setup)";
@@ -434,9 +439,9 @@ TEST_F(Sgd, ARankLoadingItsDataLateIsNotCalledHung) {
                           " --epochs 1 --limit-train 2000 --limit-test 500 "
                           "--no-checkpoint";
   CommandResult r =
-      dlaunch({"--nproc-per-node", "2", "--hang-timeout", "1", "sh", "-c",
+      dlaunch({"--nproc-per-node", "2", "--hang-timeout", "5", "sh", "-c",
                "if [ $RANK = 1 ]; then exec strace -o /dev/null -P " + images +
-                   " -e trace=openat -e inject=openat:delay_enter=2000000 " +
+                   " -e trace=openat -e inject=openat:delay_enter=10000000 " +
                    sgd + "; fi; exec " + sgd},
               {{"DLAUNCH_COMM_TIMEOUT", "60"}});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
@@ -545,11 +550,12 @@ TEST(CommFaults, TheReportAndSummarySayInjected) {
 // Ranks 1 and 2 of three stall at the same all_reduce (before entering
 // it); rank 0 waits inside it. The hang report names both stuck ranks (the
 // lowest progress), each with its operation, and not rank 0; the failure
-// report lists both, each injected.
+// report lists both, each injected. (--hang-timeout 5 s: a rank a loaded
+// machine leaves unscheduled for 1 s between two calls is not hung.)
 TEST(CommFaults, EveryStuckRankIsNamedWithItsOperation) {
   TempDir dir;
   CommandResult r = dlaunch(
-      {"--nproc-per-node", "3", "--hang-timeout", "1", "--log-dir",
+      {"--nproc-per-node", "3", "--hang-timeout", "5", "--log-dir",
        dir.path().string(), "--rdzv-id", "two", testing::bin("dl-collectives")},
       {{"DLAUNCH_COMM_FAULTS",
         "stall:rank=1:op=all_reduce:call=3,stall:rank=2:op=all_reduce:call=3"},
@@ -559,7 +565,7 @@ TEST(CommFaults, EveryStuckRankIsNamedWithItsOperation) {
   std::string err = r.err;
   ASSERT_TRUE(std::regex_search(
       err, m,
-      std::regex("dlaunch: hang: no progress for 1 s \\(--hang-timeout\\); "
+      std::regex("dlaunch: hang: no progress for 5 s \\(--hang-timeout\\); "
                  "stuck: rank 1 \\(local rank 1, pid [0-9]+\\) in between "
                  "operations \\(last: all_reduce\\), rank 2 \\(local rank 2, "
                  "pid [0-9]+\\) in between operations \\(last: all_reduce\\) "
