@@ -149,7 +149,7 @@ TEST_F(Install, InstalledDlaunchRunsItsWatchdogBesideIt) {
         }
         return false;
       },
-      10s))
+      30s))
       << "no process below dlaunch runs " << watchdog;
   p.signal(SIGTERM);
   p.wait(60s);

@@ -114,7 +114,7 @@ class Slurm : public ::testing::Test {
     }
     // The agent (srun passes the head's environment on) and its workers.
     EXPECT_TRUE(
-        testing::eventually([&] { return marked(mark).size() >= 3u; }, 10s))
+        testing::eventually([&] { return marked(mark).size() >= 3u; }, 30s))
         << marked(mark).size();
     return head;
   }
@@ -191,7 +191,7 @@ TEST_F(Slurm, SigkillToTheHeadLeavesNoAgentOrWorker) {
   std::unique_ptr<Subprocess> head = start_sleeping_job(mark);
   ASSERT_TRUE(head);
   head->signal(SIGKILL);
-  EXPECT_EQ(head->wait(10s).signal, SIGKILL);
+  EXPECT_EQ(head->wait(30s).signal, SIGKILL);
   EXPECT_TRUE(none_marked(mark, 60s)) << marked(mark).size() << " left";
   EXPECT_TRUE(testing::eventually([&] { return steps().empty(); }, 60s))
       << steps();

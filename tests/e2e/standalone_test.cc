@@ -29,7 +29,7 @@ TEST(Standalone, HostsAWorkingStoreWhileTheJobRuns) {
        {},
        {},
        ""});
-  ASSERT_TRUE(p.wait_for_output("[default0]:ready", 10s)) << p.err();
+  ASSERT_TRUE(p.wait_for_output("[default0]:ready", 30s)) << p.err();
   std::set<int> ports = testing::listening_ports(p.pid());
   ASSERT_EQ(ports.size(), 1u);
   auto store = comm::store::TcpStore::connect(
@@ -41,7 +41,7 @@ TEST(Standalone, HostsAWorkingStoreWhileTheJobRuns) {
   EXPECT_EQ(store->get("k"), "v");
   EXPECT_EQ(store->add("n", 2), 2);
   testing::write_file(go, "");
-  EXPECT_EQ(p.wait(10s).exit_code, 0);
+  EXPECT_EQ(p.wait(30s).exit_code, 0);
 }
 
 // One node without --standalone or an endpoint meets nobody: no store, no
@@ -55,10 +55,10 @@ TEST(Standalone, OneNodeWithoutTheFlagHostsNoStore) {
        {},
        {},
        ""});
-  ASSERT_TRUE(p.wait_for_output("[default0]:ready", 10s)) << p.err();
+  ASSERT_TRUE(p.wait_for_output("[default0]:ready", 30s)) << p.err();
   EXPECT_EQ(testing::listening_ports(p.pid()), std::set<int>{});
   testing::write_file(go, "");
-  EXPECT_EQ(p.wait(10s).exit_code, 0);
+  EXPECT_EQ(p.wait(30s).exit_code, 0);
 }
 
 }  // namespace
