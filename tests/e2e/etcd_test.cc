@@ -163,17 +163,23 @@ class EtcdCluster {
   bool healthy(std::chrono::milliseconds timeout = 60s) {
     return eventually(
         [&] {
-          std::vector<std::string> argv = {kEtcdctl,    "--endpoints",
-                                           endpoints(), "--command-timeout=2s",
-                                           "endpoint",  "health"};
-          if (tls_) {
-            argv.insert(argv.end(), {"--cacert", (dir_ / "ca.pem").string(),
-                                     "--cert", (dir_ / "client.pem").string(),
-                                     "--key", (dir_ / "client.key").string()});
-          }
-          return testing::run_command({argv, {}, {}, ""}, 10s).exit_code == 0;
+          return ctl({"--command-timeout=2s", "endpoint", "health"}, 10s)
+                     .exit_code == 0;
         },
         timeout);
+  }
+  // etcdctl `args` against every member (with the test CA's client
+  // certificate when TLS), bounded by `timeout`.
+  CommandResult ctl(const std::vector<std::string>& args,
+                    std::chrono::milliseconds timeout = 30s) const {
+    std::vector<std::string> argv = {kEtcdctl, "--endpoints", endpoints()};
+    if (tls_) {
+      argv.insert(argv.end(), {"--cacert", (dir_ / "ca.pem").string(), "--cert",
+                               (dir_ / "client.pem").string(), "--key",
+                               (dir_ / "client.key").string()});
+    }
+    argv.insert(argv.end(), args.begin(), args.end());
+    return testing::run_command({argv, {}, {}, ""}, timeout);
   }
   const std::filesystem::path& tls_dir() const { return dir_.path(); }
   std::string endpoint(int i) const {
@@ -194,13 +200,7 @@ class EtcdCluster {
   }
   // Keys under `prefix`, one per line ("" when none or on error).
   std::string keys(const std::string& prefix) const {
-    return testing::run_command({{kEtcdctl, "--endpoints", endpoints(), "get",
-                                  "--prefix", prefix, "--keys-only"},
-                                 {},
-                                 {},
-                                 ""},
-                                10s)
-        .out;
+    return ctl({"get", "--prefix", prefix, "--keys-only"}, 10s).out;
   }
 
  private:
@@ -341,14 +341,15 @@ class EtcdRendezvous : public ::testing::Test {
   }
 
   // Starts agent `i` advertising 127.0.0.(i+1), meeting in etcd at
-  // `endpoints` under job `id`. What a loaded machine may delay by seconds
-  // has room: a round of --nnodes 2:3 waits 5 s for the third node (last
-  // call), and a lease lives 10 s without keep-alives (a killed or cut node
-  // is dropped after those 10 s).
+  // `endpoints` under job `id`, with `env` on top of NODE=i. What a loaded
+  // machine may delay by seconds has room: a round of --nnodes 2:3 waits
+  // 5 s for the third node (last call), and a lease lives 10 s without
+  // keep-alives (a killed or cut node is dropped after those 10 s).
   Subprocess& start(int i, const std::string& endpoints,
                     const std::vector<std::string>& flags,
                     const std::string& script, const std::string& id = "",
-                    const std::string& conf = "") {
+                    const std::string& conf = "",
+                    std::map<std::string, std::string> env = {}) {
     std::vector<std::string> argv = {
         kDlaunch,
         "--rdzv-backend",
@@ -365,8 +366,9 @@ class EtcdRendezvous : public ::testing::Test {
                           : "," + conf)};
     argv.insert(argv.end(), flags.begin(), flags.end());
     argv.insert(argv.end(), {"sh", "-c", script});
+    env["NODE"] = std::to_string(i);
     agents_[i] = std::make_unique<Subprocess>(
-        testing::CommandOptions{argv, {{"NODE", std::to_string(i)}}, {}, ""});
+        testing::CommandOptions{argv, env, {}, ""});
     return *agents_[i];
   }
 
@@ -402,6 +404,74 @@ class EtcdRendezvous : public ::testing::Test {
       if (k != i) out.push_back(k);
     }
     return out;
+  }
+
+  // The exit barrier's settings: a finished mark that outlives the
+  // members' leases (TTL 10 s) by 110 s.
+  static constexpr const char* kBarrierConf =
+      "close_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=10";
+
+  // Starts nodes 0..2 (--nnodes 3 plus `flags`; node 2 with `env2`), whose
+  // workers end at once but node 2's, which waits for `gate`; returns once
+  // node 2's worker runs and nodes 0 and 1 wait in the exit barrier, their
+  // "done" in etcd.
+  void hold_in_barrier(EtcdCluster& etcd, const testing::Gate& gate,
+                       std::vector<std::string> flags,
+                       const std::map<std::string, std::string>& env2 = {}) {
+    flags.insert(flags.begin(), {"--nnodes", "3"});
+    const std::string script = "if [ $NODE = 2 ]; then echo HELD; read x < " +
+                               gate.path() + "; fi; echo DONE";
+    for (int i = 0; i < 3; ++i) {
+      start(i, etcd.endpoint(0), flags, script, "", kBarrierConf,
+            i == 2 ? env2 : std::map<std::string, std::string>{});
+    }
+    ASSERT_TRUE(agents_[2]->wait_for_output("HELD", 60s)) << agents_[2]->err();
+    for (int i : {0, 1}) {
+      ASSERT_TRUE(
+          agents_[i]->wait_for_output("for the other nodes to finish", 60s))
+          << agents_[i]->err();
+    }
+    // Each agent says it waits before its helper puts its "done".
+    const std::string done = "/dlaunch/" + id_ + "/r/00000000/done/";
+    std::string keys;
+    ASSERT_TRUE(eventually(
+        [&] {
+          keys = etcd.keys(done);
+          return keys.find(done + "127.0.0.1/") != std::string::npos &&
+                 keys.find(done + "127.0.0.2/") != std::string::npos;
+        },
+        60s))
+        << keys;
+  }
+
+  // A node that comes once the job finished exits 0 at once, saying so;
+  // without the finished mark it would wait for a place until its join
+  // timeout (300 s; the wait below ends first).
+  void expect_told_finished(EtcdCluster& etcd) {
+    start(3, etcd.endpoint(0), {"--nnodes", "3"}, kShowEnv, "",
+          std::string(kBarrierConf) + ",join_timeout=300");
+    CommandResult late = agents_[3]->wait(120s);
+    ASSERT_FALSE(late.timed_out) << "the late node waited for a place";
+    EXPECT_THAT(late.err, HasSubstr("already finished"));
+    EXPECT_EQ(late.out.find("ENV"), std::string::npos) << late.out;
+    EXPECT_EQ(late.exit_code, 0) << late.err;
+  }
+
+  // Round 0 of this job is closed with the value `closed`, of no format
+  // this dlaunch knows: a node of one joins and fails, saying so, rather
+  // than start workers or wait.
+  void expect_round_named(const std::string& closed) {
+    EtcdCluster etcd(1);
+    ASSERT_TRUE(etcd.healthy());
+    CommandResult put =
+        etcd.ctl({"put", "/dlaunch/" + id_ + "/r/00000000/closed", closed});
+    ASSERT_EQ(put.exit_code, 0) << put.err;
+    start(0, etcd.endpoint(0), {"--nnodes", "1"}, kShowEnv);
+    CommandResult r = agents_[0]->wait(120s);
+    ASSERT_FALSE(r.timed_out) << r.err;
+    EXPECT_NE(r.exit_code, 0) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("(another dlaunch version?)"));
+    EXPECT_THAT(r.out, ::testing::Not(HasSubstr("ENV ")));
   }
 
   std::string id_ = "etcd" + std::to_string(::getpid());
@@ -584,21 +654,8 @@ TEST_F(EtcdRendezvous, TheExitBarrierHoldsUntilEveryNodeIsDone) {
   ASSERT_TRUE(etcd.healthy());
   testing::TempDir dir;
   testing::Gate gate((dir / "go").string());
-  const std::string conf =
-      "close_timeout=30,keep_alive_interval=1,keep_alive_max_attempt=10";
-  const std::string script = "if [ $NODE = 2 ]; then echo HELD; read x < " +
-                             gate.path() + "; fi; echo DONE";
-  for (int i = 0; i < 3; ++i) {
-    start(i, etcd.endpoint(0), {"--nnodes", "3"}, script, "", conf);
-  }
-  ASSERT_TRUE(agents_[2]->wait_for_output("HELD", 60s)) << agents_[2]->err();
-  for (int i : {0, 1}) {
-    ASSERT_TRUE(
-        agents_[i]->wait_for_output("for the other nodes to finish", 60s))
-        << agents_[i]->err();
-    // Held while node 2's worker runs.
-    EXPECT_TRUE(testing::process_alive(agents_[i]->pid()));
-  }
+  ASSERT_NO_FATAL_FAILURE(hold_in_barrier(etcd, gate, {}));
+  for (int i : {0, 1}) EXPECT_TRUE(testing::process_alive(agents_[i]->pid()));
   gate.open_once();
   for (int i = 0; i < 3; ++i) {
     CommandResult r = agents_[i]->wait(60s);
@@ -606,12 +663,43 @@ TEST_F(EtcdRendezvous, TheExitBarrierHoldsUntilEveryNodeIsDone) {
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_THAT(r.out, HasSubstr("DONE"));
   }
-  start(3, etcd.endpoint(0), {"--nnodes", "3"}, kShowEnv, "", conf);
-  CommandResult late = agents_[3]->wait(45s);
-  ASSERT_FALSE(late.timed_out) << "the late node waited for a place";
-  EXPECT_THAT(late.err, HasSubstr("already finished"));
-  EXPECT_EQ(late.out.find("ENV"), std::string::npos) << late.out;
-  EXPECT_EQ(late.exit_code, 0) << late.err;
+  expect_told_finished(etcd);
+}
+
+// The node whose "done" completes the exit barrier's set dies (SIGKILL,
+// agent and helper, through the helper's test hook) before it puts the
+// round's "end": the others end the barrier once its lease expires (TTL
+// 10 s), not at --exit-barrier-timeout (an hour here), say why, and mark
+// the job finished for a node that comes later.
+TEST_F(EtcdRendezvous, TheNodeCompletingTheExitBarrierDiesBeforeEndingIt) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  testing::TempDir dir;
+  testing::Gate gate((dir / "go").string());
+  ASSERT_NO_FATAL_FAILURE(
+      hold_in_barrier(etcd, gate, {"--exit-barrier-timeout", "3600"},
+                      {{"DLAUNCH_RDZV_ETCD_TEST_DIE_BEFORE_END", "1"}}));
+  // Its helper, among them: nothing of the node may outlive it.
+  const std::vector<pid_t> node2 = testing::descendants(agents_[2]->pid());
+  ASSERT_FALSE(node2.empty());
+  gate.open_once();
+  CommandResult dead = agents_[2]->wait(60s);
+  ASSERT_FALSE(dead.timed_out) << dead.err;
+  EXPECT_EQ(dead.signal, SIGKILL) << dead.err;
+  for (pid_t p : node2) {
+    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 30s))
+        << "process " << p << " of the killed node survived";
+  }
+  for (int i : {0, 1}) {
+    CommandResult r = agents_[i]->wait(120s);
+    ASSERT_FALSE(r.timed_out) << r.err;
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("node 127.0.0.3/"));
+    EXPECT_THAT(r.err, HasSubstr("is gone after every node was done; the "
+                                 "exit barrier is complete"));
+    EXPECT_THAT(r.err, ::testing::Not(HasSubstr("did not finish within")));
+  }
+  expect_told_finished(etcd);
 }
 
 // As with c10d: a node that arrives after every node gave up past
@@ -734,36 +822,23 @@ TEST_F(EtcdRendezvous, EachNodeWatchesOnOneStreamThroughItsRounds) {
 }
 
 TEST_F(EtcdRendezvous, ARoundOfAnotherFormatIsNamed) {
-  EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.healthy());
   // Round 0 closed as dlaunch before the "f2:" round format wrote it (its
   // "closed" headed by the revision alone, no "end" key to come): its
   // members would wait for an "end" that never comes.
-  CommandResult put =
-      testing::run_command({{kEtcdctl, "--endpoints", etcd.endpoint(0), "put",
-                             "/dlaunch/" + id_ + "/r/00000000/closed", "12"},
-                            {},
-                            {},
-                            ""},
-                           30s);
-  ASSERT_EQ(put.exit_code, 0) << put.err;
-  start(0, etcd.endpoint(0), {"--nnodes", "1"}, kShowEnv);
-  CommandResult r = agents_[0]->wait(120s);
-  EXPECT_NE(r.exit_code, 0) << r.out << r.err;
-  EXPECT_THAT(r.err, HasSubstr("(another dlaunch version?)"));
-  EXPECT_THAT(r.out, ::testing::Not(HasSubstr("ENV ")));
+  expect_round_named("12");
 }
+
+// An empty "closed" value holds no member, and once made this node wait
+// for a later round as a node that came too late.
+TEST_F(EtcdRendezvous, AnEmptyRoundRecordIsNamed) { expect_round_named(""); }
 
 TEST_F(EtcdRendezvous, LogsInWithAUserWhosePasswordIsInAFile) {
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.healthy());
-  auto ctl = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), {kEtcdctl, "--endpoints", etcd.endpoint(0)});
-    return testing::run_command({args, {}, {}, ""}, 30s);
-  };
   ASSERT_EQ(
-      ctl({"user", "add", "root:s3cret", "--interactive=false"}).exit_code, 0);
-  ASSERT_EQ(ctl({"auth", "enable"}).exit_code, 0);
+      etcd.ctl({"user", "add", "root:s3cret", "--interactive=false"}).exit_code,
+      0);
+  ASSERT_EQ(etcd.ctl({"auth", "enable"}).exit_code, 0);
   testing::TempDir dir;
   testing::write_file(dir / "pw", "s3cret\n", 0600);
   testing::write_file(dir / "bad", "wrong\n", 0600);

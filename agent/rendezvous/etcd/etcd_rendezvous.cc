@@ -110,8 +110,9 @@ bool starts_with(const std::string& s, const std::string& p) {
 
 // Heads a round's "closed" value: the format of the round's keys. "f2":
 // a round's success is its "end" key, which the member whose "done"
-// completes the set puts (before it, every member counted the "done"
-// keys, and "closed" began with the revision alone).
+// completes the set puts, or the others should it die first (before it,
+// every member counted the "done" keys, and "closed" began with the
+// revision alone).
 constexpr std::string_view kRoundFormat = "f2:";
 
 // The first field of a round's "closed" value: kRoundFormat, then the
@@ -300,10 +301,31 @@ etcdserverpb::PutRequest EtcdRendezvous::job_mark(const std::string& key) {
   return put;
 }
 
+void EtcdRendezvous::put_end(int round) {
+  const std::string rp = round_prefix(round);
+  etcdserverpb::TxnRequest end;
+  require_absent(end, rp + "end");
+  // The mark expires after close_timeout (job_mark), so no key of the job
+  // outlives it.
+  *end.add_success()->mutable_request_put() = job_mark("finished");
+  auto* put = end.add_success()->mutable_request_put();
+  put->set_key(rp + "end");
+  put->set_lease(lease_);
+  client_->txn(end);
+}
+
 etcdserverpb::RangeRequest EtcdRendezvous::joiners(int round,
                                                    bool count_only) const {
   etcdserverpb::RangeRequest req = prefix_range(round_prefix(round) + "node/");
   req.set_count_only(count_only);
+  return req;
+}
+
+etcdserverpb::RangeRequest EtcdRendezvous::done_count(int round,
+                                                      int64_t revision) const {
+  etcdserverpb::RangeRequest req =
+      prefix_range(round_prefix(round) + "done/", revision);
+  req.set_count_only(true);
   return req;
 }
 
@@ -581,16 +603,15 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       }
       w.reset();
 
+      // The read revision heads the value, then the members' records; an
+      // empty value is no round of ours either.
+      const std::vector<std::string> recs = split_list(st.records, kRecordSep);
+      const int64_t read_rev =
+          closed_read_revision(recs.empty() ? "" : recs[0]);
       std::vector<MemberRecord> ms;
-      int seq = 0;
       bool member = false;
-      int64_t read_rev = 0;
-      for (const std::string& rec : split_list(st.records, kRecordSep)) {
-        if (seq++ == 0) {
-          read_rev = closed_read_revision(rec);
-          continue;
-        }
-        ms.push_back(MemberRecord::decode(rec, seq - 1));
+      for (size_t k = 1; k < recs.size(); ++k) {
+        ms.push_back(MemberRecord::decode(recs[k], static_cast<int>(k - 1)));
         member = member || ms.back().id == node_id_;
       }
       if (!member) {
@@ -663,10 +684,8 @@ RoundEvent EtcdRendezvous::wait_round_end() {
   // gone once the set was complete (before it put "end") ends the round
   // as a success, as it would have with "end".
   auto all_done_before = [&](int64_t revision) {
-    etcdserverpb::RangeRequest req = prefix_range(rp + "done/", revision - 1);
-    req.set_count_only(true);
     try {
-      return client_->range(req).count() >=
+      return client_->range(done_count(r, revision - 1)).count() >=
              static_cast<int64_t>(members_.size());
     } catch (const EtcdError&) {
       return false;  // compacted or unreachable: the node is lost
@@ -682,6 +701,18 @@ RoundEvent EtcdRendezvous::wait_round_end() {
         // This node's own "done" is one of the set: without it, the set
         // is not complete.
         if (done_reported_ && all_done_before(ev.kv().mod_revision())) {
+          // It died between its "done" and the "end" it was to put: the
+          // barrier ends here, and for nodes that come late too.
+          p_.log("dlaunch: node " + id +
+                 " is gone after every node was done; the exit barrier "
+                 "is complete\n");
+          try {
+            put_end(r);
+          } catch (const EtcdError& e) {
+            p_.log(std::string("dlaunch: cannot mark the job finished for "
+                               "nodes that come late: ") +
+                   e.what() + "\n");
+          }
           return succeeded;
         }
         return lost(id, false);
@@ -780,27 +811,19 @@ void EtcdRendezvous::report(NodeOutcome outcome) {
     switch (outcome) {
       case NodeOutcome::kSucceeded: {
         // The exit barrier: the node whose "done" completes the set puts
-        // the round's "end", which the members watch (wait_round_end),
-        // and marks the job finished for nodes that come late (the mark
-        // expires after close_timeout, so no key of the job outlives it).
+        // the round's "end" (put_end); should it die first, the others
+        // put it once its lease expires (wait_round_end).
         done_reported_ = true;
         etcdserverpb::TxnRequest t;
         auto* put = t.add_success()->mutable_request_put();
         put->set_key(rp + "done/" + node_id_);
         put->set_lease(lease_);
-        auto* count = t.add_success()->mutable_request_range();
-        count->set_key(rp + "done/");
-        count->set_range_end(prefix_end(rp + "done/"));
-        count->set_count_only(true);
+        *t.add_success()->mutable_request_range() = done_count(round_);
         auto resp = client_->txn(t);
         if (resp.responses(1).response_range().count() >=
             static_cast<int64_t>(members_.size())) {
-          etcdserverpb::TxnRequest end;
-          *end.add_success()->mutable_request_put() = job_mark("finished");
-          auto* put_end = end.add_success()->mutable_request_put();
-          put_end->set_key(rp + "end");
-          put_end->set_lease(lease_);
-          client_->txn(end);
+          if (p_.before_end) p_.before_end();
+          put_end(round_);
         }
         break;
       }

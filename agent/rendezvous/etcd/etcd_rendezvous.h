@@ -30,6 +30,9 @@ class EtcdRendezvous : public Rendezvous {
   // how to reach etcd.
   struct Params : NodeParams {
     ClientOptions client;
+    // Test-only: runs after this node's "done" completed the round's set
+    // and before it puts "end" (a test kills the node there). Default none.
+    std::function<void()> before_end;
   };
 
   // Grants this agent's lease (TTL keep_alive_interval x
@@ -63,6 +66,8 @@ class EtcdRendezvous : public Rendezvous {
   std::string round_prefix(int round) const;
   // Round `round`'s joiners (their records, or just their number).
   etcdserverpb::RangeRequest joiners(int round, bool count_only) const;
+  // The number of round `round`'s "done" keys (at `revision`; 0: now).
+  etcdserverpb::RangeRequest done_count(int round, int64_t revision = 0) const;
   // Puts this node's record `me` into round `round` and reads, in the same
   // transaction, who joined and whether it closed (into st). With
   // `guess`, only when no later round exists. Returns the round joined or
@@ -77,6 +82,10 @@ class EtcdRendezvous : public Rendezvous {
   // The put of the end mark `key`, under its own lease of close_timeout
   // (granted here).
   etcdserverpb::PutRequest job_mark(const std::string& key);
+  // Ends the exit barrier of round `round`: puts its "end", which the
+  // members watch (wait_round_end), and marks the job finished for nodes
+  // that come late; nothing when another node put "end" already.
+  void put_end(int round);
   // Closes round r with its first max_nodes joiners when at least `need`
   // are there, unless another node closed it (st then holds its
   // records); st.joined says how many were there.

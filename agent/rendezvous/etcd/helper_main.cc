@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -29,6 +30,11 @@ namespace remote = dlaunch::agent::rendezvous::remote;
 using std::chrono::milliseconds;
 
 std::mutex out_mu;
+
+// Test-only (tests/e2e/etcd_test.cc): set, the node dies at the exit
+// barrier (EtcdRendezvous::Params::before_end).
+constexpr const char* kTestDieBeforeEnd =
+    "DLAUNCH_RDZV_ETCD_TEST_DIE_BEFORE_END";
 
 void send(const std::vector<std::string>& fields) {
   const std::string line = remote::encode_line(fields);
@@ -103,6 +109,14 @@ etcd::EtcdRendezvous::Params make_params(
     return port;
   };
   p.log = log_line;
+  // Test-only: the node (this helper and its agent) dies by SIGKILL as its
+  // "done" completes the exit barrier's set, before it puts "end".
+  if (const char* t = std::getenv(kTestDieBeforeEnd); t && *t) {
+    p.before_end = [] {
+      ::kill(::getppid(), SIGKILL);
+      ::raise(SIGKILL);
+    };
+  }
   return p;
 }
 
