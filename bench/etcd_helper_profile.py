@@ -22,7 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from etcd_rendezvous_bench import start_etcd  # noqa
+from etcd_rendezvous_bench import etcd_on_tmpfs  # noqa
 
 
 def cpu_of(pid):
@@ -128,18 +128,11 @@ def main():
                     "fault)")
     args = ap.parse_args()
     helper = os.path.abspath(f"{args.build}/bin/dlaunch-rdzv-etcd")
-    tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    import tempfile
-    with tempfile.TemporaryDirectory(dir=tmpfs) as d:
-        etcd, endpoint = start_etcd(d)
-        try:
-            for n in [int(c) for c in args.counts.split(",") if c]:
-                for k in range(args.repeat):
-                    profile(helper, n, endpoint, etcd.pid, f"p{n}_{k}",
-                            args.protocol)
-        finally:
-            etcd.kill()
-            etcd.wait()
+    with etcd_on_tmpfs() as (etcd, endpoint):
+        for n in [int(c) for c in args.counts.split(",") if c]:
+            for k in range(args.repeat):
+                profile(helper, n, endpoint, etcd.pid, f"p{n}_{k}",
+                        args.protocol)
 
 
 if __name__ == "__main__":

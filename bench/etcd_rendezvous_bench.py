@@ -20,6 +20,7 @@ Run: python3 bench/etcd_rendezvous_bench.py --build build [--counts 16,64]
        [--repeat 5] [--no-detection]
 """
 import argparse
+import contextlib
 import os
 import signal
 import statistics
@@ -52,6 +53,20 @@ def start_etcd(d):
         time.sleep(0.05)
     proc.kill()
     raise TimeoutError("etcd did not become healthy in 30 s")
+
+
+@contextlib.contextmanager
+def etcd_on_tmpfs():
+    """A 1-member etcd with its data directory on tmpfs (/dev/shm where
+    there is one), killed at the end: yields (its process, its endpoint)."""
+    tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    with tempfile.TemporaryDirectory(dir=tmpfs) as d:
+        etcd, endpoint = start_etcd(d)
+        try:
+            yield etcd, endpoint
+        finally:
+            etcd.kill()
+            etcd.wait()
 
 
 def etcd_agent(build, i, n, endpoint, run_id, stamps, conf=""):
@@ -111,47 +126,41 @@ def main():
                     help="only the rendezvous times")
     args = ap.parse_args()
     build = os.path.abspath(args.build)
-    tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    with tempfile.TemporaryDirectory(dir=tmpfs) as etcd_dir:
-        etcd, endpoint = start_etcd(etcd_dir)
-        try:
-            for n in [int(c) for c in args.counts.split(",") if c]:
-                te, tc = [], []
-                load0 = os.getloadavg()[0]
-                for k in range(args.repeat):
-                    with tempfile.TemporaryDirectory() as d:
-                        cmds = [etcd_agent(build, i, str(n), endpoint,
-                                           f"e{n}_{k}", f"{d}/stamps")
-                                for i in range(n)]
-                        te.append(rendezvous_time(cmds, f"{d}/stamps", n, 300))
-                    with tempfile.TemporaryDirectory() as d:
-                        port = free_port()
-                        cmds = [dlaunch_agent(build, i, str(n), port,
-                                              f"c{n}_{k}", f"{d}/stamps")
-                                for i in range(n)]
-                        tc.append(rendezvous_time(cmds, f"{d}/stamps", n, 300))
-                me, mc = statistics.median(te), statistics.median(tc)
-                print(f"etcd {n:4d} agents: "
-                      + " ".join(f"{t:.3f}" for t in te) + " s; c10d: "
-                      + " ".join(f"{t:.3f}" for t in tc) + " s; medians "
-                      f"{me:.3f} / {mc:.3f} s = {me / mc:.2f}x; load "
-                      f"{load0:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
-            if args.no_detection:
-                return
-            for name, sig, helper in [
-                    ("SIGKILL agent", signal.SIGKILL, False),
-                    ("SIGKILL agent+helper (lease TTL 2 s)", signal.SIGKILL,
-                     True),
-                    ("SIGSTOP agent+helper (lease TTL 2 s)", signal.SIGSTOP,
-                     True)]:
-                times = [detection(build, endpoint, sig, helper,
-                                   f"det{int(sig)}{int(helper)}_{k}")
-                         for k in range(args.repeat)]
-                print(f"detection {name}: "
-                      + " ".join(f"{t:.3f}" for t in times) + " s", flush=True)
-        finally:
-            etcd.kill()
-            etcd.wait()
+    with etcd_on_tmpfs() as (_, endpoint):
+        for n in [int(c) for c in args.counts.split(",") if c]:
+            te, tc = [], []
+            load0 = os.getloadavg()[0]
+            for k in range(args.repeat):
+                with tempfile.TemporaryDirectory() as d:
+                    cmds = [etcd_agent(build, i, str(n), endpoint,
+                                       f"e{n}_{k}", f"{d}/stamps")
+                            for i in range(n)]
+                    te.append(rendezvous_time(cmds, f"{d}/stamps", n, 300))
+                with tempfile.TemporaryDirectory() as d:
+                    port = free_port()
+                    cmds = [dlaunch_agent(build, i, str(n), port,
+                                          f"c{n}_{k}", f"{d}/stamps")
+                            for i in range(n)]
+                    tc.append(rendezvous_time(cmds, f"{d}/stamps", n, 300))
+            me, mc = statistics.median(te), statistics.median(tc)
+            print(f"etcd {n:4d} agents: "
+                  + " ".join(f"{t:.3f}" for t in te) + " s; c10d: "
+                  + " ".join(f"{t:.3f}" for t in tc) + " s; medians "
+                  f"{me:.3f} / {mc:.3f} s = {me / mc:.2f}x; load "
+                  f"{load0:.1f} -> {os.getloadavg()[0]:.1f}", flush=True)
+        if args.no_detection:
+            return
+        for name, sig, helper in [
+                ("SIGKILL agent", signal.SIGKILL, False),
+                ("SIGKILL agent+helper (lease TTL 2 s)", signal.SIGKILL,
+                 True),
+                ("SIGSTOP agent+helper (lease TTL 2 s)", signal.SIGSTOP,
+                 True)]:
+            times = [detection(build, endpoint, sig, helper,
+                               f"det{int(sig)}{int(helper)}_{k}")
+                     for k in range(args.repeat)]
+            print(f"detection {name}: "
+                  + " ".join(f"{t:.3f}" for t in times) + " s", flush=True)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import tempfile
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from etcd_rendezvous_bench import etcd_agent, start_etcd  # noqa
+from etcd_rendezvous_bench import etcd_agent, etcd_on_tmpfs  # noqa
 from rendezvous_bench import dlaunch_agent, free_port, rendezvous_time  # noqa
 from etcd_helper_profile import children_cpu, cpu_of  # noqa
 
@@ -78,23 +78,17 @@ def main():
         variants.append((label, helper if helper == "c10d"
                          else os.path.abspath(helper)))
     results = {label: [] for label, _ in variants}
-    tmpfs = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    with tempfile.TemporaryDirectory(dir=tmpfs) as etcd_dir:
-        etcd, endpoint = start_etcd(etcd_dir)
-        try:
-            for k in range(args.rounds):
-                for label, helper in variants:
-                    load = os.getloadavg()[0]
-                    r = one_run(build, args.n, helper, endpoint, etcd.pid,
-                                f"cpu{args.n}_{label}_{k}")
-                    results[label].append(r)
-                    print(f"{label:>8} {args.n} agents: {r[0]:.2f} ms/agent, "
-                          f"etcd {r[1]:.3f} s, rendezvous {r[2]:.3f} s, per "
-                          f"agent {r[3]:.1f} watch events, {r[4]:.2f} "
-                          f"watch streams; load {load:.1f}", flush=True)
-        finally:
-            etcd.kill()
-            etcd.wait()
+    with etcd_on_tmpfs() as (etcd, endpoint):
+        for k in range(args.rounds):
+            for label, helper in variants:
+                load = os.getloadavg()[0]
+                r = one_run(build, args.n, helper, endpoint, etcd.pid,
+                            f"cpu{args.n}_{label}_{k}")
+                results[label].append(r)
+                print(f"{label:>8} {args.n} agents: {r[0]:.2f} ms/agent, "
+                      f"etcd {r[1]:.3f} s, rendezvous {r[2]:.3f} s, per "
+                      f"agent {r[3]:.1f} watch events, {r[4]:.2f} "
+                      f"watch streams; load {load:.1f}", flush=True)
     for label, _ in variants:
         rs = results[label]
         print(f"median {label:>8}: "
