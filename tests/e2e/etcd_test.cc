@@ -406,8 +406,8 @@ class EtcdRendezvous : public ::testing::Test {
     return out;
   }
 
-  // The exit barrier's settings: a finished mark that outlives the
-  // members' leases (TTL 10 s) by 110 s.
+  // The exit barrier's settings: the job's finished mark lives 120 s,
+  // long past the members' leases (TTL 10 s).
   static constexpr const char* kBarrierConf =
       "close_timeout=120,keep_alive_interval=1,keep_alive_max_attempt=10";
 
