@@ -516,8 +516,10 @@ TEST_F(EtcdRendezvous, AMemberOfAThreeMemberClusterDiesMidRendezvous) {
   EtcdCluster etcd(3);
   ASSERT_TRUE(etcd.healthy());
   // Two of three nodes join and wait; the member they talk to (the first
-  // listed) dies; the third node comes and the round completes.
-  const std::string conf = "keep_alive_interval=2,keep_alive_max_attempt=4";
+  // listed) dies; the third node comes and the round completes. The dead
+  // member may have led: until the other two elect a leader (seconds on a
+  // loaded machine) no keep-alive is answered, so the TTL is 16 s.
+  const std::string conf = "keep_alive_interval=2,keep_alive_max_attempt=8";
   for (int i = 0; i < 2; ++i) {
     start(i, etcd.endpoints(), {"--nnodes", "3"}, kShowEnv, "", conf);
   }
@@ -527,10 +529,16 @@ TEST_F(EtcdRendezvous, AMemberOfAThreeMemberClusterDiesMidRendezvous) {
   }
   etcd.kill(0);
   start(2, etcd.endpoints(), {"--nnodes", "3"}, kShowEnv, "", conf);
-  std::set<int> ranks;
+  std::vector<CommandResult> results;
+  std::string all;  // what each agent said, for any failure below
   for (int i = 0; i < 3; ++i) {
-    CommandResult r = agents_[i]->wait(120s);
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    results.push_back(agents_[i]->wait(120s));
+    all += "agent " + std::to_string(i) + ":\n" + results.back().out +
+           results.back().err;
+  }
+  std::set<int> ranks;
+  for (const CommandResult& r : results) {
+    ASSERT_EQ(r.exit_code, 0) << all;
     auto lines = env_lines(r.out);
     ASSERT_EQ(lines.size(), 1u) << r.out;
     EXPECT_EQ(lines[0].gws, 3);

@@ -276,6 +276,11 @@ void Client::call(const char* what, milliseconds timeout, Call&& fn) {
                       " failed: " + s.error_message());
     }
     errors[i] = s.error_message();
+    // The next request starts at the next member rather than waiting
+    // on this one again (a caller with a short timeout, the keep-alive,
+    // would otherwise never get past a member that hangs).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (current_ == i) current_ = (i + 1) % n;
   }
   std::string tried;
   for (size_t i = 0; i < n; ++i) {

@@ -142,6 +142,7 @@ EtcdRendezvous::EtcdRendezvous(Params params)
       std::max<int64_t>(1, (ka.count() + 999) / 1000));
   try {
     client_ = std::make_unique<Client>(p_.client);
+    asked_ = Clock::now();
     auto grant = client_->lease_grant(want, o.join_timeout);
     lease_ = grant.id();
     ttl_ = std::chrono::seconds(grant.ttl());
@@ -216,13 +217,20 @@ void EtcdRendezvous::keep_alive_loop() {
   const milliseconds ttl = ttl_;
   const milliseconds beat = std::max(
       milliseconds(100), std::min(p_.options.keep_alive_interval, ttl / 3));
-  // The lease was granted after this: etcd expires it no earlier than
-  // ttl from here unless a keep-alive renews it.
-  auto renewed = Clock::now() - beat;
+  // The lease was granted after it was asked for: etcd expires it no
+  // earlier than ttl from then unless a keep-alive renews it.
+  auto renewed = asked_;
+  // After a keep-alive that got no answer the next goes soon, not a beat
+  // later: a member may be down or without a leader for seconds, and the
+  // whole TTL is there to reach another (the client moves on to the next
+  // member after a failure).
+  const milliseconds retry = std::min(beat, milliseconds(100));
+  bool failed = false;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     const auto expires = renewed + ttl;
-    cv_.wait_until(lock, std::min(Clock::now() + beat, expires),
+    cv_.wait_until(lock,
+                   std::min(Clock::now() + (failed ? retry : beat), expires),
                    [this] { return stopping_; });
     if (stopping_) return;
     std::string why;
@@ -243,6 +251,7 @@ void EtcdRendezvous::keep_alive_loop() {
         why = e.what();
       }
       lock.lock();
+      failed = left <= 0;
       if (left > 0) {
         renewed = sent;
         continue;
@@ -258,11 +267,14 @@ void EtcdRendezvous::keep_alive_loop() {
     }
     // Past its TTL etcd has dropped this node's keys and the others go on
     // without it: it must stop its workers, not run on as a split brain.
+    // The reason goes out first, ahead of the error it leads to.
+    lock.unlock();
+    p_.log("dlaunch: this node's etcd lease expired (" + why + ")\n");
+    lock.lock();
     lease_lost_ = true;
     if (active_) active_->interrupt();
     lock.unlock();
     client_->cancel();  // whatever this node still asks etcd is moot
-    p_.log("dlaunch: this node's etcd lease expired (" + why + ")\n");
     return;
   }
 }
