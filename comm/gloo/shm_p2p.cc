@@ -326,7 +326,16 @@ bool ShmP2p::post(Op& op, std::string& error) {
       p.posted.push_back(&op);
     }
   }
+  if (!op.is_send) {
+    op.posted_bell = seg_->bell.load(std::memory_order_acquire);
+    op.posted_active = activity();
+  }
   progress(p);  // small payloads and headers go at once
+  if (!op.is_send && !op.done.load(std::memory_order_relaxed)) {
+    free_read(p);  // what this round read: a wait may spin at once
+    op.next = p.in_data + (p.in_tail & (kRingBytes - 1));
+    op.fresh = true;
+  }
   return true;
 }
 
@@ -731,12 +740,21 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
   uint64_t active = activity();
   Clock::time_point until;  // set at the first look at the clock
   bool timed = false;
+  // A recv's first whole wait skips its first round: post() ran one and
+  // saw `active`. (A shorter wait runs it: its time starts at once.)
+  bool posted = op.fresh && deadline_in.count() > 0;
+  op.fresh = false;
+  if (posted) active = op.posted_active;
   for (;;) {
-    const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
+    uint32_t seen = seg_->bell.load(std::memory_order_acquire);
     const int cpu = publish_cpu(seg_->cpu);
-    Clock::time_point deadline;
+    auto deadline = Clock::time_point::max();
     const char* next = nullptr;  // a recv's: where its payload will land
-    {
+    if (posted) {
+      posted = false;
+      seen = op.posted_bell;
+      next = op.next;
+    } else {
       std::lock_guard lock(mu_);
       if (op.done.load(std::memory_order_relaxed)) return leave(true);
       if (!counted) {
@@ -779,7 +797,10 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
     }
     if (spinning) {
       uint64_t now_active = active;
-      while (seg_->bell.load(std::memory_order_acquire) == seen &&
+      // op.done too: a thread of the engine may finish it (without a new
+      // message: one that came before post()'s look).
+      while (!op.done.load(std::memory_order_acquire) &&
+             seg_->bell.load(std::memory_order_acquire) == seen &&
              (now_active = activity()) == active &&
              (spinning =
                   spin.once(cpu >= 0 &&

@@ -58,6 +58,13 @@ class ShmP2p {
     bool matched = false;  // send: its recv's header came; recv: its send's
     bool written = false;  // send: header and payload are in the ring
     uint64_t moved = 0;    // payload bytes written (send) or read (recv)
+    // A recv's post() round, for its first wait to spin on at once rather
+    // than run another round: the bell and activity() seen before it, and
+    // where the payload will land. Read by the posting thread only.
+    bool fresh = false;
+    uint32_t posted_bell = 0;
+    uint64_t posted_active = 0;
+    const char* next = nullptr;
   };
 
   // Creates this rank's segment, named `base` + rank, with rings for every
