@@ -663,7 +663,12 @@ PosixEnv::PosixEnv() : impl_(std::make_unique<Impl>()) {
 
 PosixEnv::~PosixEnv() {
   if (impl_->background.joinable()) impl_->background.join();
-  if (impl_->running == 0) impl_->watchdog.stopped_cleanly();
+  // Clean only when every worker was reaped: a worker given up on unreaped
+  // (cancelled) still had its children then, so end_strays() could not
+  // find those that left its group; the watchdog's sweep by tag must.
+  if (impl_->running == 0 && impl_->workers.empty()) {
+    impl_->watchdog.stopped_cleanly();
+  }
   // Whatever the console has not taken by now is dropped after the bound,
   // so dlaunch exits even when nobody reads its output.
   impl_->console_out.finish(impl_->drain_timeout);
