@@ -63,10 +63,7 @@ std::vector<pid_t> tagged(const std::string& tag) {
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::string text;
     for (const char* f : {"cmdline", "environ"}) {
-      std::ifstream in(e.path() / f, std::ios::binary);
-      text.append(std::istreambuf_iterator<char>(in),
-                  std::istreambuf_iterator<char>());
-      text += '\0';
+      text += testing::read_proc_file(e.path() / f) + '\0';
     }
     if (text.find(std::string("--job-tag") + '\0' + tag + '\0') !=
             std::string::npos ||
@@ -562,11 +559,9 @@ TEST(RemoteStop, StopsTheJobsAgentsAndWorkersNotTheHeadsLauncher) {
   for (Subprocess* p : {agent.get(), worker.get(), srun.get(), other.get()}) {
     ASSERT_TRUE(testing::eventually(
         [&] {
-          std::ifstream in("/proc/" + std::to_string(p->pid()) + "/cmdline",
-                           std::ios::binary);
-          std::string text((std::istreambuf_iterator<char>(in)),
-                           std::istreambuf_iterator<char>());
-          return text.starts_with(std::string("sh\0-c\0", 6));
+          return testing::read_proc_file("/proc/" + std::to_string(p->pid()) +
+                                         "/cmdline")
+              .starts_with(std::string("sh\0-c\0", 6));
         },
         30s));
   }

@@ -192,15 +192,28 @@ std::optional<int> wait_exit(pid_t pid, std::chrono::milliseconds timeout) {
   return status;
 }
 
+std::string read_proc_file(const std::string& path) {
+  std::string out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // the end, or the process is gone (ESRCH)
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
 std::vector<pid_t> processes_with_env(const std::string& entry) {
   std::vector<pid_t> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(e.path() / "environ", std::ios::binary);
-    std::string env((std::istreambuf_iterator<char>(in)),
-                    std::istreambuf_iterator<char>());
+    const std::string env = read_proc_file(e.path() / "environ");
     // Zombies keep no environment; a match is a live process.
     if (env.starts_with(entry + '\0') ||
         env.find('\0' + entry + '\0') != std::string::npos || env == entry ||

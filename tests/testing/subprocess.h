@@ -89,6 +89,11 @@ bool process_alive(pid_t pid);
 // id works too.
 char process_state(pid_t pid);
 
+// The whole of a /proc file (environ, cmdline, stat, ...); "" when it
+// cannot be read. A process that exits while it is read makes read() fail
+// (ESRCH), which an ifstream turns into an exception, hence this.
+std::string read_proc_file(const std::string& path);
+
 // The live processes whose environment (as they started) holds `entry`
 // ("NAME=VALUE"), read from /proc: a test marks a job's processes with a
 // variable of its own and finds them by it.
