@@ -326,10 +326,12 @@ class GlooProcessGroup : public ProcessGroup {
   }
 
   // p2p.cc: point to point (shared memory between ranks on one host).
-  std::unique_ptr<Work> isend(Tensor t, int dst, int tag) override;
-  std::unique_ptr<Work> irecv(Tensor t, int src, int tag) override;
-  void send(Tensor t, int dst, int tag) override;
-  void recv(Tensor t, int src, int tag) override;
+  // The base's default tag, so that calls through this type compile as
+  // through ProcessGroup.
+  std::unique_ptr<Work> isend(Tensor t, int dst, int tag = 0) override;
+  std::unique_ptr<Work> irecv(Tensor t, int src, int tag = 0) override;
+  void send(Tensor t, int dst, int tag = 0) override;
+  void recv(Tensor t, int src, int tag = 0) override;
 
   // async.cc: the asynchronous collectives, run in call order on async_
   // (started by the first); the destructor runs what is queued first.

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/gloo/gloo_group.h"
 #include "comm/gloo/process_group.h"
 #include "tests/comm/rank_threads.h"
 #include "tests/testing/subprocess.h"
@@ -26,6 +27,15 @@ namespace {
 using std::chrono::milliseconds;
 using ::testing::HasSubstr;
 using testing::run_ranks;
+
+// The installed gloo_group.h's overrides keep the base's default tag: a
+// call through GlooProcessGroup compiles as one through ProcessGroup.
+static_assert(requires(gloo::GlooProcessGroup & g, Tensor t) {
+  g.send(t, 1);
+  g.recv(t, 1);
+  g.isend(t, 1);
+  g.irecv(t, 1);
+});
 
 // Larger than a pair's ring (256 KiB), so that it streams.
 constexpr size_t kBig = 3 << 18;  // floats: 3 MiB

@@ -319,12 +319,14 @@ etcdserverpb::TxnResponse Client::txn(const etcdserverpb::TxnRequest& req) {
 }
 
 etcdserverpb::LeaseGrantResponse Client::lease_grant(
-    std::chrono::seconds ttl, std::optional<milliseconds> timeout) {
+    std::chrono::seconds ttl, std::optional<milliseconds> timeout,
+    Clock::time_point* sent) {
   etcdserverpb::LeaseGrantRequest req;
   req.set_ttl(ttl.count());
   etcdserverpb::LeaseGrantResponse resp;
   call("lease grant", timeout.value_or(options_.timeout),
        [&](Member& m, grpc::ClientContext& ctx) {
+         if (sent) *sent = Clock::now();  // the last attempt's is the one
          return m.lease->LeaseGrant(&ctx, req, &resp);
        });
   if (!resp.error().empty()) throw EtcdError("lease grant: " + resp.error());

@@ -138,9 +138,12 @@ class Client {
   etcdserverpb::PutResponse put(const etcdserverpb::PutRequest& req);
   etcdserverpb::TxnResponse txn(const etcdserverpb::TxnRequest& req);
   // A lease of about `ttl` (etcd may round it up): its id and granted TTL.
+  // `sent`, if given, gets when the request that was granted went out:
+  // etcd expires the lease no earlier than the TTL from then.
   etcdserverpb::LeaseGrantResponse lease_grant(
       std::chrono::seconds ttl,
-      std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+      std::optional<std::chrono::milliseconds> timeout = std::nullopt,
+      std::chrono::steady_clock::time_point* sent = nullptr);
   void lease_revoke(int64_t id, std::chrono::milliseconds timeout);
   // One keep-alive of lease `id`; returns the TTL etcd granted (<= 0: the
   // lease is gone). Throws EtcdError when no member answered in `timeout`.

@@ -142,8 +142,7 @@ EtcdRendezvous::EtcdRendezvous(Params params)
       std::max<int64_t>(1, (ka.count() + 999) / 1000));
   try {
     client_ = std::make_unique<Client>(p_.client);
-    asked_ = Clock::now();
-    auto grant = client_->lease_grant(want, o.join_timeout);
+    auto grant = client_->lease_grant(want, o.join_timeout, &asked_);
     lease_ = grant.id();
     ttl_ = std::chrono::seconds(grant.ttl());
   } catch (const EtcdError& e) {

@@ -119,7 +119,8 @@ class EtcdRendezvous : public Rendezvous {
   std::unique_ptr<Watch> watch_;
   int64_t lease_ = 0;
   std::chrono::seconds ttl_{0};  // as granted
-  // When the lease grant was sent: etcd expires it ttl_ after, or later.
+  // When the granted request went out (not the first of its retries, which
+  // may be join_timeout earlier): etcd expires it ttl_ after, or later.
   std::chrono::steady_clock::time_point asked_;
 
   // State of the round this node was last in (agent thread).
