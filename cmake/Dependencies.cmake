@@ -117,7 +117,7 @@ set(DLAUNCH_ETCD_PROTO_DIR /usr/share/gocode/src/go.etcd.io/etcd
   CACHE PATH "etcd 3.4's source tree with its .proto files")
 find_package(PkgConfig QUIET)
 if(PkgConfig_FOUND)
-  pkg_check_modules(DLAUNCH_GRPC QUIET grpc++ protobuf)
+  pkg_check_modules(DLAUNCH_GRPC QUIET grpc++ protobuf-lite)
 endif()
 set(DLAUNCH_ETCD_RPC_PROTO_FOUND OFF)
 if(EXISTS ${DLAUNCH_ETCD_PROTO_DIR}/etcdserver/etcdserverpb/rpc.proto)
@@ -131,8 +131,11 @@ dlaunch_found_option(DLAUNCH_WITH_ETCD
 if(DLAUNCH_WITH_ETCD)
   # Static for the static helper: pkg-config's --static list, which the
   # linker resolves to the archives Debian ships.
+  # etcd's messages are generated for protobuf-lite (strip_proto.cmake):
+  # no descriptors or reflection to build at every helper's start.
   add_library(dlaunch_grpc INTERFACE)
   target_include_directories(dlaunch_grpc SYSTEM INTERFACE ${DLAUNCH_GRPC_INCLUDE_DIRS})
+  target_compile_definitions(dlaunch_grpc INTERFACE GRPC_USE_PROTO_LITE)
   if(DLAUNCH_STATIC_RUNTIME)
     target_link_libraries(dlaunch_grpc INTERFACE ${DLAUNCH_GRPC_STATIC_LDFLAGS})
   else()
