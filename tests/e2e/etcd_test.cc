@@ -112,12 +112,14 @@ class EtcdCluster {
  public:
   // With `tls`, members serve HTTPS with a certificate of a test CA
   // (tls_dir(): ca.pem, client.pem, client.key) and require client
-  // certificates.
-  explicit EtcdCluster(int n, bool tls = false) : tls_(tls) {
+  // certificates. `client_port0`, if not 0, is the first member's client
+  // port (one the test picked before, for agents that came first).
+  explicit EtcdCluster(int n, bool tls = false, int client_port0 = 0)
+      : tls_(tls) {
     if (tls) make_certificates();
     std::string initial;
     for (int i = 0; i < n; ++i) {
-      client_.push_back(free_port());
+      client_.push_back(i == 0 && client_port0 ? client_port0 : free_port());
       peer_.push_back(free_port());
       initial += (i ? "," : "") + name(i) + "=" + peer_url(i);
     }
@@ -895,6 +897,26 @@ TEST_F(EtcdRendezvous, TalksTlsWithAClientCertificate) {
   CommandResult plain = agents_[2]->wait(60s);
   EXPECT_NE(plain.exit_code, 0);
   EXPECT_THAT(plain.err, HasSubstr(etcd.endpoint(0)));
+}
+
+// etcd comes up longer than the lease's TTL (10 s) after the agent asked
+// for its lease: the lease counts from the grant that etcd answered, so the
+// agent keeps it and its worker finishes. Counted from the first try, it
+// was lost at once and the agent stopped its worker (dc29b0f).
+TEST_F(EtcdRendezvous, ALeaseGrantedLateIsKept) {
+  const int port = free_port();
+  start(0, "127.0.0.1:" + std::to_string(port), {"--nnodes", "1"},
+        "sleep 5; echo FINISHED");
+  // The agent retries its lease grant meanwhile (join_timeout 60 s).
+  std::this_thread::sleep_for(15s);
+  ASSERT_TRUE(testing::process_alive(agents_[0]->pid()))
+      << agents_[0]->wait(1s).err;
+  EtcdCluster etcd(1, false, port);
+  CommandResult r = agents_[0]->wait(120s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_THAT(r.out, HasSubstr("FINISHED"));
+  EXPECT_THAT(r.err, ::testing::Not(HasSubstr("lease")));
 }
 
 TEST_F(EtcdRendezvous, NoEndpointAnswersNamesEveryOneTried) {
