@@ -112,9 +112,11 @@ etcd::EtcdRendezvous::Params make_params(
   p.log = log_line;
   // Test-only: the node (this helper and its agent) dies by SIGKILL as its
   // "done" completes the exit barrier's set, before it puts "end".
+  // Only the agent that started this helper: once it is gone, getppid()
+  // is whoever adopted the helper (a subreaper, init), never to be killed.
   if (const char* t = std::getenv(kTestDieBeforeEnd); t && *t) {
-    p.before_end = [] {
-      ::kill(::getppid(), SIGKILL);
+    p.before_end = [agent = ::getppid()] {
+      if (::getppid() == agent) ::kill(agent, SIGKILL);
       ::raise(SIGKILL);
     };
   }
