@@ -359,6 +359,7 @@ class GlooProcessGroup : public ProcessGroup {
   std::unique_ptr<Work> post(bool is_send, Tensor t, int peer, int tag);
   void blocking(bool is_send, Tensor t, int peer, int tag);
   bool admit(bool is_send, const Tensor& t, int peer, int tag);
+  void unclaim(bool shm, bool is_send, int peer, int tag);
   void setup_shm_p2p();
 
   // agree.cc

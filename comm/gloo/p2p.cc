@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -345,7 +346,14 @@ class ShmCall {
     op_.nbytes = t.nbytes();
     op_.dtype = static_cast<uint32_t>(t.dtype);
     std::string error;
-    if (!g_.p2p->post(op_, error)) {
+    bool posted = false;
+    try {
+      posted = g_.p2p->post(op_, error);
+    } catch (...) {  // bad_alloc: the op is not registered, the slot is ours
+      release();
+      throw;
+    }
+    if (!posted) {
       release();
       throw told<CommError>(op() + ": connection to rank " +
                             std::to_string(peer) + " is unusable: " + error);
@@ -453,7 +461,14 @@ void GlooProcessGroup::recv(Tensor t, int src, int tag) {
 void GlooProcessGroup::blocking(bool is_send, Tensor t, int peer, int tag) {
   if (!admit(is_send, t, peer, tag)) {
     took("tcp");
-    P2pWork(g_, is_send, t, peer, tag).wait(g_->timeout);
+    std::optional<P2pWork> w;
+    try {
+      w.emplace(g_, is_send, t, peer, tag);
+    } catch (...) {
+      unclaim(false, is_send, peer, tag);
+      throw;
+    }
+    w->wait(g_->timeout);
     return;
   }
   took("shm-p2p");
@@ -462,12 +477,27 @@ void GlooProcessGroup::blocking(bool is_send, Tensor t, int peer, int tag) {
 
 std::unique_ptr<Work> GlooProcessGroup::post(bool is_send, Tensor t, int peer,
                                              int tag) {
-  if (admit(is_send, t, peer, tag)) {
-    took("shm-p2p");
-    return std::make_unique<ShmP2pWork>(g_, is_send, t, peer, tag);
+  const bool shm = admit(is_send, t, peer, tag);
+  took(shm ? "shm-p2p" : "tcp");
+  try {
+    if (shm) return std::make_unique<ShmP2pWork>(g_, is_send, t, peer, tag);
+    return std::make_unique<P2pWork>(g_, is_send, t, peer, tag);
+  } catch (...) {
+    unclaim(shm, is_send, peer, tag);
+    throw;
   }
-  took("tcp");
-  return std::make_unique<P2pWork>(g_, is_send, t, peer, tag);
+}
+
+// The slot admit() claimed, freed when no Work took it (its allocation or
+// construction threw: bad_alloc, or an unusable connection, whose
+// constructor freed it already; freeing twice is harmless, as one thread
+// posts at a time).
+void GlooProcessGroup::unclaim(bool shm, bool is_send, int peer, int tag) {
+  if (shm) {
+    g_->p2p->release(is_send, peer, tag);
+  } else {
+    release_slot(*g_, is_send, peer, tag);
+  }
 }
 
 // Checks a point-to-point call's arguments and claims its (peer, tag) slot,

@@ -293,7 +293,10 @@ bool ShmP2p::post(Op& op, std::string& error) {
     error = p.why;
     return false;
   }
+  // Registered in full or not at all (bad_alloc): a recv's header must
+  // not go out without its op, nor an op stay listed whose post() threw.
   if (op.is_send) {
+    p.unmatched.reserve(p.unmatched.size() + 1);
     p.sends.push_back(&op);
     Rec r;
     if (take_first(
@@ -308,6 +311,7 @@ bool ShmP2p::post(Op& op, std::string& error) {
       p.unmatched.push_back(&op);
     }
   } else {
+    p.posted.reserve(p.posted.size() + 1);
     p.ctl_out.push_back(
         Rec{static_cast<uint32_t>(op.tag), op.dtype, op.nbytes});
     Unexpected* u = nullptr;
@@ -330,7 +334,11 @@ bool ShmP2p::post(Op& op, std::string& error) {
     op.posted_bell = seg_->bell.load(std::memory_order_acquire);
     op.posted_active = activity();
   }
-  progress(p);  // small payloads and headers go at once
+  try {
+    progress(p);  // small payloads and headers go at once
+  } catch (const std::bad_alloc&) {
+    return true;  // posted: a later round retries (see read_control)
+  }
   if (!op.is_send && !op.done.load(std::memory_order_relaxed)) {
     free_read(p);  // what this round read: a wait may spin at once
     op.next = p.in_data + (p.in_tail & (kRingBytes - 1));
@@ -390,12 +398,12 @@ bool ShmP2p::read_control(Peer& p) {
   while (p.in_ctl_tail < head) {
     Rec r;
     std::memcpy(&r, p.in_ctl + (p.in_ctl_tail % kControlRecords) * 16, 16);
-    ++p.in_ctl_tail;
     if (Op* s = match(p.unmatched, r)) {
       if (s->written) finish(*s);
     } else {
-      p.early.push_back(r);
+      p.early.push_back(r);  // on bad_alloc, read again in a later round
     }
+    ++p.in_ctl_tail;
   }
   return true;  // the records' slots are freed by free_read()
 }

@@ -11,7 +11,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +22,21 @@
 #include "comm/gloo/process_group.h"
 #include "tests/comm/rank_threads.h"
 #include "tests/testing/subprocess.h"
+
+// The n-th allocation on a thread whose fail_in is n throws bad_alloc
+// (0: none does), so that a test can fail each allocation of a call in turn.
+thread_local int fail_in = 0;
+// GCC takes the free() below, inlined where a `new` is deleted, for a
+// mismatch; this operator new allocates with malloc.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+void* operator new(std::size_t n) {
+  if (fail_in > 0 && --fail_in == 0) throw std::bad_alloc();
+  if (void* p = std::malloc(n != 0 ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace dlaunch::comm {
 namespace {
@@ -291,6 +308,40 @@ TEST_P(GlooP2pTest, ATagInFlightIsRefusedToSendAndFreedByAWaitOnAnotherThread) {
         pg.recv(Tensor::of(got), 0, 5);
         EXPECT_EQ(got, *want);
       }
+    }
+  });
+}
+
+// An isend or irecv whose allocations fail (each in turn) throws
+// bad_alloc and leaves nothing behind: its tag is free for the next call,
+// and no header of it reaches the peer (the one exchange that then
+// succeeds carries its payload, and a second one with the tag follows).
+TEST(GlooP2pSharedMemory, AFailedAllocationInAPostFreesItsTagAndSendsNothing) {
+  run_ranks(2, [&](ProcessGroup& pg) {
+    const bool sender = pg.rank() == 0;
+    auto a = pattern(6, 0, 1), b = pattern(6, 0, 2);
+    std::vector<float> got(6);
+    int failed = 0;
+    std::unique_ptr<Work> w;
+    for (int n = 1; !w; ++n) {
+      fail_in = n;
+      try {
+        w = sender ? pg.isend(Tensor::of(a), 1 - pg.rank(), 7)
+                   : pg.irecv(Tensor::of(got), 1 - pg.rank(), 7);
+      } catch (const std::bad_alloc&) {
+        ++failed;
+      }
+      fail_in = 0;
+    }
+    EXPECT_EQ(gloo::last_path(pg), std::string("shm-p2p"));
+    EXPECT_GT(failed, 0);
+    w->wait(pg.timeout());
+    if (sender) {
+      pg.send(Tensor::of(b), 1, 7);
+    } else {
+      EXPECT_EQ(got, a);
+      pg.recv(Tensor::of(got), 0, 7);
+      EXPECT_EQ(got, b);
     }
   });
 }
