@@ -143,6 +143,10 @@ struct ShmP2p::Peer {
   bool dead = false;
   std::string why;  // set with dead
 
+  // Where the next payload from the peer lands in its ring (after its
+  // header, when the header is there): the line a waiting recv prefetches.
+  const char* landing() const { return in_data + (in_tail & (kRingBytes - 1)); }
+
   // In-flight (direction, tag) slots, 1 while an operation holds one:
   // [0, kTagSlots) sends, then recvs. Bytes, so that a release from one
   // thread never rewrites a slot the poster sets; calloc'd, so that only
@@ -341,7 +345,7 @@ bool ShmP2p::post(Op& op, std::string& error) {
   }
   if (!op.is_send && !op.done.load(std::memory_order_relaxed)) {
     free_read(p);  // what this round read: a wait may spin at once
-    op.next = p.in_data + (p.in_tail & (kRingBytes - 1));
+    op.next = p.landing();
     op.fresh = true;
   }
   return true;
@@ -419,6 +423,12 @@ void ShmP2p::free_read(Peer& p) {
   // one fence between both tails and the flag (a seq_cst store each was two).
   std::atomic_thread_fence(std::memory_order_seq_cst);
   answer_want(p);
+}
+
+void ShmP2p::free_reads() {
+  for (auto& p : peers_) {
+    if (!p->dead) free_read(*p);
+  }
 }
 
 bool ShmP2p::store_tails(Peer& p) {
@@ -794,14 +804,9 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
       }
       // Space read in this round, freed now that this thread will wait
       // (not before a reply was written: see free_read).
-      for (auto& p : peers_) {
-        if (!p->dead) free_read(*p);
-      }
+      free_reads();
       deadline = op.deadline;
-      if (!op.is_send) {
-        const Peer& p = *peer_of(op.peer);
-        next = p.in_data + (p.in_tail & (kRingBytes - 1));
-      }
+      if (!op.is_send) next = peer_of(op.peer)->landing();
     }
     if (spinning) {
       uint64_t now_active = active;
@@ -860,9 +865,7 @@ void ShmP2p::loop() {
     progress();
     expire(Clock::now());
     check_peers();
-    for (auto& p : peers_) {
-      if (!p->dead) free_read(*p);
-    }
+    free_reads();
     if (detached_.empty()) continue;
     auto next = Clock::time_point::max();
     for (Op* o : detached_) next = std::min(next, o->deadline);

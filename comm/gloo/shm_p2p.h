@@ -139,6 +139,8 @@ class ShmP2p {
   bool write_data(Peer& p);
   bool read_data(Peer& p);
   void free_read(Peer& p);
+  // free_read for every live peer.
+  void free_reads();
   // free_read in two: stores the tails of what was read since the last
   // call (whether any), and, after a seq_cst fence, rings the owner if it
   // asked for space.
