@@ -7,14 +7,17 @@
  *   mpicc -O2 -o mpi_bench bench/mpi_bench.c
  *   mpirun -np 2 ./mpi_bench [-n ITERS] [-w WARMUP] [-o OP,...] SIZE...
  *
- * An unknown option or op exits 2 with one line naming it and the valid
- * ones, before MPI starts.
+ * A bad command line (an unknown option or op, a count or SIZE that is no
+ * whole number, no SIZE) exits 2 with one line naming it and the fix,
+ * before MPI starts.
  *
  * Prints one line per op and size: "op bytes time_us", OSU's statistic and
  * dl-bench's: each rank's mean time per call over the iterations, averaged
  * over the ranks (a rank that leaves a call early, as an eager sender of a
  * gather does, counts as much as the root that waits for it). The
  * ping-pong's is rank 0's half round trip, as osu_latency's. */
+#include <errno.h>
+#include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,7 +30,7 @@ static const char* kOps[] = {"pingpong", "all_reduce",     "broadcast",
 /* The first item of the comma list `only` that is no op, or NULL. */
 static const char* unknown_op(const char* only) {
   for (const char* p = only; p; p = strchr(p, ',')) {
-    if (*p == ',') ++p;
+    if (p != only) ++p; /* past the comma; a leading one is an empty item */
     const size_t n = strcspn(p, ",");
     int found = 0;
     for (size_t o = 0; o < sizeof(kOps) / sizeof(kOps[0]); ++o) {
@@ -39,20 +42,37 @@ static const char* unknown_op(const char* only) {
 }
 
 /* A bad command line: one line naming it and the fix (from rank 0 alone
- * under mpirun), exit 2, before MPI starts. */
+ * under mpirun: OpenMPI's, MPICH's hydra (PMI) or a PMIx launcher's rank
+ * variable), exit 2, before MPI starts. */
 static int usage_error(const char* what, const char* fix) {
-  const char* rank = getenv("OMPI_COMM_WORLD_RANK");
-  if (rank == NULL || strcmp(rank, "0") == 0) {
-    fprintf(stderr, "mpi_bench: %s; %s\n", what, fix);
+  static const char* kRankVars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                    "PMIX_RANK"};
+  for (size_t v = 0; v < sizeof(kRankVars) / sizeof(kRankVars[0]); ++v) {
+    const char* rank = getenv(kRankVars[v]);
+    if (rank != NULL && strcmp(rank, "0") != 0) return 2;
   }
+  fprintf(stderr, "mpi_bench: %s; %s\n", what, fix);
   return 2;
+}
+
+/* `text` as a whole decimal number in [min, max] into `out`; 0 when it is
+ * not one (garbage, a sign where none is allowed, out of range). */
+static int parse_number(const char* text, unsigned long long min,
+                        unsigned long long max, unsigned long long* out) {
+  if (text[0] < '0' || text[0] > '9') return 0; /* no sign, no space */
+  char* end = NULL;
+  errno = 0;
+  const unsigned long long v = strtoull(text, &end, 10);
+  if (errno != 0 || *end != 0 || v < min || v > max) return 0;
+  *out = v;
+  return 1;
 }
 
 /* Whether `op` is in the comma list `only` (NULL: every op). */
 static int wanted(const char* only, const char* op) {
   const size_t n = strlen(op);
   for (const char* p = only; p; p = strchr(p, ',')) {
-    if (*p == ',') ++p;
+    if (p != only) ++p;
     if (strncmp(p, op, n) == 0 && (p[n] == ',' || p[n] == 0)) return 1;
   }
   return only == NULL;
@@ -90,28 +110,55 @@ static void run(const char* op, float* in, float* out, size_t bytes, int rank,
 }
 
 int main(int argc, char** argv) {
+  static const char* kOptions = "use -n ITERS, -w WARMUP, -o OP,...";
   int iters = 20, warmup = 5, first = 1;
   const char* only = NULL;
-  while (first + 1 < argc && argv[first][0] == '-') {
-    if (strcmp(argv[first], "-n") == 0) {
-      iters = atoi(argv[first + 1]);
-    } else if (strcmp(argv[first], "-w") == 0) {
-      warmup = atoi(argv[first + 1]);
-    } else if (strcmp(argv[first], "-o") == 0) {
-      only = argv[first + 1];
-    } else {
-      char what[256];
-      snprintf(what, sizeof what, "unknown option '%.200s'", argv[first]);
-      return usage_error(what, "use -n ITERS, -w WARMUP, -o OP,...");
+  char what[256];
+  for (; first < argc && argv[first][0] == '-'; first += 2) {
+    const char* flag = argv[first];
+    if (strcmp(flag, "-n") != 0 && strcmp(flag, "-w") != 0 &&
+        strcmp(flag, "-o") != 0) {
+      snprintf(what, sizeof what, "unknown option '%.200s'", flag);
+      return usage_error(what, kOptions);
     }
-    first += 2;
+    if (first + 1 == argc) {
+      snprintf(what, sizeof what, "%s needs a value", flag);
+      return usage_error(what, kOptions);
+    }
+    const char* value = argv[first + 1];
+    unsigned long long v = 0;
+    if (flag[1] == 'o') {
+      only = value;
+    } else if (!parse_number(value, flag[1] == 'n', INT_MAX, &v)) {
+      snprintf(what, sizeof what, "%s: bad value '%.200s'", flag, value);
+      return usage_error(what, flag[1] == 'n'
+                                   ? "give a whole number of iterations, 1 "
+                                     "or more"
+                                   : "give a whole number of warm-ups, 0 or "
+                                     "more");
+    } else {
+      *(flag[1] == 'n' ? &iters : &warmup) = (int)v;
+    }
+  }
+  if (first == argc) {
+    return usage_error("no SIZE given", "give one or more sizes in bytes");
+  }
+  for (int a = first; a < argc; ++a) {
+    unsigned long long bytes = 0;
+    if (!parse_number(argv[a], 0, (unsigned long long)INT_MAX * sizeof(float),
+                      &bytes)) {
+      snprintf(what, sizeof what, "bad SIZE '%.200s'", argv[a]);
+      return usage_error(what,
+                         "give whole numbers of bytes (options go before "
+                         "them)");
+    }
   }
   /* A misspelt op would measure nothing and exit 0. */
   if (only != NULL && unknown_op(only) != NULL) {
     const char* bad = unknown_op(only);
     int len = (int)strcspn(bad, ",");
     if (len > 200) len = 200;
-    char what[256], fix[256];
+    char fix[256];
     snprintf(what, sizeof what, "-o: unknown operation '%.*s'", len, bad);
     size_t used = (size_t)snprintf(fix, sizeof fix, "valid: ");
     for (size_t o = 0; o < sizeof(kOps) / sizeof(kOps[0]); ++o) {
