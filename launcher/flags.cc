@@ -29,6 +29,10 @@ namespace {
 
 using Options = LaunchOptions;
 
+// The largest node count, node rank and restart count the flags take
+// (beyond any real job).
+constexpr int kMaxCount = 1 << 20;
+
 // `v` as a whole number lo..hi, else BadValue "'V' is not valid; use
 // FORMS".
 int parse_int(const std::string& v, int lo, int hi, const std::string& forms) {
@@ -376,7 +380,7 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.agent.max_restarts = parse_int_in(v, 0, 1 << 20);
+             o.agent.max_restarts = parse_int_in(v, 0, kMaxCount);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          return std::to_string(o.agent.max_restarts);
@@ -623,22 +627,21 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             constexpr int kMaxNodes = 1 << 20;
              const size_t colon = v.find(':');
              int lo = 0, hi = 0;
              // MAX is checked from MIN up: a range the wrong way round
              // fails like any other bad value.
              const bool valid =
-                 parse_in_range(v.substr(0, colon), 1, kMaxNodes, lo) &&
+                 parse_in_range(v.substr(0, colon), 1, kMaxCount, lo) &&
                  (colon == std::string::npos
                       ? (hi = lo, true)
-                      : parse_in_range(v.substr(colon + 1), lo, kMaxNodes, hi));
+                      : parse_in_range(v.substr(colon + 1), lo, kMaxCount, hi));
              if (!valid) {
                // All of `v`, not the half that is wrong.
                throw BadValue{"'" + v +
                               "' is not valid; use N or MIN:MAX with 1 <= "
                               "MIN <= MAX <= " +
-                              std::to_string(kMaxNodes) + ", like 2 or 2:4"};
+                              std::to_string(kMaxCount) + ", like 2 or 2:4"};
              }
              o.rdzv.min_nodes = lo;
              o.rdzv.max_nodes = hi;
@@ -658,7 +661,7 @@ std::vector<FlagSpec> make_table() {
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,
               const agent::EnvMap&) {
-             o.rdzv.node_rank = parse_int_in(v, 0, 1 << 20);
+             o.rdzv.node_rank = parse_int_in(v, 0, kMaxCount);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          if (o.rdzv.node_rank < 0) return std::nullopt;
