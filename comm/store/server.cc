@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <cerrno>
 #include <charconv>
 #include <condition_variable>
 #include <cstring>
