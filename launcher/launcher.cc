@@ -1,9 +1,5 @@
 #include "launcher/launcher.h"
 
-#include <arpa/inet.h>
-#include <ifaddrs.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -15,7 +11,6 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
-#include <set>
 #include <stdexcept>
 #include <string>
 #include <variant>
@@ -36,6 +31,7 @@
 #include "launcher/job_token.h"
 #include "launcher/multi_host.h"
 #include "launcher/remote_agent.h"
+#include "launcher/this_machine.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -63,49 +59,6 @@ void write_job_yaml(const LaunchOptions& o) {
 }
 
 using comm::store::is_loopback;
-
-// Whether `host` names this machine: --local-addr, the host name, a
-// loopback name, or an address of one of its interfaces.
-bool names_this_machine(const std::string& host, const std::string& local) {
-  if (host == local || host == agent::host_name() || is_loopback(host))
-    return true;
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
-  std::set<std::string> wanted;
-  char buf[INET6_ADDRSTRLEN];
-  for (addrinfo* a = res; a; a = a->ai_next) {
-    const void* src =
-        a->ai_family == AF_INET
-            ? static_cast<const void*>(
-                  &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr)
-            : static_cast<const void*>(
-                  &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr);
-    if (::inet_ntop(a->ai_family, src, buf, sizeof buf)) wanted.insert(buf);
-  }
-  ::freeaddrinfo(res);
-  for (const std::string& w : wanted) {
-    if (is_loopback(w)) return true;
-  }
-  ifaddrs* ifs = nullptr;
-  if (::getifaddrs(&ifs) != 0) return false;
-  bool mine = false;
-  for (ifaddrs* i = ifs; i && !mine; i = i->ifa_next) {
-    if (!i->ifa_addr) continue;
-    int fam = i->ifa_addr->sa_family;
-    if (fam != AF_INET && fam != AF_INET6) continue;
-    const void* src =
-        fam == AF_INET
-            ? static_cast<const void*>(
-                  &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr)
-            : static_cast<const void*>(
-                  &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr);
-    if (::inet_ntop(fam, src, buf, sizeof buf)) mine = wanted.contains(buf);
-  }
-  ::freeifaddrs(ifs);
-  return mine;
-}
 
 // This node's address for the others: --local-addr, else the master
 // address for one node or static node rank 0, else the host name.
@@ -204,7 +157,8 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
     const bool asked = r.is_host.has_value();
     int port = r.endpoint_port;
     if (asked ? *r.is_host
-              : names_this_machine(r.endpoint_host, r.local_addr)) {
+              : names_this_machine(r.endpoint_host, r.local_addr,
+                                   Loopback::kAny)) {
       store_logs_to_stderr();
       try {
         store = comm::store::StoreServer::start(

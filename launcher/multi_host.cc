@@ -27,6 +27,7 @@
 #include "launcher/read_text.h"
 #include "launcher/ship.h"
 #include "launcher/staging.h"
+#include "launcher/this_machine.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -263,7 +264,8 @@ bool needs_head(const LaunchOptions& o) {
   std::unique_ptr<AgentLauncher> backend =
       make_agent_launcher(o.remote.launcher);
   return o.hosts.size() > 1 || !backend || !backend->head_agent_in_process() ||
-         !is_head_host(o.hosts[0].name, o.rdzv.local_addr);
+         !names_this_machine(o.hosts[0].name, o.rdzv.local_addr,
+                             Loopback::kDefaultOnly);
 }
 
 std::string workers_on(const LaunchOptions& o, const Host& h) {
@@ -271,13 +273,6 @@ std::string workers_on(const LaunchOptions& o, const Host& h) {
   if (h.slots > 0 && !o.nproc_per_node_given) return std::to_string(h.slots);
   if (!o.nproc_per_node_spec.empty()) return o.nproc_per_node_spec;
   return std::to_string(o.agent.nproc_per_node);
-}
-
-bool is_head_host(const std::string& host, const std::string& local_addr) {
-  const std::string me = agent::host_name();
-  return host == local_addr || host == me ||
-         host == me.substr(0, me.find('.')) || host == "localhost" ||
-         host == "127.0.0.1" || host == "::1";
 }
 
 std::map<std::string, std::string> remote_environment(
@@ -470,7 +465,7 @@ int launch_hosts(const LaunchOptions& job) {
   std::optional<Host> head_host;
   for (const Host& h : o.hosts) {
     if (!head_host && backend->head_agent_in_process() &&
-        is_head_host(h.name, o.rdzv.local_addr)) {
+        names_this_machine(h.name, o.rdzv.local_addr, Loopback::kDefaultOnly)) {
       head_host = h;
       continue;
     }

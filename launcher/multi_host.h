@@ -67,11 +67,6 @@ bool needs_head(const LaunchOptions& options);
 // are the host's to resolve.
 std::string workers_on(const LaunchOptions& options, const Host& host);
 
-// Whether `host` names the head's machine: its host name (full or short),
-// --local-addr, localhost, 127.0.0.1 or ::1. Other loopback addresses
-// (127.0.0.2, ...) are "other hosts", so that one machine can play many.
-bool is_head_host(const std::string& host, const std::string& local_addr);
-
 // Runs a teardown (`stop`: the backend's stop_commands for job `tag`,
 // `dlaunch --remote-stop TAG` on each host) and waits up to `bound`.
 // Returns "" when every command ended, else one line naming the hosts
