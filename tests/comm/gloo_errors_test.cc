@@ -16,6 +16,7 @@ namespace dlaunch::comm {
 namespace {
 
 using std::chrono::milliseconds;
+using std::chrono::seconds;
 using ::testing::HasSubstr;
 using testing::run_ranks;
 
@@ -267,10 +268,10 @@ INSTANTIATE_TEST_SUITE_P(Paths, GlooPathErrorsTest, ::testing::Bool(),
                          });
 
 TEST_P(GlooPathErrorsTest, CollectiveTimeoutNamesTheMissingRank) {
-  // The world joins with a generous timeout; the sub-group under test has
-  // 500 ms, and rank 2 never calls all_reduce on it.
+  // The world joins with a generous timeout (40 s); the sub-group under
+  // test has 500 ms, and rank 2 never calls all_reduce on it.
   std::latch others_failed(2);
-  run_ranks(3, [&](ProcessGroup& world) {
+  auto rank = [&](ProcessGroup& world) {
     auto pg = world.new_group({0, 1, 2}, milliseconds(500));
     std::vector<float> v(4);
     if (pg->rank() == 2) {
@@ -290,19 +291,23 @@ TEST_P(GlooPathErrorsTest, CollectiveTimeoutNamesTheMissingRank) {
     }
     auto elapsed = std::chrono::steady_clock::now() - start;
     EXPECT_GE(elapsed, milliseconds(400));
-    EXPECT_LT(elapsed, milliseconds(5000));
+    // The sub-group's timeout ended it, not the world's (a bound that a
+    // loaded machine cannot miss).
+    EXPECT_LT(elapsed, seconds(20));
     // A failed group refuses further collectives with the cause.
     expect_comm_error([&] { pg->barrier(); },
                       {"unusable after an earlier failure"});
     others_failed.count_down();
-  });
+  };
+  run_ranks(3, rank, seconds(40));
 }
 
 TEST_P(GlooPathErrorsTest, PeerGoneMidAllReduceFailsOthersFastNamingIt) {
   // Rank 2 tears its group down (closing its sockets, as a dying process
-  // does) while ranks 0 and 1 are in all_reduce; the timeout is 20 s, the
-  // others must fail in well under that.
-  run_ranks(3, [](ProcessGroup& pg) {
+  // does) while ranks 0 and 1 are in all_reduce; the timeout is 40 s, the
+  // others must fail in well under that (20 s: a bound that a loaded
+  // machine cannot miss).
+  auto rank = [](ProcessGroup& pg) {
     std::vector<float> v(1 << 16, 1.0f);
     pg.all_reduce(Tensor::of(v));
     if (pg.rank() == 2) return;  // run_ranks destroys the group
@@ -314,8 +319,9 @@ TEST_P(GlooPathErrorsTest, PeerGoneMidAllReduceFailsOthersFastNamingIt) {
       EXPECT_THAT(e.what(), HasSubstr("all_reduce on group 'world'"));
       EXPECT_THAT(e.what(), HasSubstr("rank 2"));
     }
-    EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(5000));
-  });
+    EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(20));
+  };
+  run_ranks(3, rank, seconds(40));
 }
 
 TEST(GlooErrorsTest, PendingSendIsDrainedWhenTheGroupIsDestroyed) {
