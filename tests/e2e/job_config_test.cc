@@ -131,8 +131,11 @@ TEST(JobConfig, PrintConfigOutputRunsTheSameJob) {
   EXPECT_THAT(printed.out, HasSubstr("max_restarts: 2\n"));
   EXPECT_THAT(printed.out, HasSubstr("tee: 3\n"));
   write_file(dir / "printed.yaml", printed.out);
-  CommandResult a = dlaunch({"--config", (dir / "job.yaml").string()});
-  CommandResult b = dlaunch({"--config", (dir / "printed.yaml").string()});
+  // The tee's logs outlive the run: in the test's folder, not /tmp.
+  const std::map<std::string, std::string> tmp = {
+      {"TMPDIR", dir.path().string()}};
+  CommandResult a = dlaunch({"--config", (dir / "job.yaml").string()}, tmp);
+  CommandResult b = dlaunch({"--config", (dir / "printed.yaml").string()}, tmp);
   ASSERT_EQ(a.exit_code, 0) << a.err;
   ASSERT_EQ(b.exit_code, 0) << b.err;
   for (const char* line :

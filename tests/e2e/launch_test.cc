@@ -299,8 +299,11 @@ TEST(Launch, LocalRanksFilterHidesOtherRanksFromTheConsole) {
 // A filter or a per-rank map naming only ranks this node does not run
 // says so (it once showed or logged nothing without a word).
 TEST(Launch, LocalRanksThisNodeDoesNotRunAreNamed) {
+  // The tee's log outlives the run: in the test's TMPDIR, not /tmp.
+  TempDir tmp;
   CommandResult r = sh(2, "echo hi$LOCAL_RANK",
-                       {"--local-ranks-filter", "1,5", "-t", "0:1,3:3"});
+                       {"--local-ranks-filter", "1,5", "-t", "0:1,3:3"},
+                       {{"TMPDIR", tmp.path().string()}});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "[default1]:hi1\n");
   EXPECT_THAT(r.err, HasSubstr("dlaunch: warning: --local-ranks-filter names "
