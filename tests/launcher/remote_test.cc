@@ -557,6 +557,19 @@ TEST(StagingTest, ARecordlessFolderGoesOnlyWhenOldAndNoProcessNamesItsTag) {
        ""});
   ASSERT_TRUE(worker.wait_for_output("ready", std::chrono::seconds(30)));
   ASSERT_TRUE(agent.wait_for_output("ready", std::chrono::seconds(30)));
+  // "ready" comes before the exec; mid-exec a process's cmdline and
+  // environ read empty, so wait until both run their final program.
+  auto runs = [](const testing::Subprocess& p, const std::string& argv0) {
+    return testing::eventually(
+        [&] {
+          return testing::read_proc_file("/proc/" + std::to_string(p.pid()) +
+                                         "/cmdline")
+              .starts_with(argv0 + '\0');
+        },
+        std::chrono::seconds(30));
+  };
+  ASSERT_TRUE(runs(worker, "sleep"));
+  ASSERT_TRUE(runs(agent, "dlaunch --job-tag dlaunch-job-0c5"));
 
   EXPECT_EQ(remove_stale_staging(dir.path()), 2u);
   EXPECT_TRUE(fs::exists(fresh / "job"));
