@@ -179,6 +179,13 @@ int main(int argc, char** argv) {
       const size_t count = bytes / sizeof(float) + 1;
       float* in = malloc(count * sizeof(float));
       float* out = malloc(count * sizeof(float));
+      if (!in || !out) {
+        fprintf(stderr,
+                "mpi_bench: cannot allocate 2 x %zu bytes for SIZE %s; "
+                "give a smaller SIZE\n",
+                count * sizeof(float), argv[a]);
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
       /* Real data, as dl-bench and torch's side have: a calloc'd buffer
        * that is only read stays mapped to the kernel's one zero page, so
        * every source read would hit the cache (64 MiB gather, scatter,

@@ -30,11 +30,17 @@ std::string address_text(const sockaddr* a) {
 
 // The addresses `host` (a name or an address) stands for; none when it
 // does not resolve.
+// An address written as one is parsed, not looked up: a hosts list of
+// addresses costs no DNS query, however slow the resolver.
 std::vector<std::string> addresses_of(const std::string& host) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST;
   addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return {};
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) {
+    hints.ai_flags = 0;
+    if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return {};
+  }
   std::vector<std::string> out;
   for (addrinfo* a = res; a; a = a->ai_next) {
     std::string text = address_text(a->ai_addr);
@@ -81,6 +87,7 @@ bool names_this_machine(const std::string& host, const std::string& local_addr,
   }
   const std::vector<std::string> addresses = addresses_of(host);
   std::set<std::string> mine;  // read once, when first needed
+  bool elsewhere = false;      // an address that is not loopback nor ours
   for (const std::string& a : addresses) {
     // A loopback address is decided by `loopback` alone, never by the
     // interfaces: 127.0.0.2 stays another host however lo is set up.
@@ -92,10 +99,14 @@ bool names_this_machine(const std::string& host, const std::string& local_addr,
     }
     if (mine.empty()) mine = interface_addresses();
     if (mine.contains(a)) return true;
+    elsewhere = true;
   }
-  // An FQDN that resolves to no address of this machine's (Debian maps
-  // its own to 127.0.1.1).
-  return host.find('.') != std::string::npos && host == canonical_name(me);
+  // This machine's FQDN where it resolves to loopback only (Debian maps
+  // its own name to 127.0.1.1) or not at all. A name that reaches another
+  // machine's address is that machine, even if a search domain made our
+  // own name's canonical form the same.
+  return !elsewhere && host.find('.') != std::string::npos &&
+         host == canonical_name(me);
 }
 
 }  // namespace dlaunch::launcher
