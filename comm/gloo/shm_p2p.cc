@@ -48,6 +48,13 @@ void ring_get(const char* ring, uint64_t pos, void* dst, uint64_t n) {
 
 // Removes and returns the first element of `v` that `pred` accepts (the
 // order of the rest kept), or false.
+// Room for one more element, growing geometrically: reserve(size() + 1)
+// alone would reallocate on every push at a new high.
+template <class T>
+void reserve_one(std::vector<T>& v) {
+  if (v.size() == v.capacity()) v.reserve(std::max<size_t>(8, 2 * v.size()));
+}
+
 template <class T, class P>
 bool take_first(std::vector<T>& v, P&& pred, T& out) {
   auto it = std::find_if(v.begin(), v.end(), pred);
@@ -300,7 +307,7 @@ bool ShmP2p::post(Op& op, std::string& error) {
   // Registered in full or not at all (bad_alloc): a recv's header must
   // not go out without its op, nor an op stay listed whose post() threw.
   if (op.is_send) {
-    p.unmatched.reserve(p.unmatched.size() + 1);
+    reserve_one(p.unmatched);
     p.sends.push_back(&op);
     Rec r;
     if (take_first(
@@ -315,7 +322,7 @@ bool ShmP2p::post(Op& op, std::string& error) {
       p.unmatched.push_back(&op);
     }
   } else {
-    p.posted.reserve(p.posted.size() + 1);
+    reserve_one(p.posted);
     p.ctl_out.push_back(
         Rec{static_cast<uint32_t>(op.tag), op.dtype, op.nbytes});
     Unexpected* u = nullptr;

@@ -120,7 +120,11 @@ class EtcdCluster {
     std::string initial;
     for (int i = 0; i < n; ++i) {
       client_.push_back(i == 0 && client_port0 ? client_port0 : free_port());
-      peer_.push_back(free_port());
+      // Unbound until etcd starts, so a free port may come back: never
+      // the picked client port.
+      int peer = free_port();
+      while (peer == client_port0) peer = free_port();
+      peer_.push_back(peer);
       initial += (i ? "," : "") + name(i) + "=" + peer_url(i);
     }
     for (int i = 0; i < n; ++i) {
