@@ -716,6 +716,42 @@ TEST_F(EtcdRendezvous, TheNodeCompletingTheExitBarrierDiesBeforeEndingIt) {
   expect_told_finished(etcd);
 }
 
+// An agent stopped (SIGTERM) in the exit barrier while etcd is cut off
+// from it: its helper gives the "done" it could not deliver a bounded
+// wait (10 s here), says it left without it, and exits; the agent exits
+// well before the client's two read_timeouts (60 s each) that the report
+// could take. The lease's TTL (200 s) is long, so that its expiry (which
+// cancels every request) does not end the wait first.
+TEST_F(EtcdRendezvous, AnAgentStoppedWhileCutOffFromEtcdNamesWhatItLeft) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  Proxy proxy(etcd.client_port(0));
+  testing::TempDir dir;
+  testing::Gate gate((dir / "go").string());
+  const std::string script = "if [ $NODE = 1 ]; then echo HELD; read x < " +
+                             gate.path() + "; fi; echo DONE";
+  const std::string conf =
+      "close_timeout=120,keep_alive_interval=5,keep_alive_max_attempt=40";
+  start(0, etcd.endpoint(0), {"--nnodes", "2"}, script, "", conf);
+  start(1, "127.0.0.1:" + std::to_string(proxy.port()), {"--nnodes", "2"},
+        script, "", conf);
+  ASSERT_TRUE(agents_[1]->wait_for_output("HELD", 60s)) << agents_[1]->err();
+  ASSERT_TRUE(agents_[0]->wait_for_output("for the other nodes to finish", 60s))
+      << agents_[0]->err();
+  proxy.cut();
+  gate.open_once();
+  ASSERT_TRUE(agents_[1]->wait_for_output("for the other nodes to finish", 60s))
+      << agents_[1]->err();
+  agents_[1]->signal(SIGTERM);
+  CommandResult r = agents_[1]->wait(90s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("etcd did not complete this node's 'report' "
+                               "request within 10 s"));
+  EXPECT_THAT(r.err, HasSubstr("leaving without it"));
+  agents_[0]->signal(SIGTERM);
+  EXPECT_FALSE(agents_[0]->wait(60s).timed_out);
+}
+
 // As with c10d: a node that arrives after every node gave up past
 // --max-restarts is told so at once (the gave_up mark, which outlives the
 // members' leases for close_timeout, 30 s here) and fails, instead of

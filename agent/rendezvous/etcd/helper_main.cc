@@ -24,6 +24,7 @@
 #include "agent/rendezvous/etcd/etcd_rendezvous.h"
 #include "agent/rendezvous/remote_wire.h"
 #include "comm/store/resolve.h"
+#include "comm/store/text.h"
 
 namespace {
 
@@ -147,12 +148,18 @@ class Executor {
   // Waits (at most `timeout`) until every request queued so far ran, so
   // that a report sent just before end-of-file reaches etcd before the
   // lease goes; a round still forming (next, open) is not waited for.
-  void drain(milliseconds timeout) {
+  // Returns the verb of the request still running at `timeout` (etcd did
+  // not answer it), "" when drained.
+  std::string drain(milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, timeout, [this] {
-      return queue_.empty() &&
-             (busy_.empty() || busy_ == "next" || busy_ == "open");
-    });
+    auto forming = [this] {
+      return busy_.empty() || busy_ == "next" || busy_ == "open";
+    };
+    if (cv_.wait_for(lock, timeout,
+                     [&] { return queue_.empty() && forming(); })) {
+      return "";
+    }
+    return forming() ? queue_.front()[0] : busy_;
   }
 
  private:
@@ -264,7 +271,17 @@ int main(int argc, char**) {
   // be inside a request; the process ends under it.
   // Both within the agent's close_timeout, after which it SIGKILLs us.
   const milliseconds half = exec.close_timeout() / 2;
-  exec.drain(std::min<milliseconds>(half, std::chrono::seconds(10)));
+  const milliseconds wait =
+      std::min<milliseconds>(half, std::chrono::seconds(10));
+  if (const std::string left = exec.drain(wait); !left.empty()) {
+    // etcd is slow or cut off: the request is abandoned (the process ends
+    // under it), not waited for to the client's read_timeout.
+    log_line("dlaunch: etcd did not complete this node's '" + left +
+             "' request within " + dlaunch::comm::store::format_duration(wait) +
+             " of the agent closing the rendezvous; leaving without it (the "
+             "other nodes see this node leave once its lease is revoked or "
+             "expires)\n");
+  }
   if (auto* r = exec.rendezvous()) {
     r->abandon(std::min<milliseconds>(half, std::chrono::seconds(5)));
   }
