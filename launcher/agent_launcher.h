@@ -60,9 +60,8 @@ std::vector<std::string> check_argv(const LaunchPlan& plan,
 // One process the head runs on its own machine to reach some hosts:
 // `ssh HOST dlaunch --remote-agent`, one `pdsh -w HOSTS ...`, `srun ...`.
 struct AgentCommand {
-  std::vector<std::string> argv;  // argv[0] looked up in PATH
-  // Set on top of the head's environment (PDSH_RCMD_TYPE, ...).
-  std::map<std::string, std::string> env;
+  // argv[0] looked up in PATH; it runs in the head's environment.
+  std::vector<std::string> argv;
   // The hosts it reaches; its output is theirs.
   std::vector<std::string> hosts;
   // Written to its stdin first (the job); stdin then stays open while the

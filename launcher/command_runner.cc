@@ -59,14 +59,14 @@ struct CommandRunner::Impl {
     int open_streams = 0;
     bool reaped = false;
     CommandResult result;
-    // Made from the environment by the constructor (see there); shared
-    // by the commands that add nothing to it.
-    std::shared_ptr<const std::vector<std::string>> env_list;
     std::string exe;  // empty: argv[0] is not in PATH
   };
 
   asio::io_context io;
   CommandOutput output;
+  // The head's environment, every command's, taken by the constructor
+  // (see there).
+  std::vector<std::string> env_list;
   std::vector<std::unique_ptr<Child>> children;
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -185,7 +185,6 @@ struct CommandRunner::Impl {
       ::close(fd);
     }
     const std::string& exe = c.exe;
-    const std::vector<std::string>& env_list = *c.env_list;
     if (exe.empty()) {
       c.result.out = "'" + cmd.argv[0] + "' is not in PATH";
       ++done;
@@ -274,24 +273,13 @@ CommandRunner::CommandRunner(std::vector<AgentCommand> commands,
   // runner's: the head's own agent setenv()s while the runner may still be
   // starting the others, and glibc's setenv frees the array a reader on
   // another thread walks (the head died of SIGSEGV in strlen that way).
-  const agent::EnvMap base = agent::current_environment();
-  auto list = [](const agent::EnvMap& env) {
-    auto out = std::make_shared<std::vector<std::string>>();
-    for (const auto& [k, v] : env) out->push_back(k + "=" + v);
-    return out;
-  };
   // Built once, not once per host (ssh runs a command per host).
-  const std::shared_ptr<const std::vector<std::string>> base_list = list(base);
+  for (const auto& [k, v] : agent::current_environment()) {
+    impl_->env_list.push_back(k + "=" + v);
+  }
   for (const AgentCommand& c : commands_) {
     auto child = std::make_unique<Impl::Child>();
     child->cmd = &c;
-    if (c.env.empty()) {
-      child->env_list = base_list;
-    } else {
-      agent::EnvMap env = base;
-      for (const auto& [k, v] : c.env) env[k] = v;
-      child->env_list = list(env);
-    }
     child->exe = c.argv[0];
     if (child->exe.find('/') == std::string::npos) {
       child->exe = bp::environment::find_executable(child->exe).string();
