@@ -19,11 +19,17 @@ EnvMap current_environment() {
   return env;
 }
 
+bool agent_test_hook(std::string_view name) {
+  return name.starts_with("DLAUNCH_") && !name.starts_with("DLAUNCH_COMM_") &&
+         name.find("_TEST_") != std::string_view::npos;
+}
+
 std::vector<std::string> worker_environment(const EnvMap& base,
                                             const WorkerIdentity& id,
                                             const JobInfo& job,
                                             const std::string& error_file) {
   EnvMap env = base;
+  std::erase_if(env, [](const auto& kv) { return agent_test_hook(kv.first); });
   auto set = [&env](const char* k, std::string v) { env[k] = std::move(v); };
   set("LOCAL_RANK", std::to_string(id.local_rank));
   set("RANK", std::to_string(id.rank));

@@ -38,8 +38,15 @@ using EnvMap = std::map<std::string, std::string>;
 // Reads the agent's own environment.
 EnvMap current_environment();
 
-// The worker's complete environment: `base` (the agent's) with the contract
-// of DESIGN.md set on top: RANK ... TORCHELASTIC_ERROR_FILE, and with
+// Whether `name` is a test-only hook of the agent or its helpers
+// (DLAUNCH_*_TEST_*, e.g. DLAUNCH_RDZV_ETCD_TEST_DIE_BEFORE_END): a
+// worker that runs dlaunch itself must not act on the outer run's. comm's
+// hooks (DLAUNCH_COMM_TEST_*) are read by workers and are none of these.
+bool agent_test_hook(std::string_view name);
+
+// The worker's complete environment: `base` (the agent's) less its test
+// hooks (agent_test_hook), with the contract of DESIGN.md set on top:
+// RANK ... TORCHELASTIC_ERROR_FILE, and with
 // job.gpu_per_rank CUDA_VISIBLE_DEVICES and DLAUNCH_CUDA_DEVICE.
 // OMP_NUM_THREADS (1 when local_world_size > 1) and
 // TORCH_NCCL_ASYNC_ERROR_HANDLING (1) are only set when `base` lacks them.

@@ -90,6 +90,30 @@ TEST(WorkerEnv, OverridesContractKeysAndKeepsTheRest) {
   EXPECT_FALSE(has("OMP_NUM_THREADS=1"));  // one worker: left alone
 }
 
+// The agent's and its helpers' test hooks stay with them: a worker that
+// runs dlaunch (a nested run) would act on them (the etcd helper's would
+// SIGKILL its agent at the exit barrier). comm's are the workers' own.
+TEST(WorkerEnv, LeavesOutTheAgentsTestHooks) {
+  EnvMap base{{"DLAUNCH_RDZV_ETCD_TEST_DIE_BEFORE_END", "1"},
+              {"DLAUNCH_AGENT_TEST_X", "1"},
+              {"DLAUNCH_COMM_TEST_HOSTS", "a,b"},
+              {"DLAUNCH_COMM_TEST_CMA_REFUSED", "1"},
+              {"DLAUNCH_RDZV_ETCD", "/opt/helper"},
+              {"MY_TEST_VAR", "x"}};
+  auto env = worker_environment(base, WorkerIdentity{}, JobInfo{}, "/tmp/e");
+  auto has = [&](const std::string& name) {
+    return std::any_of(env.begin(), env.end(), [&](const std::string& kv) {
+      return kv.starts_with(name + "=");
+    });
+  };
+  EXPECT_FALSE(has("DLAUNCH_RDZV_ETCD_TEST_DIE_BEFORE_END"));
+  EXPECT_FALSE(has("DLAUNCH_AGENT_TEST_X"));
+  EXPECT_TRUE(has("DLAUNCH_COMM_TEST_HOSTS"));
+  EXPECT_TRUE(has("DLAUNCH_COMM_TEST_CMA_REFUSED"));
+  EXPECT_TRUE(has("DLAUNCH_RDZV_ETCD"));
+  EXPECT_TRUE(has("MY_TEST_VAR"));
+}
+
 // --cpu-bind core hands out cores: hardware threads of one core together,
 // in the order of their lowest CPU; a CPU of unknown place is a core alone.
 TEST(CpuCores, GroupsHardwareThreadsByPackageAndCore) {
