@@ -279,7 +279,9 @@ int main(int argc, char** argv) {
   }
   // Other hosts: this machine is the head (multi_host.h). This one alone:
   // its slots or GPUs decide its workers, as they would there.
-  if (needs_head(options)) return launch_hosts(options);
+  if (const HostPlan hosts = plan_hosts(options); hosts.needs_head) {
+    return launch_hosts(options, hosts);
+  }
   // --export, --env-file and --chdir hold for this node as for any host.
   try {
     settle_host(asked_environment(options, agent::current_environment()),

@@ -259,13 +259,25 @@ std::string cannot_enter(const std::string& dir, int error,
 
 }  // namespace
 
-bool needs_head(const LaunchOptions& o) {
-  if (o.hosts.empty()) return false;
+HostPlan plan_hosts(const LaunchOptions& o,
+                    const std::function<bool(const std::string&)>& is_here) {
+  HostPlan plan;
+  if (o.hosts.empty()) return plan;
   std::unique_ptr<AgentLauncher> backend =
       make_agent_launcher(o.remote.launcher);
-  return o.hosts.size() > 1 || !backend || !backend->head_agent_in_process() ||
-         !names_this_machine(o.hosts[0].name, o.rdzv.local_addr,
-                             Loopback::kDefaultOnly);
+  if (backend && backend->head_agent_in_process()) {
+    for (size_t i = 0; i < o.hosts.size(); ++i) {
+      const std::string& name = o.hosts[i].name;
+      if (is_here ? is_here(name)
+                  : names_this_machine(name, o.rdzv.local_addr,
+                                       Loopback::kDefaultOnly)) {
+        plan.in_process = i;
+        break;
+      }
+    }
+  }
+  plan.needs_head = o.hosts.size() > 1 || plan.in_process != size_t{0};
+  return plan;
 }
 
 std::string workers_on(const LaunchOptions& o, const Host& h) {
@@ -391,7 +403,7 @@ std::string run_stop(const std::vector<AgentCommand>& stop,
          "' on those hosts";
 }
 
-int launch_hosts(const LaunchOptions& job) {
+int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   LaunchOptions o = job;
   const agent::EnvMap head_env = agent::current_environment();
   std::unique_ptr<AgentLauncher> backend =
@@ -463,9 +475,9 @@ int launch_hosts(const LaunchOptions& job) {
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (plan.remote_dlaunch.empty()) plan.remote_dlaunch = self.string();
   std::optional<Host> head_host;
-  for (const Host& h : o.hosts) {
-    if (!head_host && backend->head_agent_in_process() &&
-        names_this_machine(h.name, o.rdzv.local_addr, Loopback::kDefaultOnly)) {
+  for (size_t i = 0; i < o.hosts.size(); ++i) {
+    const Host& h = o.hosts[i];
+    if (hosts.in_process == i) {
       head_host = h;
       continue;
     }

@@ -1,7 +1,9 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +12,28 @@
 #include "launcher/launch_options.h"
 
 namespace dlaunch::launcher {
+
+// Where a job's hosts run their agents, decided once for the launcher and
+// launch_hosts alike: each host name is resolved at most once, since two
+// DNS answers for one name may disagree.
+struct HostPlan {
+  // Whether `options` is the head's job (launch_hosts): more than one
+  // host, a host other than this machine, or a backend that starts every
+  // host's agent itself (slurm).
+  bool needs_head = false;
+  // The index in options.hosts of the host whose agent the head runs
+  // in-process: the first that names this machine, with a backend that
+  // allows it. None: the backend starts every host's agent.
+  std::optional<size_t> in_process;
+};
+
+// The plan of options.hosts. `is_here` (default: names_this_machine with
+// --local-addr, 127.0.0.1 and ::1 the only loopback addresses of this
+// machine) is asked about each host in order until one names this
+// machine, and only when the backend may run that agent in-process.
+HostPlan plan_hosts(
+    const LaunchOptions& options,
+    const std::function<bool(const std::string&)>& is_here = nullptr);
 
 // Runs `options` over options.hosts from this machine, the head: hosts
 // the agents' store (c10d rendezvous) and generates the job's token and
@@ -20,8 +44,8 @@ namespace dlaunch::launcher {
 // is one of the hosts; shows every host's lines with its name; on Ctrl-C
 // or a failed host stops every host's agent by the job's tag. Returns the
 // exit code: this host's agent's when it failed, else the largest of the
-// other hosts'.
-int launch_hosts(const LaunchOptions& options);
+// other hosts'. `hosts` is plan_hosts(options)'s.
+int launch_hosts(const LaunchOptions& options, const HostPlan& hosts);
 
 // The variables every host's agent gets on top of its own environment:
 // PATH, LD_LIBRARY_PATH and the NCCL_ CUDA_ GLOO_ OMP_ PYTHON DLAUNCH_
@@ -56,11 +80,6 @@ std::vector<std::string> agent_args(const LaunchOptions& options,
                                     const Host& host,
                                     const std::string& endpoint,
                                     const std::string& run_id);
-
-// Whether `options` is the head's job (launch_hosts): more than one host,
-// a host other than this machine, or a backend that starts every host's
-// agent itself (slurm).
-bool needs_head(const LaunchOptions& options);
 
 // A host's worker count: its GPUs, else its slots unless --nproc-per-node
 // was given, else --nproc-per-node's; as text, since cpu, gpu and auto

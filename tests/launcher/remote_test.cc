@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -447,6 +449,52 @@ TEST(CommandRunnerTest, EveryCommandRunsInTheHeadsEnvironment) {
   std::vector<std::string> outs;
   for (const CommandResult& r : run.results()) outs.push_back(r.out);
   EXPECT_THAT(outs, ElementsAre("base\n", "base\n", "base\n"));
+}
+
+// Whether the head is needed and which host's agent it runs in-process
+// follow one answer per host: a name that names this machine at one ask
+// and not at the next (two DNS lookups may disagree) once sent a
+// one-host job to the head's path (needs_head) and then found this
+// machine there (launch_hosts' own lookup).
+TEST(HostPlanTest, EachHostIsAskedOnceAndBothDecisionsFollowThatAnswer) {
+  LaunchOptions o;
+  o.remote.launcher = "ssh";
+  std::map<std::string, int> asked;
+  // Elsewhere at the first ask, this machine at any later one.
+  auto flipping = [&](const std::string& h) { return ++asked[h] > 1; };
+  o.hosts = {Host{"node1"}};
+  HostPlan plan = plan_hosts(o, flipping);
+  EXPECT_TRUE(plan.needs_head);
+  EXPECT_FALSE(plan.in_process.has_value());
+  EXPECT_EQ(asked, (std::map<std::string, int>{{"node1", 1}}));
+
+  // Asked in order until one is this machine; the rest are not looked up.
+  asked.clear();
+  o.hosts = {Host{"a"}, Host{"me"}, Host{"b"}};
+  plan = plan_hosts(o, [&](const std::string& h) {
+    ++asked[h];
+    return h == "me";
+  });
+  EXPECT_TRUE(plan.needs_head);
+  EXPECT_EQ(plan.in_process, std::optional<size_t>(1));
+  EXPECT_EQ(asked, (std::map<std::string, int>{{"a", 1}, {"me", 1}}));
+
+  // This machine alone: no head.
+  o.hosts = {Host{"me"}};
+  plan = plan_hosts(o, [](const std::string& h) { return h == "me"; });
+  EXPECT_FALSE(plan.needs_head);
+  EXPECT_EQ(plan.in_process, std::optional<size_t>(0));
+
+  // slurm starts every host's agent itself: nothing is looked up.
+  asked.clear();
+  o.remote.launcher = "slurm";
+  plan = plan_hosts(o, flipping);
+  EXPECT_TRUE(plan.needs_head);
+  EXPECT_FALSE(plan.in_process.has_value());
+  EXPECT_TRUE(asked.empty());
+
+  o.hosts.clear();
+  EXPECT_FALSE(plan_hosts(o, flipping).needs_head);
 }
 
 // The head's staging folders: private, recorded, removed at its end; the
