@@ -20,8 +20,7 @@ EnvMap current_environment() {
 }
 
 bool agent_test_hook(std::string_view name) {
-  return name.starts_with("DLAUNCH_") && !name.starts_with("DLAUNCH_COMM_") &&
-         name.find("_TEST_") != std::string_view::npos;
+  return name == kEtcdTestDieBeforeEnd;
 }
 
 std::vector<std::string> worker_environment(const EnvMap& base,

@@ -38,10 +38,16 @@ using EnvMap = std::map<std::string, std::string>;
 // Reads the agent's own environment.
 EnvMap current_environment();
 
-// Whether `name` is a test-only hook of the agent or its helpers
-// (DLAUNCH_*_TEST_*, e.g. DLAUNCH_RDZV_ETCD_TEST_DIE_BEFORE_END): a
-// worker that runs dlaunch itself must not act on the outer run's. comm's
-// hooks (DLAUNCH_COMM_TEST_*) are read by workers and are none of these.
+// Test-only hook of the etcd helper (tests/e2e/etcd_test.cc): set in the
+// agent's environment, the node dies at the exit barrier.
+inline constexpr const char* kEtcdTestDieBeforeEnd =
+    "DLAUNCH_RDZV_ETCD_TEST_DIE_BEFORE_END";
+
+// Whether `name` is a test-only hook of the agent or its helpers (the
+// names above, and only those): a worker that runs dlaunch itself must not
+// act on the outer run's. Every other variable reaches the workers, a
+// user's DLAUNCH_TEST_DATA included; comm's hooks (DLAUNCH_COMM_TEST_*)
+// are read by workers and are none of these.
 bool agent_test_hook(std::string_view name);
 
 // The worker's complete environment: `base` (the agent's) less its test

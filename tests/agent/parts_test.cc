@@ -96,6 +96,7 @@ TEST(WorkerEnv, OverridesContractKeysAndKeepsTheRest) {
 TEST(WorkerEnv, LeavesOutTheAgentsTestHooks) {
   EnvMap base{{"DLAUNCH_RDZV_ETCD_TEST_DIE_BEFORE_END", "1"},
               {"DLAUNCH_AGENT_TEST_X", "1"},
+              {"DLAUNCH_TEST_DATA", "/data"},
               {"DLAUNCH_COMM_TEST_HOSTS", "a,b"},
               {"DLAUNCH_COMM_TEST_CMA_REFUSED", "1"},
               {"DLAUNCH_RDZV_ETCD", "/opt/helper"},
@@ -107,7 +108,9 @@ TEST(WorkerEnv, LeavesOutTheAgentsTestHooks) {
     });
   };
   EXPECT_FALSE(has("DLAUNCH_RDZV_ETCD_TEST_DIE_BEFORE_END"));
-  EXPECT_FALSE(has("DLAUNCH_AGENT_TEST_X"));
+  // A user's own variables pass, whatever their names.
+  EXPECT_TRUE(has("DLAUNCH_AGENT_TEST_X"));
+  EXPECT_TRUE(has("DLAUNCH_TEST_DATA"));
   EXPECT_TRUE(has("DLAUNCH_COMM_TEST_HOSTS"));
   EXPECT_TRUE(has("DLAUNCH_COMM_TEST_CMA_REFUSED"));
   EXPECT_TRUE(has("DLAUNCH_RDZV_ETCD"));

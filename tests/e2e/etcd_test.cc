@@ -745,9 +745,12 @@ TEST_F(EtcdRendezvous, AnAgentStoppedWhileCutOffFromEtcdNamesWhatItLeft) {
   agents_[1]->signal(SIGTERM);
   CommandResult r = agents_[1]->wait(90s);
   ASSERT_FALSE(r.timed_out) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("etcd did not complete this node's 'report' "
-                               "request within 10 s"));
+  EXPECT_THAT(r.err,
+              HasSubstr("etcd (127.0.0.1:" + std::to_string(proxy.port()) +
+                        ") did not complete this node's report of its "
+                        "workers' outcome (exit barrier) within 10 s"));
   EXPECT_THAT(r.err, HasSubstr("leaving without it"));
+  EXPECT_THAT(r.err, HasSubstr("check that etcd is reachable from this host"));
   agents_[0]->signal(SIGTERM);
   EXPECT_FALSE(agents_[0]->wait(60s).timed_out);
 }

@@ -454,7 +454,7 @@ TEST(CommandRunnerTest, EveryCommandRunsInTheHeadsEnvironment) {
 // Whether the head is needed and which host's agent it runs in-process
 // follow one answer per host: a name that names this machine at one ask
 // and not at the next (two DNS lookups may disagree) once sent a
-// one-host job to the head's path (needs_head) and then found this
+// one-host job to the head's path (the old head check) and then found this
 // machine there (launch_hosts' own lookup).
 TEST(HostPlanTest, EachHostIsAskedOnceAndBothDecisionsFollowThatAnswer) {
   LaunchOptions o;

@@ -59,6 +59,8 @@ class EtcdRendezvous : public Rendezvous {
 
   // Revokes the lease now, from any thread (the agent is gone).
   void abandon(std::chrono::milliseconds timeout);
+  // "127.0.0.1:2379, ...": the members, for messages.
+  std::string endpoints_text() const { return client_->endpoints_text(); }
 
  private:
   struct RoundState;

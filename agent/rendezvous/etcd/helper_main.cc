@@ -23,6 +23,7 @@
 
 #include "agent/rendezvous/etcd/etcd_rendezvous.h"
 #include "agent/rendezvous/remote_wire.h"
+#include "agent/worker_env.h"
 #include "comm/store/resolve.h"
 #include "comm/store/text.h"
 
@@ -33,11 +34,6 @@ namespace remote = dlaunch::agent::rendezvous::remote;
 using std::chrono::milliseconds;
 
 std::mutex out_mu;
-
-// Test-only (tests/e2e/etcd_test.cc): set, the node dies at the exit
-// barrier (EtcdRendezvous::Params::before_end).
-constexpr const char* kTestDieBeforeEnd =
-    "DLAUNCH_RDZV_ETCD_TEST_DIE_BEFORE_END";
 
 void send(const std::vector<std::string>& fields) {
   const std::string line = remote::encode_line(fields);
@@ -116,7 +112,8 @@ etcd::EtcdRendezvous::Params make_params(
   // "done" completes the exit barrier's set, before it puts "end".
   // Only the agent that started this helper: once it is gone, getppid()
   // is whoever adopted the helper (a subreaper, init), never to be killed.
-  if (const char* t = std::getenv(kTestDieBeforeEnd); t && *t) {
+  if (const char* t = std::getenv(dlaunch::agent::kEtcdTestDieBeforeEnd);
+      t && *t) {
     p.before_end = [agent = ::getppid()] {
       if (::getppid() == agent) ::kill(agent, SIGKILL);
       ::raise(SIGKILL);
@@ -149,7 +146,8 @@ class Executor {
   // that a report sent just before end-of-file reaches etcd before the
   // lease goes; a round still forming (next, open) is not waited for.
   // Returns the verb of the request still running at `timeout` (etcd did
-  // not answer it), "" when drained.
+  // not answer it), or of the first one queued behind a forming round
+  // (never started), "" when drained.
   std::string drain(milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
     auto forming = [this] {
@@ -276,11 +274,21 @@ int main(int argc, char**) {
   if (const std::string left = exec.drain(wait); !left.empty()) {
     // etcd is slow or cut off: the request is abandoned (the process ends
     // under it), not waited for to the client's read_timeout.
-    log_line("dlaunch: etcd did not complete this node's '" + left +
-             "' request within " + dlaunch::comm::store::format_duration(wait) +
-             " of the agent closing the rendezvous; leaving without it (the "
-             "other nodes see this node leave once its lease is revoked or "
-             "expires)\n");
+    const std::string what =
+        left == "report"  ? "report of its workers' outcome (exit barrier)"
+        : left == "watch" ? "watch of its rounds"
+        : left == "cut"   ? "cut fault"
+                          : "'" + left + "' request";
+    auto* r = exec.rendezvous();
+    log_line("dlaunch: etcd" +
+             (r != nullptr ? " (" + r->endpoints_text() + ")" : "") +
+             " did not complete this node's " + what + " within " +
+             dlaunch::comm::store::format_duration(wait) +
+             " of the agent closing the rendezvous; leaving without it. The "
+             "other nodes see this node leave when its lease is revoked, or, "
+             "if etcd cannot be reached for that either, when the lease "
+             "expires (its TTL); check that etcd is reachable from this "
+             "host\n");
   }
   if (auto* r = exec.rendezvous()) {
     r->abandon(std::min<milliseconds>(half, std::chrono::seconds(5)));
