@@ -572,7 +572,7 @@ void GlooProcessGroup::setup_shm_p2p() {
     std::unique_ptr<ShmP2p> e;
     if (local.size() > 1) {
       e = std::make_unique<ShmP2p>("/dlaunch-" + g_->shm_token + "-p-", rank(),
-                                   local, error);
+                                   local, g_->timeout, error);
     }
     if (!every_rank(!e || e->ok())) return;
     const bool ok = !e || e->open_peers(error);

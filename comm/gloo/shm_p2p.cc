@@ -13,19 +13,23 @@
 namespace dlaunch::comm::gloo {
 namespace {
 
-// A pair's data ring: big enough that a sender streams while its receiver
-// copies out, small enough to stay in the cache (each rank holds one per
-// local peer).
+// A pair's payload ring: big enough that a sender streams while its
+// receiver copies out, small enough to stay in the cache (each rank holds
+// one per local peer).
 constexpr uint64_t kRingBytes = 256 << 10;
-// Recv headers a pair's control ring holds before the sender reads them.
+// Send headers a pair's ring of header cells holds before the receiver
+// reads them, and recv headers its control ring holds.
+constexpr uint64_t kCells = 512;
 constexpr uint64_t kControlRecords = 256;
+// Payloads up to this size travel inside their header cell.
+constexpr uint64_t kInlineBytes = 40;
 // A sender publishes (and a receiver frees) ring space in steps of at most
 // this, so that the other side starts while the rest is copied.
 constexpr uint64_t kStepBytes = 64 << 10;
 // In-flight slots per peer and direction: tags are 0..65535 (kMaxTag,
 // checked before claim()).
 constexpr size_t kTagSlots = size_t{1} << 16;
-constexpr uint32_t kMagic = 0x444c5035;  // "DLP5": layout and wake-ups
+constexpr uint32_t kMagic = 0x444c5036;  // "DLP6": layout and wake-ups
 constexpr size_t kSegHeaderBytes = 128;
 
 void ring_put(char* ring, uint64_t pos, const void* src, uint64_t n) {
@@ -46,8 +50,6 @@ void ring_get(const char* ring, uint64_t pos, void* dst, uint64_t n) {
   }
 }
 
-// Removes and returns the first element of `v` that `pred` accepts (the
-// order of the rest kept), or false.
 // Room for one more element, growing geometrically: reserve(size() + 1)
 // alone would reallocate on every push at a new high.
 template <class T>
@@ -55,6 +57,8 @@ void reserve_one(std::vector<T>& v) {
   if (v.size() == v.capacity()) v.reserve(std::max<size_t>(8, 2 * v.size()));
 }
 
+// Removes and returns the first element of `v` that `pred` accepts (the
+// order of the rest kept), or false.
 template <class T, class P>
 bool take_first(std::vector<T>& v, P&& pred, T& out) {
   auto it = std::find_if(v.begin(), v.end(), pred);
@@ -83,21 +87,43 @@ struct ShmP2p::Seg {
 };
 
 // The counters of one direction, owner -> peer, in the owner's segment;
-// its control ring and data ring follow. Each counter is written by one
-// side, on a cache line of its own.
+// its header cells, control cells and payload ring follow. The owner's
+// and the peer's counters lie on cache lines of their own.
 struct ShmP2p::Pair {
-  alignas(64) std::atomic<uint64_t> data_head;  // bytes written (owner)
-  alignas(64) std::atomic<uint64_t> data_tail;  // bytes read (peer)
-  alignas(64) std::atomic<uint64_t> ctl_head;   // records written (owner)
-  alignas(64) std::atomic<uint64_t> ctl_tail;   // records read (peer)
+  // Payload bytes streamed (owner); whole payloads publish through their
+  // header cell instead, so it may lag behind them.
+  alignas(64) std::atomic<uint64_t> data_head;
+  alignas(64) std::atomic<uint64_t> data_tail;  // payload bytes read (peer)
+  std::atomic<uint64_t> cell_tail;              // header cells read (peer)
+  std::atomic<uint64_t> ctl_tail;               // control cells read (peer)
   // Set by the owner when a ring is full; the peer clears it and rings the
   // owner's bell when it frees space.
   alignas(64) std::atomic<uint32_t> want_space;
   std::atomic<uint32_t> broken;  // the owner gave up on the pair
 };
 
-// A send's header in the data ring (its payload follows), or a recv's in
-// the control ring.
+// One cache line: a send's header in the ring of header cells (its payload
+// inside when it fits, else in the payload ring), or a recv's header in the
+// control ring. The writer stores `seq` last (release): the cell's number
+// in its ring's life + 1. A reader polls the one word of the line that
+// brings the message (a counter elsewhere cost it a second line), and a
+// cell's stale content is an older cell's, whose seq is lower.
+struct alignas(64) ShmP2p::Cell {
+  uint32_t tag;
+  uint16_t dtype;
+  uint16_t flags;  // kWhole
+  uint64_t nbytes;
+  char data[kInlineBytes];
+  std::atomic<uint64_t> seq;
+};
+
+namespace {
+// The payload (larger than kInlineBytes) is in the payload ring, written
+// before the header cell: no need to watch data_head for it.
+constexpr uint16_t kWhole = 1;
+}  // namespace
+
+// A send's or recv's header, as the engine keeps it.
 struct ShmP2p::Rec {
   uint32_t tag = 0;
   uint32_t dtype = 0;
@@ -120,16 +146,24 @@ struct ShmP2p::Peer {
   ShmSegment seg;  // the peer's segment, mapped here
   Seg* their = nullptr;
   Pair* out = nullptr;  // this rank -> peer, in this rank's segment
-  char* out_ctl = nullptr;
+  Cell* out_cells = nullptr;
+  Cell* out_ctl = nullptr;
   char* out_data = nullptr;
   Pair* in = nullptr;  // peer -> this rank, in the peer's segment
-  const char* in_ctl = nullptr;
+  const Cell* in_cells = nullptr;
+  const Cell* in_ctl = nullptr;
   const char* in_data = nullptr;
 
   // This side's counters, and what it last saw of the other side's.
   uint64_t out_head = 0, out_published = 0, out_tail = 0;
+  uint64_t cell_head = 0, cell_tail = 0;
   uint64_t ctl_head = 0, ctl_tail = 0;
-  uint64_t in_tail = 0, in_published = 0, in_ctl_tail = 0, in_ctl_published = 0;
+  uint64_t in_tail = 0, in_published = 0;
+  uint64_t in_cell = 0, in_cell_published = 0;
+  uint64_t in_ctl_tail = 0, in_ctl_published = 0;
+  // Cells written in this round: the peer's sleepers are looked at once, at
+  // its end (settle()), after the fence the round takes anyway.
+  bool notify_due = false;
 
   std::deque<Op*> sends;       // not fully written yet, in post order
   bool front_started = false;  // sends.front()'s header is written
@@ -139,20 +173,18 @@ struct ShmP2p::Peer {
   std::vector<Op*> posted;     // recvs without their send's header
   std::deque<std::unique_ptr<Unexpected>> unexpected;
 
-  // The payload being read: into cur_op's buffer (dropped on a mismatch)
-  // or cur_ux's.
+  // The payload being read (from the payload ring): into cur_op's buffer
+  // (dropped on a mismatch) or cur_ux's; in_avail of its bytes are known
+  // to be there.
   bool reading = false;
   Rec cur;
   uint64_t got = 0;
+  uint64_t in_avail = 0;
   Op* cur_op = nullptr;
   Unexpected* cur_ux = nullptr;
 
   bool dead = false;
   std::string why;  // set with dead
-
-  // Where the next payload from the peer lands in its ring (after its
-  // header, when the header is there): the line a waiting recv prefetches.
-  const char* landing() const { return in_data + (in_tail & (kRingBytes - 1)); }
 
   // In-flight (direction, tag) slots, 1 while an operation holds one:
   // [0, kTagSlots) sends, then recvs. Bytes, so that a release from one
@@ -171,7 +203,8 @@ struct ShmP2p::Peer {
 
 namespace {
 
-constexpr size_t kSlotBytes = 5 * 64 + kControlRecords * 16 + kRingBytes;
+constexpr size_t kSlotBytes =
+    3 * 64 + (kCells + kControlRecords) * 64 + kRingBytes;
 
 // Whether `op` and the other side's header agree; records the other side's
 // size and dtype when not.
@@ -186,11 +219,12 @@ void compare(ShmP2p::Op& op, uint32_t dtype, uint64_t nbytes) {
 }  // namespace
 
 ShmP2p::ShmP2p(const std::string& base, int rank, std::vector<int> local,
-               std::string& error)
-    : base_(base), rank_(rank), local_(std::move(local)) {
-  static_assert(sizeof(Pair) == 5 * 64);
+               std::chrono::milliseconds timeout, std::string& error)
+    : base_(base), rank_(rank), timeout_(timeout), local_(std::move(local)) {
+  static_assert(sizeof(Pair) == 3 * 64);
+  static_assert(sizeof(Cell) == 64);
+  static_assert(kSegHeaderBytes % 64 == 0);  // cells on lines of their own
   static_assert(sizeof(Seg) <= kSegHeaderBytes);
-  static_assert(sizeof(Rec) == 16);
   static_assert(std::atomic<uint64_t>::is_always_lock_free);  // address-free
   const int ranks = local_.back() + 1;
   peer_index_.assign(static_cast<size_t>(ranks), -1);
@@ -205,12 +239,17 @@ ShmP2p::ShmP2p(const std::string& base, int rank, std::vector<int> local,
   seg_->pid = static_cast<int32_t>(::getpid());
   seg_->pid_ns = pid_namespace();
   for (size_t k = 0; k + 1 < local_.size(); ++k) {
-    new (mine_.data() + kSegHeaderBytes + k * kSlotBytes) Pair{};
+    auto* pair = new (mine_.data() + kSegHeaderBytes + k * kSlotBytes) Pair{};
+    auto* cells = reinterpret_cast<char*>(pair + 1);
+    for (uint64_t c = 0; c < kCells + kControlRecords; ++c) {
+      new (cells + c * sizeof(Cell)) Cell{};
+    }
   }
   seg_->magic = kMagic;
 }
 
 ShmP2p::~ShmP2p() {
+  if (seg_) flush_control();
   {
     std::lock_guard lock(mu_);
     stop_ = true;
@@ -253,11 +292,13 @@ bool ShmP2p::open_peers(std::string& error) {
     const auto out_at = reinterpret_cast<uintptr_t>(slot(rank_, j));
     const auto in_at = reinterpret_cast<uintptr_t>(slot(j, rank_));
     p->out = std::launder(reinterpret_cast<Pair*>(mine_.data() + out_at));
-    p->out_ctl = mine_.data() + out_at + sizeof(Pair);
-    p->out_data = p->out_ctl + kControlRecords * 16;
+    p->out_cells = reinterpret_cast<Cell*>(p->out + 1);
+    p->out_ctl = p->out_cells + kCells;
+    p->out_data = reinterpret_cast<char*>(p->out_ctl + kControlRecords);
     p->in = std::launder(reinterpret_cast<Pair*>(p->seg.data() + in_at));
-    p->in_ctl = p->seg.data() + in_at + sizeof(Pair);
-    p->in_data = p->in_ctl + kControlRecords * 16;
+    p->in_cells = reinterpret_cast<const Cell*>(p->in + 1);
+    p->in_ctl = p->in_cells + kCells;
+    p->in_data = reinterpret_cast<const char*>(p->in_ctl + kControlRecords);
     p->pidfd = watch_process(p->their->pid, p->their->pid_ns);
     p->busy.reset(static_cast<uint8_t*>(std::calloc(2 * kTagSlots, 1)));
     if (!p->busy) throw std::bad_alloc();
@@ -341,18 +382,15 @@ bool ShmP2p::post(Op& op, std::string& error) {
       p.posted.push_back(&op);
     }
   }
-  if (!op.is_send) {
-    op.posted_bell = seg_->bell.load(std::memory_order_acquire);
-    op.posted_active = activity();
-  }
+  op.posted_bell = seg_->bell.load(std::memory_order_acquire);
   try {
     progress(p);  // small payloads and headers go at once
   } catch (const std::bad_alloc&) {
     return true;  // posted: a later round retries (see read_control)
   }
-  if (!op.is_send && !op.done.load(std::memory_order_relaxed)) {
+  if (!op.done.load(std::memory_order_relaxed)) {
     free_read(p);  // what this round read: a wait may spin at once
-    op.next = p.landing();
+    watch(op.watch);
     op.fresh = true;
   }
   return true;
@@ -371,23 +409,35 @@ bool ShmP2p::progress(Peer& p, const Op* mine) {
   // Writes first: a send's payload goes out before this rank stalls on
   // the lines the peer is writing (the order matches nothing: a send is
   // written whether or not its recv's header came). The space the last
-  // round read is published just before them (plain stores), so that the
-  // fence their notify() takes serves free_read's Dekker too: a fence of
-  // its own cost the 8-byte ping-pong about 3%.
+  // round read is published just before them (plain stores), and one fence
+  // at the end of the round (settle) serves both Dekkers: the reads below
+  // wait for the peer's lines while the writes drain, where a fence right
+  // after the writes stalled until the peer gave up the polled line.
   const bool freed = store_tails(p);
   bool any = write_control(p);
-  if (write_data(p)) any = true;  // either fenced when it wrote
-  if (freed) {
-    if (!any) std::atomic_thread_fence(std::memory_order_seq_cst);
-    answer_want(p);
-  }
+  if (write_data(p)) any = true;
   if (read_data(p)) any = true;
   // A waiter whose recv just completed returns first: the control ring
   // (a line the peer may be writing) is read in the next round, or when
   // this rank posts again, after its payload went out.
-  if (mine && mine->done.load(std::memory_order_relaxed)) return true;
-  if (read_control(p)) any = true;
+  if (!mine || !mine->done.load(std::memory_order_relaxed)) {
+    if (read_control(p)) any = true;
+  }
+  settle(p, freed);
   return any;
+}
+
+void ShmP2p::settle(Peer& p, bool freed) {
+  if (!p.notify_due && !freed) return;
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (p.notify_due) {
+    p.notify_due = false;
+    if (p.their->sleepers.load(std::memory_order_relaxed) > 0) {
+      p.their->bell.fetch_add(1, std::memory_order_seq_cst);
+      futex_wake(&p.their->bell);
+    }
+  }
+  if (freed) answer_want(p);
 }
 
 // Removes the first of `ops` waiting for the other side's header `r` (the
@@ -404,19 +454,20 @@ ShmP2p::Op* ShmP2p::match(std::vector<Op*>& ops, const Rec& r) {
 }
 
 bool ShmP2p::read_control(Peer& p) {
-  const uint64_t head = p.in->ctl_head.load(std::memory_order_acquire);
-  if (head == p.in_ctl_tail) return false;
-  while (p.in_ctl_tail < head) {
-    Rec r;
-    std::memcpy(&r, p.in_ctl + (p.in_ctl_tail % kControlRecords) * 16, 16);
+  bool any = false;
+  for (;;) {
+    const Cell& c = p.in_ctl[p.in_ctl_tail % kControlRecords];
+    if (c.seq.load(std::memory_order_acquire) != p.in_ctl_tail + 1) break;
+    const Rec r{c.tag, c.dtype, c.nbytes};
     if (Op* s = match(p.unmatched, r)) {
       if (s->written) finish(*s);
     } else {
       p.early.push_back(r);  // on bad_alloc, read again in a later round
     }
     ++p.in_ctl_tail;
+    any = true;
   }
-  return true;  // the records' slots are freed by free_read()
+  return any;  // the cells are freed by free_read()
 }
 
 // Publishes the ring space this rank has read since the last call, and
@@ -439,12 +490,17 @@ void ShmP2p::free_reads() {
 }
 
 bool ShmP2p::store_tails(Peer& p) {
-  if (p.in_tail == p.in_published && p.in_ctl_tail == p.in_ctl_published) {
+  if (p.in_tail == p.in_published && p.in_cell == p.in_cell_published &&
+      p.in_ctl_tail == p.in_ctl_published) {
     return false;
   }
   if (p.in_tail != p.in_published) {
     p.in->data_tail.store(p.in_tail, std::memory_order_release);
     p.in_published = p.in_tail;
+  }
+  if (p.in_cell != p.in_cell_published) {
+    p.in->cell_tail.store(p.in_cell, std::memory_order_release);
+    p.in_cell_published = p.in_cell;
   }
   if (p.in_ctl_tail != p.in_ctl_published) {
     p.in->ctl_tail.store(p.in_ctl_tail, std::memory_order_release);
@@ -474,17 +530,38 @@ bool ShmP2p::write_control(Peer& p) {
         if (p.ctl_head - p.ctl_tail >= kControlRecords) break;
       }
     }
-    std::memcpy(p.out_ctl + (p.ctl_head % kControlRecords) * 16,
-                &p.ctl_out.front(), 16);
+    const Rec& r = p.ctl_out.front();
+    Cell& c = p.out_ctl[p.ctl_head % kControlRecords];
+    c.tag = r.tag;
+    c.dtype = static_cast<uint16_t>(r.dtype);
+    c.flags = 0;
+    c.nbytes = r.nbytes;
+    c.seq.store(p.ctl_head + 1, std::memory_order_release);
     ++p.ctl_head;
     p.ctl_out.pop_front();
     wrote = true;
   }
-  if (wrote) {
-    p.out->ctl_head.store(p.ctl_head, std::memory_order_release);
-    notify(p);
-  }
+  if (wrote) p.notify_due = true;
   return wrote;
+}
+
+bool ShmP2p::cell_space(Peer& p) {
+  if (p.cell_head - p.cell_tail < kCells) return true;
+  p.cell_tail = p.out->cell_tail.load(std::memory_order_acquire);
+  if (p.cell_head - p.cell_tail < kCells) return true;
+  // Full: ask to be rung, then look once more (see write_control).
+  p.out->want_space.store(1, std::memory_order_seq_cst);
+  p.cell_tail = p.out->cell_tail.load(std::memory_order_seq_cst);
+  return p.cell_head - p.cell_tail < kCells;
+}
+
+uint64_t ShmP2p::data_space(Peer& p, uint64_t want) {
+  uint64_t space = kRingBytes - (p.out_head - p.out_tail);
+  if (space < want) {
+    p.out_tail = p.out->data_tail.load(std::memory_order_acquire);
+    space = kRingBytes - (p.out_head - p.out_tail);
+  }
+  return space;
 }
 
 bool ShmP2p::write_data(Peer& p) {
@@ -498,54 +575,65 @@ bool ShmP2p::write_data(Peer& p) {
   };
   while (!p.sends.empty()) {
     Op& s = *p.sends.front();
-    const uint64_t need = p.front_started ? 1 : sizeof(Rec);
-    const uint64_t rest = s.nbytes - s.moved + (p.front_started ? 0 : 16);
-    uint64_t space = kRingBytes - (p.out_head - p.out_tail);
-    if (space < rest) {
-      p.out_tail = p.out->data_tail.load(std::memory_order_acquire);
-      space = kRingBytes - (p.out_head - p.out_tail);
-    }
-    if (space < need) {
-      p.out->want_space.store(1, std::memory_order_seq_cst);
-      p.out_tail = p.out->data_tail.load(std::memory_order_seq_cst);
-      space = kRingBytes - (p.out_head - p.out_tail);
-      if (space < need) break;
-    }
     if (!p.front_started) {
-      const Rec r{static_cast<uint32_t>(s.tag), s.dtype, s.nbytes};
-      ring_put(p.out_data, p.out_head, &r, sizeof(r));
-      p.out_head += sizeof(r);
-      space -= sizeof(r);
+      if (!cell_space(p)) break;
+      // Inline, whole (written before its header, so that the receiver
+      // needs no other line to know it is there) or streamed behind it.
+      const bool small = s.nbytes <= kInlineBytes;
+      const bool whole = !small && s.nbytes <= kStepBytes &&
+                         data_space(p, s.nbytes) >= s.nbytes;
+      if (whole) {
+        ring_put(p.out_data, p.out_head, s.data, s.nbytes);
+        p.out_head += s.nbytes;
+        s.moved = s.nbytes;
+      }
+      Cell& c = p.out_cells[p.cell_head % kCells];
+      c.tag = static_cast<uint32_t>(s.tag);
+      c.dtype = static_cast<uint16_t>(s.dtype);
+      c.flags = whole ? kWhole : 0;
+      c.nbytes = s.nbytes;
+      if (small) {
+        if (s.nbytes > 0) std::memcpy(c.data, s.data, s.nbytes);
+        s.moved = s.nbytes;
+      }
+      c.seq.store(p.cell_head + 1, std::memory_order_release);
+      ++p.cell_head;
+      p.notify_due = true;
       p.front_started = true;
       any = true;
     }
-    while (s.moved < s.nbytes && space > 0) {
+    while (s.moved < s.nbytes) {
+      uint64_t space = data_space(p, s.nbytes - s.moved);
+      if (space == 0) {
+        publish();  // what is there, before this rank waits for room
+        p.out->want_space.store(1, std::memory_order_seq_cst);
+        p.out_tail = p.out->data_tail.load(std::memory_order_seq_cst);
+        space = kRingBytes - (p.out_head - p.out_tail);
+        if (space == 0) break;
+      }
       const uint64_t n = std::min({space, s.nbytes - s.moved, kStepBytes});
       ring_put(p.out_data, p.out_head, s.data + s.moved, n);
       p.out_head += n;
       s.moved += n;
-      space -= n;
       any = true;
-      if (s.moved < s.nbytes) publish();  // the receiver may start
+      publish();  // the receiver may start (whole payloads need not)
     }
-    if (s.moved < s.nbytes) continue;  // look at the tail again
+    if (s.moved < s.nbytes) break;  // rung when the receiver frees room
     p.sends.pop_front();
     p.front_started = false;
     s.written = true;
     if (s.matched) finish(s);
   }
-  publish();
   return any;
 }
 
 bool ShmP2p::read_data(Peer& p) {
   bool any = false;
-  uint64_t head = p.in->data_head.load(std::memory_order_acquire);
   for (;;) {
     if (!p.reading) {
-      if (head - p.in_tail < sizeof(Rec)) break;
-      Rec r;
-      ring_get(p.in_data, p.in_tail, &r, sizeof(r));
+      const Cell& c = p.in_cells[p.in_cell % kCells];
+      if (c.seq.load(std::memory_order_acquire) != p.in_cell + 1) break;
+      const Rec r{c.tag, c.dtype, c.nbytes};
       Unexpected* u = nullptr;
       Op* op = match(p.posted, r);
       if (!op && p.posted.empty()) {
@@ -558,26 +646,38 @@ bool ShmP2p::read_data(Peer& p) {
         u = e.get();
         p.unexpected.push_back(std::move(e));
       }
-      p.in_tail += sizeof(r);
-      p.reading = true;
       p.cur = r;
       p.got = 0;
       p.cur_op = op;
       p.cur_ux = u;
       any = true;
+      if (r.nbytes <= kInlineBytes) {
+        char* dst = u ? u->data.data() : op->mismatch ? nullptr : op->data;
+        if (dst && r.nbytes > 0) std::memcpy(dst, c.data, r.nbytes);
+        p.got = r.nbytes;
+        if (op) op->moved = p.got;
+      } else {
+        p.reading = true;
+        p.in_avail = (c.flags & kWhole) ? r.nbytes : 0;
+      }
+      ++p.in_cell;  // the cell is read (freed by free_read())
     }
     while (p.got < p.cur.nbytes) {
-      if (head == p.in_tail) {
-        head = p.in->data_head.load(std::memory_order_acquire);
-        if (head == p.in_tail) break;
+      if (p.in_avail == 0) {
+        // A streamed payload: its head (which may lag behind the whole
+        // payloads before it, never behind this one's start).
+        const uint64_t head = p.in->data_head.load(std::memory_order_acquire);
+        if (head <= p.in_tail) break;
+        p.in_avail = head - p.in_tail;
       }
       const uint64_t n =
-          std::min({head - p.in_tail, p.cur.nbytes - p.got, kStepBytes});
+          std::min({p.in_avail, p.cur.nbytes - p.got, kStepBytes});
       char* dst = p.cur_ux             ? p.cur_ux->data.data() + p.got
                   : p.cur_op->mismatch ? nullptr
                                        : p.cur_op->data + p.got;
       if (dst) ring_get(p.in_data, p.in_tail, dst, n);
       p.in_tail += n;
+      p.in_avail -= n;
       p.got += n;
       if (p.cur_op) p.cur_op->moved = p.got;
       any = true;
@@ -586,6 +686,7 @@ bool ShmP2p::read_data(Peer& p) {
     }
     if (p.got < p.cur.nbytes) break;
     p.reading = false;
+    p.in_avail = 0;
     if (p.cur_op) {
       finish(*p.cur_op);
     } else {
@@ -594,9 +695,6 @@ bool ShmP2p::read_data(Peer& p) {
     }
     p.cur_op = nullptr;
     p.cur_ux = nullptr;
-    if (head - p.in_tail < sizeof(Rec)) {
-      head = p.in->data_head.load(std::memory_order_acquire);
-    }
   }
   return any;  // the last payload's space is freed by free_read()
 }
@@ -662,6 +760,7 @@ void ShmP2p::kill(Peer& p, const std::string& why) {
   p.cur_op = nullptr;
   p.cur_ux = nullptr;
   p.reading = false;
+  p.in_avail = 0;
   if (!p.dead) {
     p.dead = true;
     p.why = why;
@@ -704,12 +803,13 @@ void ShmP2p::ring(Peer& p) {
   }
 }
 
-// The peer's waiters poll the counters (activity()) while they spin; only
-// a sleeping one needs its bell rung. Dekker with sleep_until_rung: either
-// its look at the counters after it counted itself a sleeper sees this
-// write, or this look sees the sleeper. A bell rung on every message
-// cost a locked write to a line the peer polls, and the peer a third
-// cache miss (bell, head, ring) before it saw a small payload.
+// The peer's waiters poll what they expect next (watch()) while they spin;
+// only a sleeping one needs its bell rung. Dekker with sleep_until_rung:
+// either its look at the watched words after it counted itself a sleeper
+// sees this write, or this look sees the sleeper. A bell rung on every
+// message cost a locked write to a line the peer polls, and the peer a
+// third cache miss (bell, head, ring) before it saw a small payload.
+// Cells defer this to settle(), at the end of the round.
 void ShmP2p::notify(Peer& p) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (p.their->sleepers.load(std::memory_order_relaxed) > 0) {
@@ -718,13 +818,21 @@ void ShmP2p::notify(Peer& p) {
   }
 }
 
-uint64_t ShmP2p::activity() const {
-  uint64_t sum = 0;
-  for (const auto& p : peers_) {
-    sum += p->in->data_head.load(std::memory_order_acquire) +
-           p->in->ctl_head.load(std::memory_order_acquire);
+void ShmP2p::watch(Watches& w) const {
+  w.clear();
+  for (const auto& pp : peers_) {
+    const Peer& p = *pp;
+    if (p.dead) continue;
+    if (p.reading) {
+      w.add(&p.in->data_head, p.in_tail + 1);
+    } else if (!p.posted.empty()) {
+      // Without a posted recv a new message would stay in the ring.
+      w.add(&p.in_cells[p.in_cell % kCells].seq, p.in_cell + 1);
+    }
+    if (!p.unmatched.empty()) {
+      w.add(&p.in_ctl[p.in_ctl_tail % kControlRecords].seq, p.in_ctl_tail + 1);
+    }
   }
-  return sum;
 }
 
 void ShmP2p::ring_self() {
@@ -734,14 +842,37 @@ void ShmP2p::ring_self() {
   }
 }
 
-void ShmP2p::sleep_until_rung(uint32_t seen, uint64_t active,
+void ShmP2p::flush_control() {
+  const auto until = after(Clock::now(), timeout_);
+  const Watches none{};  // the peer rings this rank when it frees cells
+  std::unique_lock lock(mu_);
+  try {
+    for (;;) {
+      const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
+      progress();
+      check_peers();  // a peer that left or died takes its queue along
+      free_reads();
+      bool queued = false;
+      for (const auto& p : peers_) {
+        if (!p->dead && !p->ctl_out.empty()) queued = true;
+      }
+      if (!queued || Clock::now() >= until) return;
+      lock.unlock();
+      sleep_until_rung(seen, none, until);
+      lock.lock();
+    }
+  } catch (const std::bad_alloc&) {
+    // Leaving without them: the peer's sends fail when it sees this rank go.
+  }
+}
+
+void ShmP2p::sleep_until_rung(uint32_t seen, const Watches& w,
                               Clock::time_point until) {
   const auto now = Clock::now();
   if (now >= until) return;
   seg_->sleepers.fetch_add(1, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // see notify()
-  if (seg_->bell.load(std::memory_order_seq_cst) == seen &&
-      activity() == active) {
+  if (seg_->bell.load(std::memory_order_seq_cst) == seen && !w.ready()) {
     futex_wait(&seg_->bell, seen,
                std::min<std::chrono::nanoseconds>(until - now, kLivenessSlice));
   }
@@ -760,25 +891,25 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
   SpinWait spin;
   bool spinning = true;
   const std::atomic<int32_t>& peer_cpu = peer_of(op.peer)->their->cpu;
-  // Both read before each round of progress: what changes after it ends
-  // the spin or the sleep. The spin's last look serves the next round.
-  uint64_t active = activity();
+  // What the spin and the sleep watch, built at the end of each round: a
+  // word reaching its mark, or the bell moving from what it was before the
+  // round, means something came.
+  Watches local;
   Clock::time_point until;  // set at the first look at the clock
   bool timed = false;
-  // A recv's first whole wait skips its first round: post() ran one and
-  // saw `active`. (A shorter wait runs it: its time starts at once.)
+  // An op's first whole wait skips its first round: post() ran one. (A
+  // shorter wait runs it: its time starts at once.)
   bool posted = op.fresh && deadline_in.count() > 0;
   op.fresh = false;
-  if (posted) active = op.posted_active;
   for (;;) {
     uint32_t seen = seg_->bell.load(std::memory_order_acquire);
     const int cpu = publish_cpu(seg_->cpu);
     auto deadline = Clock::time_point::max();
-    const char* next = nullptr;  // a recv's: where its payload will land
+    const Watches* w = &local;
     if (posted) {
       posted = false;
       seen = op.posted_bell;
-      next = op.next;
+      w = &op.watch;
     } else {
       std::lock_guard lock(mu_);
       if (op.done.load(std::memory_order_relaxed)) return leave(true);
@@ -812,28 +943,21 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
       // Space read in this round, freed now that this thread will wait
       // (not before a reply was written: see free_read).
       free_reads();
+      watch(local);
       deadline = op.deadline;
-      if (!op.is_send) next = peer_of(op.peer)->landing();
     }
     if (spinning) {
-      uint64_t now_active = active;
       // op.done too: a thread of the engine may finish it (without a new
       // message: one that came before post()'s look).
-      while (!op.done.load(std::memory_order_acquire) &&
-             seg_->bell.load(std::memory_order_acquire) == seen &&
-             (now_active = activity()) == active &&
-             (spinning =
-                  spin.once(cpu >= 0 &&
-                            peer_cpu.load(std::memory_order_relaxed) == cpu))) {
-        // The line the sender writes, fetched while the head is watched:
-        // once the head moves, the record is here or on its way.
-        if (next) __builtin_prefetch(next);
+      while (
+          !op.done.load(std::memory_order_acquire) &&
+          seg_->bell.load(std::memory_order_acquire) == seen && !w->ready() &&
+          (spinning = spin.once(
+               cpu >= 0 && peer_cpu.load(std::memory_order_relaxed) == cpu))) {
       }
-      active = now_active;
       continue;
     }
-    sleep_until_rung(seen, active, std::min(until, deadline));
-    active = activity();
+    sleep_until_rung(seen, *w, std::min(until, deadline));
   }
 }
 
@@ -862,22 +986,23 @@ void ShmP2p::detach(Op& op) {
 void ShmP2p::loop() {
   std::unique_lock lock(mu_);
   ++in_wait_;
+  Watches w;
   while (!stop_) {
     if (detached_.empty()) {
       detach_cv_.wait(lock);
       continue;
     }
     const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
-    const uint64_t active = activity();
     progress();
     expire(Clock::now());
     check_peers();
     free_reads();
     if (detached_.empty()) continue;
+    watch(w);
     auto next = Clock::time_point::max();
     for (Op* o : detached_) next = std::min(next, o->deadline);
     lock.unlock();
-    sleep_until_rung(seen, active, next);
+    sleep_until_rung(seen, w, next);
     lock.lock();
   }
   --in_wait_;

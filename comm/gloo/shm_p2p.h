@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,22 +18,79 @@
 namespace dlaunch::comm::gloo {
 
 // Point to point between ranks on one host over shared memory. Each rank's
-// segment holds, for every peer on its host, a data ring (each send's
-// header, then its payload, streamed as the receiver makes room) and a
-// control ring (each recv's header, posted when the recv is: the sender's
-// proof that it matched). The k-th send with a tag to a peer matches the
-// k-th recv with that tag from it, as over TCP; a payload that arrives
-// before its recv stays in the ring, unless a recv from the same peer with
-// another tag waits behind it, in which case it is copied aside.
-// Waiters spin briefly (SpinWait) watching the heads their peers publish,
-// then sleep on the rank's futex "bell", which a peer rings after it writes
-// when the rank has sleepers (always for freed space and failures).
+// segment holds, for every peer on its host, a ring of header cells (one
+// cache line per send: its tag, dtype and size, the payload itself when it
+// fits, and last a sequence word the receiver polls), a payload ring for
+// larger payloads (written whole before the header when it fits, else
+// streamed behind it as the receiver makes room), and a ring of control
+// cells (each recv's header, posted when the recv is: the sender's proof
+// that it matched). The k-th send with a tag to a peer matches the k-th
+// recv with that tag from it, as over TCP; a payload that arrives before
+// its recv stays in the ring, unless a recv from the same peer with another
+// tag waits behind it, in which case it is copied aside.
+// Waiters spin briefly (SpinWait) watching the cells (or the streamed
+// payload's head) they expect next, then sleep on the rank's futex "bell",
+// which a peer rings after it writes when the rank has sleepers (always for
+// freed space and failures).
 // Progress is made by whichever thread waits, under one mutex; operations
 // handed over by detach() by a thread of its own.
 // Owned by a group's state (shared with its Works).
 class ShmP2p {
  public:
   using Clock = std::chrono::steady_clock;
+
+  // The shared words a waiter watches: each is a sequence word or head a
+  // peer writes, with the value at which there is something new to read.
+  // Built under the engine's mutex; ready() reads without it.
+  class Watches {
+   public:
+    void clear() {
+      n_ = 0;
+      more_.clear();
+      all_ = false;
+    }
+    // Never throws: without memory for the mark, ready() is always true
+    // (the waiter runs rounds instead of watching).
+    void add(const std::atomic<uint64_t>* word, uint64_t at_least) {
+      if (n_ < kInline) {
+        marks_[n_++] = {word, at_least};
+        return;
+      }
+      try {
+        more_.push_back({word, at_least});
+      } catch (const std::bad_alloc&) {
+        all_ = true;
+      }
+    }
+    // Whether some word reached its mark (relaxed loads: the caller runs a
+    // round of progress, or a fence came before, as the sleeper's Dekker
+    // needs).
+    bool ready() const {
+      if (all_) return true;
+      for (uint32_t i = 0; i < n_; ++i) {
+        if (marks_[i].word->load(std::memory_order_relaxed) >=
+            marks_[i].at_least) {
+          return true;
+        }
+      }
+      for (const Mark& m : more_) {
+        if (m.word->load(std::memory_order_relaxed) >= m.at_least) return true;
+      }
+      return false;
+    }
+
+   private:
+    struct Mark {
+      const std::atomic<uint64_t>* word;
+      uint64_t at_least;
+    };
+    // Two words a peer at most: a pair of ranks allocates nothing.
+    static constexpr uint32_t kInline = 8;
+    Mark marks_[kInline];
+    uint32_t n_ = 0;
+    std::vector<Mark> more_;
+    bool all_ = false;
+  };
 
   // One isend or irecv, owned by its Work. Registered by post(); the engine
   // forgets it once `done` (success or failure), so the Work may go then.
@@ -58,21 +116,22 @@ class ShmP2p {
     bool matched = false;  // send: its recv's header came; recv: its send's
     bool written = false;  // send: header and payload are in the ring
     uint64_t moved = 0;    // payload bytes written (send) or read (recv)
-    // A recv's post() round, for its first wait to spin on at once rather
-    // than run another round: the bell and activity() seen before it, and
-    // where the payload will land. Read by the posting thread only.
+    // The post() round, for the op's first wait to spin on at once rather
+    // than run another round: the bell before it and what to watch after
+    // it. Read by the posting thread only.
     bool fresh = false;
     uint32_t posted_bell = 0;
-    uint64_t posted_active = 0;
-    const char* next = nullptr;
+    Watches watch;
   };
 
   // Creates this rank's segment, named `base` + rank, with rings for every
   // other rank of `local` (the sorted group ranks on this host, this rank
-  // among them). ok() false with `error` set on failure.
+  // among them). `timeout` (the group's) bounds the destructor's flush.
+  // ok() false with `error` set on failure.
   ShmP2p(const std::string& base, int rank, std::vector<int> local,
-         std::string& error);
-  // Marks this rank gone, wakes its peers, joins the progress thread.
+         std::chrono::milliseconds timeout, std::string& error);
+  // Writes the recv headers still queued (flush_control), marks this rank
+  // gone, wakes its peers, joins the progress thread.
   ~ShmP2p();
   ShmP2p(const ShmP2p&) = delete;
   ShmP2p& operator=(const ShmP2p&) = delete;
@@ -126,6 +185,7 @@ class ShmP2p {
  private:
   struct Seg;
   struct Pair;
+  struct Cell;
   struct Rec;
   struct Unexpected;
   struct Peer;
@@ -146,6 +206,16 @@ class ShmP2p {
   // asked for space.
   bool store_tails(Peer& p);
   void answer_want(Peer& p);
+  // The end of a round with `p`: one fence for the Dekker of the cells
+  // written in it (the peer's sleepers) and of the space freed at its start
+  // (`freed`: the peer's want_space).
+  void settle(Peer& p, bool freed);
+  // Whether the ring of header cells to `p` has a free cell (asking to be
+  // rung when not).
+  bool cell_space(Peer& p);
+  // Payload ring bytes free for writing to `p`, looking at the reader's
+  // tail again when fewer than `want`.
+  uint64_t data_space(Peer& p, uint64_t want);
   static Op* match(std::vector<Op*>& ops, const Rec& r);
   void deliver(Peer& p, Unexpected& u);
   void finish(Op& op);
@@ -157,20 +227,29 @@ class ShmP2p {
   void expire(Clock::time_point now);
   // Wakes the peer's waiters (space freed, a failure, leaving).
   void ring(Peer& p);
-  // After this rank published a counter of activity(): wakes the peer's
-  // sleepers, if any (its spinners watch the counters).
+  // After this rank published a streamed payload's head: wakes the peer's
+  // sleepers, if any (its spinners watch the head).
   void notify(Peer& p);
   void ring_self();
-  // The sum of the counters the peers publish when they write for this
-  // rank (data and control heads): any change means something to read.
-  uint64_t activity() const;
-  // Sleeps unless the bell moved from `seen` or activity() from `active`.
-  void sleep_until_rung(uint32_t seen, uint64_t active,
+  // Waits (at most the group timeout) until every recv header queued for a
+  // live peer is in its control ring: a recv may complete from a payload
+  // that came before its header went out (the ring was full), and the send
+  // it matches completes only with that header, which the peer reads even
+  // after this rank left (as a TCP pair delivers what was sent before its
+  // close).
+  void flush_control();
+  // What a waiter watches after a round: for each live peer the next header
+  // cell (when a recv from it is posted) or its streamed payload's head,
+  // and its next control cell (when a send to it waits for its recv).
+  void watch(Watches& w) const;
+  // Sleeps unless the bell moved from `seen` or `w` is ready.
+  void sleep_until_rung(uint32_t seen, const Watches& w,
                         Clock::time_point until);
   void loop();
 
   const std::string base_;
   const int rank_;
+  const std::chrono::milliseconds timeout_;
   const std::vector<int> local_;
   size_t segment_bytes_ = 0;
   ShmSegment mine_;

@@ -181,8 +181,9 @@ TEST_P(GlooP2pTest, AnEarlyPayloadIsSetAsideForTheRecvBehindIt) {
 }
 
 TEST_P(GlooP2pTest, SmallMessagesWrapTheRingsSeveralTimes) {
-  // A ping-pong long enough to wrap each pair's data ring (272 bytes a
-  // message, 256 KiB) and control ring (256 recv headers) several times:
+  // A ping-pong long enough to wrap each pair's rings several times (256
+  // payload bytes a message in a 256 KiB ring, 512 header cells, 256
+  // control cells):
   // space read is freed lazily (after the reply, or before a wait), and a
   // waiter that went to sleep must be rung by the next message.
   run_ranks(2, [&](ProcessGroup& pg) {
@@ -199,6 +200,184 @@ TEST_P(GlooP2pTest, SmallMessagesWrapTheRingsSeveralTimes) {
         ASSERT_EQ(v, std::vector<int32_t>(v.size(), i)) << "round " << i;
         v.assign(v.size(), i + 1);
         pg.send(Tensor::of(v), peer);
+      }
+    }
+    EXPECT_EQ(gloo::last_path(pg), path());
+  });
+}
+
+std::vector<uint8_t> bytes(size_t n, int seed) {
+  std::vector<uint8_t> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    v[i] =
+        static_cast<uint8_t>((i * 13 + static_cast<size_t>(seed) * 101) % 251);
+  }
+  return v;
+}
+
+// Byte counts around the shared-memory path's boundaries: a payload of up
+// to 40 bytes rides in its header cell, one of up to 64 KiB is written
+// whole before its header when the ring has room, a larger one streams
+// (a 256 KiB ring).
+const std::vector<size_t> kEdgeSizes = {
+    0,  1,    7,     8,     39,    40,     41,     63,    64,
+    65, 4096, 65535, 65536, 65537, 262143, 262144, 262145};
+
+TEST_P(GlooP2pTest, EverySizeAroundTheInlineWholeAndStreamedBoundaries) {
+  run_ranks(2, [&](ProcessGroup& pg) {
+    const int peer = 1 - pg.rank();
+    // One at a time, echoed back: the ring is empty at each send.
+    for (size_t k = 0; k < kEdgeSizes.size(); ++k) {
+      const size_t n = kEdgeSizes[k];
+      auto v = pg.rank() == 0 ? bytes(n, static_cast<int>(k))
+                              : std::vector<uint8_t>(n, 0xee);
+      if (pg.rank() == 0) {
+        pg.send(Tensor::of(v), peer, 1);
+        std::vector<uint8_t> back(n, 0xee);
+        pg.recv(Tensor::of(back), peer, 2);
+        EXPECT_EQ(back, v) << n << " bytes";
+      } else {
+        pg.recv(Tensor::of(v), peer, 1);
+        EXPECT_EQ(v, bytes(n, static_cast<int>(k))) << n << " bytes";
+        pg.send(Tensor::of(v), peer, 2);
+      }
+    }
+    // All posted before any receive, received in reverse: the later ones
+    // find the ring full (whole payloads turn streamed), and each waits in
+    // the ring or is copied aside for the receive behind it.
+    std::vector<std::unique_ptr<Work>> works;
+    std::vector<std::vector<uint8_t>> got(kEdgeSizes.size());
+    if (pg.rank() == 0) {
+      std::vector<std::vector<uint8_t>> out;
+      for (size_t k = 0; k < kEdgeSizes.size(); ++k) {
+        out.push_back(bytes(kEdgeSizes[k], static_cast<int>(k) + 50));
+      }
+      for (size_t k = 0; k < kEdgeSizes.size(); ++k) {
+        works.push_back(
+            pg.isend(Tensor::of(out[k]), peer, static_cast<int>(k)));
+      }
+      pg.barrier();
+      for (auto& w : works) w->wait(pg.timeout());
+    } else {
+      pg.barrier();
+      for (size_t k = kEdgeSizes.size(); k-- > 0;) {
+        got[k].assign(kEdgeSizes[k], 0xee);
+        pg.recv(Tensor::of(got[k]), peer, static_cast<int>(k));
+      }
+      for (size_t k = 0; k < kEdgeSizes.size(); ++k) {
+        EXPECT_EQ(got[k], bytes(kEdgeSizes[k], static_cast<int>(k) + 50))
+            << kEdgeSizes[k] << " bytes";
+      }
+    }
+    EXPECT_EQ(gloo::last_path(pg), path());
+  });
+}
+
+TEST_P(GlooP2pTest, SmallMessagesInterleavedWithLargeWrapEveryRing) {
+  // Rank 0 sends bursts of messages of every kind (inline, whole,
+  // streamed) to rank 1, which receives each burst in order and answers
+  // it with one message: the header cells (512), the control cells (256)
+  // and the payload ring (256 KiB) wrap many times, with cells and
+  // payloads of several kinds at each wrap.
+  const std::vector<size_t> cycle = {8, 41, 3, 4096, 40, 70000, 0, 1000, 64};
+  run_ranks(2, [&](ProcessGroup& pg) {
+    const int peer = 1 - pg.rank();
+    constexpr int kBursts = 150;
+    size_t next = 0;
+    for (int b = 0; b < kBursts; ++b) {
+      const int burst = 1 + b % 7;
+      std::vector<size_t> sizes;
+      for (int i = 0; i < burst; ++i)
+        sizes.push_back(cycle[next++ % cycle.size()]);
+      if (pg.rank() == 0) {
+        std::vector<std::vector<uint8_t>> out;
+        std::vector<std::unique_ptr<Work>> works;
+        for (int i = 0; i < burst; ++i)
+          out.push_back(bytes(sizes[i], b * 8 + i));
+        for (int i = 0; i < burst; ++i) {
+          works.push_back(pg.isend(Tensor::of(out[i]), peer, i));
+        }
+        for (auto& w : works) w->wait(pg.timeout());
+        std::vector<int64_t> ack(1, -1);
+        pg.recv(Tensor::of(ack), peer, 100);
+        ASSERT_EQ(ack[0], b) << "burst " << b;
+      } else {
+        for (int i = 0; i < burst; ++i) {
+          std::vector<uint8_t> v(sizes[i], 0xee);
+          pg.recv(Tensor::of(v), peer, i);
+          ASSERT_EQ(v, bytes(sizes[i], b * 8 + i))
+              << "burst " << b << " message " << i << ", " << sizes[i]
+              << " bytes";
+        }
+        std::vector<int64_t> ack(1, b);
+        pg.send(Tensor::of(ack), peer, 100);
+      }
+    }
+    EXPECT_EQ(gloo::last_path(pg), path());
+  });
+}
+
+TEST_P(GlooP2pTest, MoreSendsInFlightThanHeaderCellsAllArrive) {
+  // 700 isends (more than a pair's 512 header cells) before any receive;
+  // the receives come in reverse tag order, so that each earlier message is
+  // copied aside, freeing cells for the sender to go on.
+  constexpr int kMessages = 700;
+  run_ranks(2, [&](ProcessGroup& pg) {
+    const int peer = 1 - pg.rank();
+    if (pg.rank() == 0) {
+      std::vector<std::vector<uint8_t>> out;
+      std::vector<std::unique_ptr<Work>> works;
+      for (int i = 0; i < kMessages; ++i) out.push_back(bytes(1 + i % 60, i));
+      for (int i = 0; i < kMessages; ++i) {
+        works.push_back(pg.isend(Tensor::of(out[i]), peer, i));
+      }
+      for (auto& w : works) w->wait(pg.timeout());
+    } else {
+      std::vector<std::vector<uint8_t>> got(kMessages);
+      for (int i = kMessages; i-- > 0;) {
+        got[i].assign(1 + i % 60, 0xee);
+        pg.recv(Tensor::of(got[i]), peer, i);
+      }
+      for (int i = 0; i < kMessages; ++i) {
+        ASSERT_EQ(got[i], bytes(1 + i % 60, i)) << "tag " << i;
+      }
+    }
+  });
+}
+
+// A size mismatch fails both sides whichever way each side's payload
+// travels (inline, whole, streamed), and the tag works right after.
+TEST_P(GlooP2pTest, ASizeMismatchFailsBothSidesForEveryKindOfPayload) {
+  const std::vector<std::pair<size_t, size_t>> cases = {
+      {40, 41},    {41, 40},    {8, 4096},     {4096, 8},
+      {70000, 40}, {40, 70000}, {300000, 4096}};
+  run_ranks(2, [&](ProcessGroup& pg) {
+    const int peer = 1 - pg.rank();
+    for (size_t k = 0; k < cases.size(); ++k) {
+      const auto [sent, wanted] = cases[k];
+      const int tag = static_cast<int>(k);
+      if (pg.rank() == 0) {
+        auto v = bytes(sent, tag);
+        const std::string error =
+            testing::error_of([&] { pg.send(Tensor::of(v), peer, tag); });
+        EXPECT_THAT(error,
+                    HasSubstr("matching recv on rank 1 has " +
+                              std::to_string(wanted) + " elements of uint8"))
+            << sent << " vs " << wanted;
+        auto ok = bytes(24, tag + 100);
+        pg.send(Tensor::of(ok), peer, tag);
+      } else {
+        std::vector<uint8_t> v(wanted, 0xee);
+        const std::string error =
+            testing::error_of([&] { pg.recv(Tensor::of(v), peer, tag); });
+        EXPECT_THAT(error,
+                    HasSubstr("matching send on rank 0 has " +
+                              std::to_string(sent) + " elements of uint8"))
+            << sent << " vs " << wanted;
+        EXPECT_EQ(v, std::vector<uint8_t>(wanted, 0xee));  // untouched
+        std::vector<uint8_t> ok(24, 0xee);
+        pg.recv(Tensor::of(ok), peer, tag);
+        EXPECT_EQ(ok, bytes(24, tag + 100));
       }
     }
     EXPECT_EQ(gloo::last_path(pg), path());
