@@ -408,19 +408,33 @@ bool ShmP2p::progress(const Op* mine) {
 bool ShmP2p::progress(Peer& p, const Op* mine) {
   // Writes first: a send's payload goes out before this rank stalls on
   // the lines the peer is writing (the order matches nothing: a send is
-  // written whether or not its recv's header came). The space the last
-  // round read is published just before them (plain stores), and one fence
-  // at the end of the round (settle) serves both Dekkers: the reads below
-  // wait for the peer's lines while the writes drain, where a fence right
-  // after the writes stalled until the peer gave up the polled line.
-  const bool freed = store_tails(p);
+  // written whether or not its recv's header came). The space earlier
+  // rounds read is published just before them (plain stores), and one
+  // fence at the end of the round (settle) serves both Dekkers: the reads
+  // below wait for the peer's lines while the writes drain, where a fence
+  // right after the writes stalled until the peer gave up the polled line.
+  // A round with nothing to write publishes space only once a quarter of a
+  // ring waits (else free_read() does before this rank waits): a fence of
+  // its own delayed the reply to each small message.
+  const bool writes = !p.sends.empty() || !p.ctl_out.empty();
+  const bool freed =
+      (writes || p.in_tail - p.in_published >= kRingBytes / 4 ||
+       p.in_cell - p.in_cell_published >= kCells / 4 ||
+       p.in_ctl_tail - p.in_ctl_published >= kControlRecords / 4) &&
+      store_tails(p);
   bool any = write_control(p);
   if (write_data(p)) any = true;
-  if (read_data(p)) any = true;
-  // A waiter whose recv just completed returns first: the control ring
-  // (a line the peer may be writing) is read in the next round, or when
-  // this rank posts again, after its payload went out.
-  if (!mine || !mine->done.load(std::memory_order_relaxed)) {
+  // The peer's lines are looked at only for an op that waits on them: a
+  // message with no recv posted would stay in the ring, a recv header with
+  // no send waiting only moves to `early` (read with the next send), and a
+  // waiter whose op just completed returns first. A look at a line the peer
+  // has not written yet is a miss, and the round's fence or unlock waits
+  // for it.
+  if (!p.posted.empty() || p.reading) {
+    if (read_data(p, mine)) any = true;
+  }
+  if (!p.unmatched.empty() &&
+      (!mine || !mine->done.load(std::memory_order_relaxed))) {
     if (read_control(p)) any = true;
   }
   settle(p, freed);
@@ -627,9 +641,9 @@ bool ShmP2p::write_data(Peer& p) {
   return any;
 }
 
-bool ShmP2p::read_data(Peer& p) {
+bool ShmP2p::read_data(Peer& p, const Op* mine) {
   bool any = false;
-  for (;;) {
+  while (!mine || !mine->done.load(std::memory_order_relaxed)) {
     if (!p.reading) {
       const Cell& c = p.in_cells[p.in_cell % kCells];
       if (c.seq.load(std::memory_order_acquire) != p.in_cell + 1) break;

@@ -197,7 +197,8 @@ class ShmP2p {
   bool read_control(Peer& p);
   bool write_control(Peer& p);
   bool write_data(Peer& p);
-  bool read_data(Peer& p);
+  // Stops once `mine` is done.
+  bool read_data(Peer& p, const Op* mine = nullptr);
   void free_read(Peer& p);
   // free_read for every live peer.
   void free_reads();

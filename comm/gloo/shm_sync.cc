@@ -15,15 +15,21 @@
 namespace dlaunch::comm::gloo {
 
 bool SpinWait::once(bool shares_core) {
-  // Reading the clock costs about as much as a pause: every 8th pause only.
+  if (!started_) {
+    started_ = true;
+    pausing_ = true;
+    timed_ = false;
+    pauses_ = 0;
+  }
+  // Reading the clock costs about as much as a pause: every 8th pause only,
+  // the first too (a peer on another core often answers within those).
   if (pausing_ && !shares_core && ++pauses_ % 8 != 0) {
     cpu_relax();
     return true;
   }
   const auto now = std::chrono::steady_clock::now();
-  if (!started_) {
-    started_ = true;
-    pausing_ = true;
+  if (!timed_) {
+    timed_ = true;
     start_ = now;
   }
   const auto spent = now - start_;

@@ -42,6 +42,7 @@ class SpinWait {
   static constexpr auto kYieldFor = std::chrono::milliseconds(1);
 
   bool started_ = false;
+  bool timed_ = false;    // start_ is set (at the first look at the clock)
   bool pausing_ = false;  // still in the pause phase
   uint32_t pauses_ = 0;
   std::chrono::steady_clock::time_point start_;
