@@ -84,7 +84,7 @@ class ShmP2p {
       const std::atomic<uint64_t>* word;
       uint64_t at_least;
     };
-    // Two words a peer at most: a pair of ranks allocates nothing.
+    // Two words a peer at most: up to four peers allocate nothing.
     static constexpr uint32_t kInline = 8;
     Mark marks_[kInline];
     uint32_t n_ = 0;
