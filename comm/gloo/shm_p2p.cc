@@ -9,6 +9,7 @@
 #include <new>
 
 #include "comm/gloo/shm_sync.h"
+#include "comm/say.h"
 
 namespace dlaunch::comm::gloo {
 namespace {
@@ -417,11 +418,10 @@ bool ShmP2p::progress(Peer& p, const Op* mine) {
   // ring waits (else free_read() does before this rank waits): a fence of
   // its own delayed the reply to each small message.
   const bool writes = !p.sends.empty() || !p.ctl_out.empty();
-  const bool freed =
-      (writes || p.in_tail - p.in_published >= kRingBytes / 4 ||
-       p.in_cell - p.in_cell_published >= kCells / 4 ||
-       p.in_ctl_tail - p.in_ctl_published >= kControlRecords / 4) &&
-      store_tails(p);
+  bool freed = (writes || p.in_tail - p.in_published >= kRingBytes / 4 ||
+                p.in_cell - p.in_cell_published >= kCells / 4 ||
+                p.in_ctl_tail - p.in_ctl_published >= kControlRecords / 4) &&
+               store_tails(p);
   bool any = write_control(p);
   if (write_data(p)) any = true;
   // The peer's lines are looked at only for an op that waits on them: a
@@ -430,15 +430,28 @@ bool ShmP2p::progress(Peer& p, const Op* mine) {
   // waiter whose op just completed returns first. A look at a line the peer
   // has not written yet is a miss, and the round's fence or unlock waits
   // for it.
-  if (!p.posted.empty() || p.reading) {
-    if (read_data(p, mine)) any = true;
+  bool read = false;
+  try {
+    if (!p.posted.empty() || p.reading) read = read_data(p, mine);
+    if (!p.unmatched.empty() &&
+        (!mine || !mine->done.load(std::memory_order_relaxed))) {
+      if (read_control(p)) read = true;
+    }
+  } catch (...) {  // bad_alloc copying a payload aside: ring what was written
+    settle(p, freed);
+    throw;
   }
-  if (!p.unmatched.empty() &&
-      (!mine || !mine->done.load(std::memory_order_relaxed))) {
-    if (read_control(p)) any = true;
+  // A waiter whose op this round completed returns without free_reads(),
+  // and may next wait elsewhere (a collective) while the peer waits for
+  // the space it read: it is published now (plain stores; a sender that
+  // asks for space after this look still sees them at its next look), and
+  // given back at once, fenced and rung, to a sender that already asks.
+  if (read && !freed) {
+    store_tails(p);
+    freed = p.in->want_space.load(std::memory_order_relaxed) != 0;
   }
   settle(p, freed);
-  return any;
+  return any || read;
 }
 
 void ShmP2p::settle(Peer& p, bool freed) {
@@ -694,8 +707,9 @@ bool ShmP2p::read_data(Peer& p, const Op* mine) {
     }
     while (p.got < p.cur.nbytes) {
       if (p.in_avail == 0) {
-        // A streamed payload: its head (which may lag behind the whole
-        // payloads before it, never behind this one's start).
+        // A streamed payload: its head, which may be behind this one's
+        // start (until the sender publishes its first chunk after the
+        // cell) and behind whole payloads before it: hence `<=`.
         const uint64_t head = p.in->data_head.load(std::memory_order_acquire);
         if (head <= p.in_tail) break;
         p.in_avail = head - p.in_tail;
@@ -886,7 +900,24 @@ void ShmP2p::flush_control() {
       for (const auto& p : peers_) {
         if (!p->dead && !p->ctl_out.empty()) queued = true;
       }
-      if (!queued || Clock::now() >= until) return;
+      if (!queued) return;
+      if (Clock::now() >= until) {
+        // The peers' sends to this rank fail as "connection lost" when
+        // they see it go: say why here.
+        for (const auto& p : peers_) {
+          if (p->dead || p->ctl_out.empty()) continue;
+          say("rank " + std::to_string(rank_) + " leaves its group with " +
+              std::to_string(p->ctl_out.size()) + " recv header(s) for rank " +
+              std::to_string(p->rank) + " unwritten: rank " +
+              std::to_string(p->rank) +
+              " read none of this rank's header cells within " +
+              std::to_string(timeout_.count()) +
+              " ms (the group timeout); its sends matching those recvs "
+              "fail. Have every rank finish its point-to-point operations "
+              "before destroying the group");
+        }
+        return;
+      }
       lock.unlock();
       sleep_until_rung(seen, none, until);
       lock.lock();

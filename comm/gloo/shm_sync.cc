@@ -22,7 +22,8 @@ bool SpinWait::once(bool shares_core) {
     pauses_ = 0;
   }
   // Reading the clock costs about as much as a pause: every 8th pause only,
-  // the first too (a peer on another core often answers within those).
+  // the first read with the 8th (a peer on another core often answers
+  // within those).
   if (pausing_ && !shares_core && ++pauses_ % 8 != 0) {
     cpu_relax();
     return true;

@@ -10,9 +10,11 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <string>
 #include <thread>
@@ -242,34 +244,101 @@ TEST_P(GlooP2pTest, EverySizeAroundTheInlineWholeAndStreamedBoundaries) {
         pg.send(Tensor::of(v), peer, 2);
       }
     }
-    // All posted before any receive, received in reverse: the later ones
-    // find the ring full (whole payloads turn streamed), and each waits in
-    // the ring or is copied aside for the receive behind it.
-    std::vector<std::unique_ptr<Work>> works;
-    std::vector<std::vector<uint8_t>> got(kEdgeSizes.size());
-    if (pg.rank() == 0) {
-      std::vector<std::vector<uint8_t>> out;
-      for (size_t k = 0; k < kEdgeSizes.size(); ++k) {
-        out.push_back(bytes(kEdgeSizes[k], static_cast<int>(k) + 50));
+    // All posted before any receive, received in the opposite order, so
+    // that each waits in the ring or is copied aside for the receive
+    // behind it. Smallest first, the payloads up to 64 KiB land whole (the
+    // ring has room for all of them); largest first, the 256 KiB ones fill
+    // the ring and those after them find no room and stream.
+    const size_t count = kEdgeSizes.size();
+    for (const bool largest_first : {false, true}) {
+      auto size_of = [&](size_t i) {
+        return kEdgeSizes[largest_first ? count - 1 - i : i];
+      };
+      std::vector<std::unique_ptr<Work>> works;
+      std::vector<std::vector<uint8_t>> got(count);
+      if (pg.rank() == 0) {
+        std::vector<std::vector<uint8_t>> out;
+        for (size_t k = 0; k < count; ++k) {
+          out.push_back(bytes(size_of(k), static_cast<int>(k) + 50));
+        }
+        for (size_t k = 0; k < count; ++k) {
+          works.push_back(
+              pg.isend(Tensor::of(out[k]), peer, static_cast<int>(k)));
+        }
+        pg.barrier();
+        for (auto& w : works) w->wait(pg.timeout());
+      } else {
+        pg.barrier();
+        for (size_t k = count; k-- > 0;) {
+          got[k].assign(size_of(k), 0xee);
+          pg.recv(Tensor::of(got[k]), peer, static_cast<int>(k));
+        }
+        for (size_t k = 0; k < count; ++k) {
+          EXPECT_EQ(got[k], bytes(size_of(k), static_cast<int>(k) + 50))
+              << size_of(k) << " bytes, largest first: " << largest_first;
+        }
       }
-      for (size_t k = 0; k < kEdgeSizes.size(); ++k) {
-        works.push_back(
-            pg.isend(Tensor::of(out[k]), peer, static_cast<int>(k)));
-      }
-      pg.barrier();
-      for (auto& w : works) w->wait(pg.timeout());
-    } else {
-      pg.barrier();
-      for (size_t k = kEdgeSizes.size(); k-- > 0;) {
-        got[k].assign(kEdgeSizes[k], 0xee);
-        pg.recv(Tensor::of(got[k]), peer, static_cast<int>(k));
-      }
-      for (size_t k = 0; k < kEdgeSizes.size(); ++k) {
-        EXPECT_EQ(got[k], bytes(kEdgeSizes[k], static_cast<int>(k) + 50))
-            << kEdgeSizes[k] << " bytes";
-      }
+      EXPECT_EQ(gloo::last_path(pg), path());
     }
-    EXPECT_EQ(gloo::last_path(pg), path());
+  });
+}
+
+// Space a receiver read is given back even when the wait that read it
+// returns at once and the rank then waits outside comm: rank 0 posts five
+// 60 KiB sends (four land whole, 240 of the ring's 256 KiB; the fifth
+// waits for room); rank 1 waits only for the 4th (its wait reads the
+// first four), then, outside comm, for rank 0, whose 5th send needs that
+// space to finish. Before the mend the space stayed unpublished until
+// rank 1 called into comm again, and rank 0's send timed out. (The ranks
+// meet outside comm: a collective would make point-to-point progress.)
+TEST_P(GlooP2pTest, SpaceReadByAWaitThatReturnsIsGivenBackToTheSender) {
+  constexpr size_t kBytes = 60 << 10;
+  constexpr int kMessages = 5;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool posted = false, sent = false;
+  auto wait_for = [&](const bool& flag, const char* what) {
+    std::unique_lock lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(6), [&] {
+      return flag;
+    })) << what;
+  };
+  auto set = [&](bool& flag) {
+    std::lock_guard lock(mu);
+    flag = true;
+    cv.notify_all();
+  };
+  run_ranks(2, [&](ProcessGroup& world) {
+    auto pg = world.new_group({0, 1}, milliseconds(3000));
+    const int peer = 1 - pg->rank();
+    std::vector<std::vector<uint8_t>> buf(kMessages);
+    std::vector<std::unique_ptr<Work>> works;
+    if (pg->rank() == 1) {
+      for (int i = 0; i < kMessages; ++i) {
+        buf[i].assign(kBytes, 0xee);
+        works.push_back(pg->irecv(Tensor::of(buf[i]), peer, i));
+      }
+      pg->barrier();  // the recvs are posted
+      wait_for(posted, "rank 0 did not post its sends");
+      works[3]->wait(pg->timeout());
+      wait_for(sent,
+               "rank 0's sends did not complete while rank 1 waited "
+               "outside comm");
+      for (auto& w : works) w->wait(pg->timeout());
+      for (int i = 0; i < kMessages; ++i) {
+        EXPECT_EQ(buf[i], bytes(kBytes, i)) << "tag " << i;
+      }
+    } else {
+      pg->barrier();
+      for (int i = 0; i < kMessages; ++i) {
+        buf[i] = bytes(kBytes, i);
+        works.push_back(pg->isend(Tensor::of(buf[i]), peer, i));
+      }
+      set(posted);
+      for (auto& w : works) w->wait(pg->timeout());
+      set(sent);
+    }
+    EXPECT_EQ(gloo::last_path(*pg), path());
   });
 }
 
