@@ -184,6 +184,9 @@ struct ShmP2p::Peer {
   Op* cur_op = nullptr;
   Unexpected* cur_ux = nullptr;
 
+  // Tails stored by a round without a fence (progress()): a sender that
+  // asked for space meanwhile is answered at the next fence.
+  bool unanswered = false;
   bool dead = false;
   std::string why;  // set with dead
 
@@ -444,10 +447,11 @@ bool ShmP2p::progress(Peer& p, const Op* mine) {
   // A waiter whose op this round completed returns without free_reads(),
   // and may next wait elsewhere (a collective) while the peer waits for
   // the space it read: it is published now (plain stores; a sender that
-  // asks for space after this look still sees them at its next look), and
-  // given back at once, fenced and rung, to a sender that already asks.
-  if (read && !freed) {
-    store_tails(p);
+  // asks for space after this look still sees them at its next look, and
+  // is answered at the next fence: `unanswered`), and given back at once,
+  // fenced and rung, to a sender that already asks.
+  if (read && store_tails(p) && !freed) {
+    p.unanswered = true;
     freed = p.in->want_space.load(std::memory_order_relaxed) != 0;
   }
   settle(p, freed);
@@ -464,7 +468,10 @@ void ShmP2p::settle(Peer& p, bool freed) {
       futex_wake(&p.their->bell);
     }
   }
-  if (freed) answer_want(p);
+  if (freed || p.unanswered) {
+    p.unanswered = false;
+    answer_want(p);
+  }
 }
 
 // Removes the first of `ops` waiting for the other side's header `r` (the
@@ -494,16 +501,17 @@ bool ShmP2p::read_control(Peer& p) {
     ++p.in_ctl_tail;
     any = true;
   }
-  return any;  // the cells are freed by free_read()
+  return any;  // the cells are published at the round's end (progress())
 }
 
-// Publishes the ring space this rank has read since the last call, and
-// rings the owner if it waits for space. Deferred from the reads (to the
-// next round's writes, whose fence serves it, or to before a wait)
-// because its fence would otherwise stand between a small payload's
-// arrival and the reply.
+// Publishes the ring space this rank has read since the last call (or
+// that a round published unfenced), and rings the owner if it waits for
+// space. Its fence is deferred from the reads (to the next round's
+// writes, whose fence serves it, or to before a wait) because it would
+// otherwise stand between a small payload's arrival and the reply.
 void ShmP2p::free_read(Peer& p) {
-  if (!store_tails(p)) return;
+  if (!store_tails(p) && !p.unanswered) return;
+  p.unanswered = false;
   // Dekker against the owner's want_space (see write_data, write_control):
   // one fence between both tails and the flag (a seq_cst store each was two).
   std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -703,7 +711,7 @@ bool ShmP2p::read_data(Peer& p, const Op* mine) {
         p.reading = true;
         p.in_avail = (c.flags & kWhole) ? r.nbytes : 0;
       }
-      ++p.in_cell;  // the cell is read (freed by free_read())
+      ++p.in_cell;  // read; published at the round's end (progress())
     }
     while (p.got < p.cur.nbytes) {
       if (p.in_avail == 0) {
@@ -740,7 +748,7 @@ bool ShmP2p::read_data(Peer& p, const Op* mine) {
     p.cur_op = nullptr;
     p.cur_ux = nullptr;
   }
-  return any;  // the last payload's space is freed by free_read()
+  return any;  // the space is published at the round's end (progress())
 }
 
 // Copies a complete early payload into the recv it matched, and forgets it.
@@ -910,7 +918,8 @@ void ShmP2p::flush_control() {
               std::to_string(p->ctl_out.size()) + " recv header(s) for rank " +
               std::to_string(p->rank) + " unwritten: rank " +
               std::to_string(p->rank) +
-              " read none of this rank's header cells within " +
+              " did not make room in this rank's control ring (recv "
+              "headers) within " +
               std::to_string(timeout_.count()) +
               " ms (the group timeout); its sends matching those recvs "
               "fail. Have every rank finish its point-to-point operations "
