@@ -148,8 +148,17 @@ void ShmChannel::wait_rank(int j, uint32_t seq,
                            std::chrono::steady_clock::time_point deadline,
                            bool all, SpinWait& spin) {
   Header* h = header(j);
-  const int cpu = publish_cpu(header(rank_)->cpu);
+  int cpu = publish_cpu(header(rank_)->cpu);
   if (reached(h->seq.load(std::memory_order_acquire), seq)) return;
+  // Sharing a core with the awaited peer: the higher rank moves off it.
+  if (rank_ > j && cpu >= 0 && h->cpu.load(std::memory_order_relaxed) == cpu &&
+      cpu_move_due()) {
+    std::vector<int> taken;
+    for (int k = 0; k < size_; ++k) {
+      taken.push_back(header(k)->cpu.load(std::memory_order_relaxed));
+    }
+    if (move_off_cpu(cpu, taken) >= 0) cpu = publish_cpu(header(rank_)->cpu);
+  }
   if (!sleep_instead(cpu >= 0 &&
                      h->cpu.load(std::memory_order_relaxed) == cpu)) {
     while (

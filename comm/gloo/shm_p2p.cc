@@ -949,6 +949,16 @@ void ShmP2p::sleep_until_rung(uint32_t seen, const Watches& w,
   seg_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
+bool ShmP2p::move_off(int cpu) {
+  if (!cpu_move_due()) return false;
+  std::vector<int> taken;
+  for (const auto& p : peers_) {
+    if (p->their)
+      taken.push_back(p->their->cpu.load(std::memory_order_relaxed));
+  }
+  return move_off_cpu(cpu, taken) >= 0;
+}
+
 bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
                   std::chrono::milliseconds deadline_in) {
   // Counted in in_wait_ (under mu_, as every return is) from its first
@@ -1015,6 +1025,11 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
       free_reads();
       watch(local);
       deadline = op.deadline;
+    }
+    // Sharing a core with the awaited peer: the higher rank moves off it.
+    if (spinning && rank_ > op.peer && cpu >= 0 &&
+        peer_cpu.load(std::memory_order_relaxed) == cpu && move_off(cpu)) {
+      continue;
     }
     if (spinning) {
       // op.done too: a thread of the engine may finish it (without a new

@@ -246,6 +246,9 @@ class ShmP2p {
   // Sleeps unless the bell moved from `seen` or `w` is ready.
   void sleep_until_rung(uint32_t seen, const Watches& w,
                         Clock::time_point until);
+  // Moves this thread off `cpu`, which the awaited peer shares, when due
+  // and a CPU is free (move_off_cpu); whether it moved.
+  bool move_off(int cpu);
   void loop();
 
   const std::string base_;

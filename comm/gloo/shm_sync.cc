@@ -8,7 +8,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstdlib>
 
 #include "comm/pidfd.h"
 
@@ -54,6 +56,50 @@ int publish_cpu(std::atomic<int32_t>& where) {
     where.store(cpu, std::memory_order_relaxed);
   }
   return cpu;
+}
+
+namespace {
+std::atomic<uint64_t> moves{0};
+}  // namespace
+
+int move_off_cpu(int cpu, std::span<const int> taken) {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  // A mask wider than cpu_set_t (over 1024 CPUs) fails here: no move.
+  if (cpu < 0 || ::sched_getaffinity(0, sizeof(mask), &mask) != 0) return -1;
+  // The free CPU nearest by number: numbering usually follows the
+  // sockets, so it most likely shares `cpu`'s caches.
+  int to = -1;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (c != cpu && CPU_ISSET(c, &mask) &&
+        std::find(taken.begin(), taken.end(), c) == taken.end() &&
+        (to < 0 || std::abs(c - cpu) < std::abs(to - cpu))) {
+      to = c;
+    }
+  }
+  if (to < 0) return -1;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(to, &one);
+  if (::sched_setaffinity(0, sizeof(one), &one) != 0) return -1;
+  // The mask just read is valid: setting it back cannot fail but for a
+  // CPU going offline in between, and then the kernel keeps `to` alone.
+  ::sched_setaffinity(0, sizeof(mask), &mask);
+  moves.fetch_add(1, std::memory_order_relaxed);
+  return to;
+}
+
+uint64_t cpu_moves() { return moves.load(std::memory_order_relaxed); }
+
+bool cpu_move_due() {
+  thread_local std::chrono::steady_clock::time_point last{};
+  const auto now = std::chrono::steady_clock::now();
+  if (last != std::chrono::steady_clock::time_point{} &&
+      now - last < kMoveEvery) {
+    return false;
+  }
+  last = now;
+  return true;
 }
 
 void futex_wake(std::atomic<uint32_t>* word) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <span>
 
 namespace dlaunch::comm::gloo {
 
@@ -58,6 +59,25 @@ int current_cpu();
 // Stores current_cpu() into `where` unless it holds it already (a store
 // would take the cache line from the peers that read it).
 int publish_cpu(std::atomic<int32_t>& where);
+
+// Two ranks that wait for each other on one core while another core idles
+// pay a context switch per message (an 8 B ping-pong on 2 cores: 1.7 us
+// against 0.4 us), and the kernel's balancer separates them only after
+// tens of milliseconds (both are cache-hot). So the higher rank of such a
+// pair moves itself: move_off_cpu() pins the calling thread to the CPU of
+// its affinity mask nearest `cpu` by number that is neither `cpu` nor in
+// `taken` (the CPUs the group's ranks on this host last ran on), which
+// migrates it at once, and then restores the mask (the thread stays where
+// it went). A rank bound to one CPU, or whose mask has no CPU left free,
+// stays. Returns the CPU it moved to, or -1.
+int move_off_cpu(int cpu, std::span<const int> taken);
+// How many times move_off_cpu moved a thread of this process.
+uint64_t cpu_moves();
+// Whether the calling thread may try move_off_cpu now: true at most once
+// per kMoveEvery on each thread, so that ranks outnumbering the CPUs (or
+// another job's processes) never make a rank hop back and forth.
+bool cpu_move_due();
+constexpr auto kMoveEvery = std::chrono::milliseconds(50);
 
 // Non-private futex operations: the word is in a MAP_SHARED mapping, which
 // other processes (and this one, at another address) map too.

@@ -7,8 +7,10 @@
 // directions all complete.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -22,6 +24,7 @@
 
 #include "comm/gloo/gloo_group.h"
 #include "comm/gloo/process_group.h"
+#include "comm/gloo/shm_sync.h"
 #include "tests/comm/rank_threads.h"
 #include "tests/testing/subprocess.h"
 
@@ -340,6 +343,46 @@ TEST_P(GlooP2pTest, SpaceReadByAWaitThatReturnsIsGivenBackToTheSender) {
     }
     EXPECT_EQ(gloo::last_path(*pg), path());
   });
+}
+
+// Two ranks that share a CPU while their masks allow more: the higher rank
+// moves off it at a wait that finds its peer there, so that a ping-pong is
+// not a context switch per message (before: until the kernel separated
+// them, tens of milliseconds later). The ranks are pinned to one CPU for
+// the barrier, whose waits then cannot move them, and wait out the move
+// interval those waits used. Where each ends is the scheduler's call, so
+// the test asserts the move.
+TEST(GlooShmP2pTest, RanksThatShareACpuMoveApart) {
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(all), &all), 0);
+  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "one CPU: nowhere to move";
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
+  std::atomic<uint64_t> moves{0};
+  run_ranks(2, [&](ProcessGroup& pg) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+    pg.barrier();
+    std::this_thread::sleep_for(gloo::kMoveEvery + milliseconds(20));
+    const uint64_t before = gloo::cpu_moves();
+    ASSERT_EQ(::sched_setaffinity(0, sizeof(all), &all), 0);
+    const int peer = 1 - pg.rank();
+    std::vector<float> v(2, 1.0f);
+    for (int i = 0; i < 200; ++i) {
+      if (pg.rank() == 0) {
+        pg.send(Tensor::of(v), peer);
+        pg.recv(Tensor::of(v), peer);
+      } else {
+        pg.recv(Tensor::of(v), peer);
+        pg.send(Tensor::of(v), peer);
+      }
+    }
+    if (pg.rank() == 1) moves = gloo::cpu_moves() - before;
+    EXPECT_EQ(gloo::last_path(pg), std::string("shm-p2p"));
+  });
+  EXPECT_GE(moves.load(), 1u) << "rank 1 never moved off rank 0's CPU";
 }
 
 TEST_P(GlooP2pTest, SmallMessagesInterleavedWithLargeWrapEveryRing) {

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/gloo/shm_sync.h"
 #include "tests/testing/subprocess.h"
 
 namespace dlaunch::comm::gloo {
@@ -184,6 +185,84 @@ TEST(SpinWaitTest, GivesUpAfterItsBudgetAndResetStartsOver) {
   }
 }
 
+// The CPUs this thread may run on.
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  EXPECT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
+  }
+  return cpus;
+}
+
+void pin(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cpus) CPU_SET(c, &set);
+  ASSERT_EQ(::sched_setaffinity(0, sizeof(set), &set), 0);
+}
+
+// move_off_cpu moves the thread to a free CPU of its mask and gives the
+// mask back; a thread with one CPU, or none free, stays.
+TEST(MoveOffCpuTest, MovesToAFreeCpuAndKeepsTheMask) {
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU: nowhere to move";
+  std::thread([&] {
+    pin({cpus[0]});
+    ASSERT_EQ(::sched_getcpu(), cpus[0]);
+    EXPECT_EQ(move_off_cpu(cpus[0], {}), -1) << "a bound thread moved";
+    EXPECT_EQ(::sched_getcpu(), cpus[0]);
+    pin(cpus);
+    EXPECT_EQ(move_off_cpu(cpus[0], cpus), -1) << "moved onto a taken CPU";
+    const int free_cpu = cpus.back();
+    const std::vector<int> taken(cpus.begin() + 1, cpus.end() - 1);
+    EXPECT_EQ(move_off_cpu(cpus[0], taken), free_cpu);
+    EXPECT_EQ(::sched_getcpu(), free_cpu);
+    EXPECT_EQ(allowed_cpus(), cpus) << "the mask was not given back";
+  }).join();
+}
+
+// At most one move per kMoveEvery on each thread.
+TEST(MoveOffCpuTest, OneTryPerIntervalPerThread) {
+  std::thread([] {
+    EXPECT_TRUE(cpu_move_due());
+    EXPECT_FALSE(cpu_move_due());
+    std::thread([] { EXPECT_TRUE(cpu_move_due()); }).join();
+  }).join();
+}
+
+// Two ranks that start on one CPU while their masks allow more: the higher
+// rank moves off it at a wait that finds its peer there, so that each has
+// a core (before, they handed one core back and forth, a context switch
+// per meeting, until the kernel separated them tens of milliseconds
+// later). Where each ends is the scheduler's call (a busy machine may put
+// them together again), so the test asserts the move.
+TEST(ShmChannelTest, RanksThatStartOnOneCpuMoveApart) {
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU: nowhere to move";
+  auto chans = make_group(unique_base(), 2, 64);
+  std::atomic<int> pinned{0};
+  const uint64_t moves_before = cpu_moves();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      pin({cpus[0]});
+      pinned.fetch_add(1);
+      while (pinned.load() < 2) std::this_thread::yield();
+      pin(cpus);  // the thread stays on cpus[0] until something moves it
+      ShmChannel& ch = *chans[r];
+      for (int call = 0; call < 200; ++call) {
+        ch.post({}, {});
+        ch.wait(Clock::now() + std::chrono::seconds(20));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GE(cpu_moves(), moves_before + 1) << "no rank moved off the CPU";
+}
+
 // Two ranks meeting `calls` times (or, with `until_slept`, until both have
 // slept for sharing a CPU: each post says whether its rank has, so both
 // stop after the same call), each thread pinned to its CPU in `cpus`;
@@ -231,12 +310,7 @@ std::vector<uint64_t> meet_pinned(const std::vector<int>& cpus, int calls,
 // (its wake-up resets the deadline and may move it to an idle CPU). Ranks
 // on CPUs of their own never do.
 TEST(ShmChannelTest, RanksSharingACpuSleepNowAndThenOthersNever) {
-  cpu_set_t allowed;
-  ASSERT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-  }
+  const std::vector<int> cpus = allowed_cpus();
   ASSERT_FALSE(cpus.empty());
   const std::vector<uint64_t> shared =
       meet_pinned({cpus[0], cpus[0]}, 0, /*until_slept=*/true);
