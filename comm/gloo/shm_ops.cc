@@ -155,6 +155,14 @@ struct Moves {
   LocalCopy local;
 };
 
+// Whether every rank of the group can have a CPU of its own. The host's
+// CPU count is the same on every rank, so every rank decides alike. Read
+// once: glibc reads /sys/devices/system/cpu/online at every call.
+bool cpus_enough(int ranks) {
+  static const unsigned host_cpus = std::thread::hardware_concurrency();
+  return static_cast<unsigned>(ranks) <= host_cpus;
+}
+
 std::vector<int> all_but(int me, int n) {
   std::vector<int> out;
   for (int j = 0; j < n; ++j) {
@@ -223,12 +231,10 @@ bool GlooProcessGroup::shm_broadcast(Tensor t, int root) {
   // copy a chunk out while the root copies the next in. 1 MiB on 2 ranks
   // on cores of their own: 46 us in 256 KiB steps, 96 us in one (52 and
   // 57 us when they share a core); 4 ranks on 2 cores: 140 us in one step,
-  // 160 us in steps. The host's CPU count is the same on every rank.
-  // Read once: glibc reads /sys/devices/system/cpu/online at every call.
-  static const unsigned host_cpus = std::thread::hardware_concurrency();
-  const bool cpus_enough = static_cast<unsigned>(size()) <= host_cpus;
+  // 160 us in steps.
   const size_t es = dtype_size(t.dtype);
-  ShmSteps s = steps_over(t.dtype, t.numel, 1, /*one_step=*/!cpus_enough);
+  ShmSteps s =
+      steps_over(t.dtype, t.numel, 1, /*one_step=*/!cpus_enough(size()));
   const size_t q = s.per_step;
   s.produces = r == root;
   if (r != root) s.sources = {root};
@@ -256,7 +262,10 @@ bool GlooProcessGroup::shm_reduce(Tensor t, int root, ReduceOp rop) {
     return true;
   }
   if (!shm_ready()) return false;
-  ShmSteps s = steps_over(t.dtype, t.numel, 1);
+  // Pipelined at every size when each rank can have a CPU, as broadcast:
+  // the root reduces a chunk while the others copy the next in.
+  ShmSteps s =
+      steps_over(t.dtype, t.numel, 1, /*one_step=*/!cpus_enough(size()));
   const size_t q = s.per_step;
   s.produces = r != root;
   if (r == root) s.sources = all_but(root, size());
