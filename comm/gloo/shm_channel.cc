@@ -1,5 +1,6 @@
 #include "comm/gloo/shm_channel.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +15,7 @@
 namespace dlaunch::comm::gloo {
 namespace {
 
-constexpr size_t kHeaderBytes = 512;
+constexpr size_t kHeaderBytes = 640;
 
 // Header::failure_state.
 constexpr uint32_t kNoFailure = 0;
@@ -41,6 +42,7 @@ struct ShmChannel::Header {
   std::atomic<int32_t> cpu;       // where the owner last posted or waited
   int32_t pid;                    // the owner's process
   uint64_t pid_ns;                // ... in this pid namespace
+  cpu_set_t cpus;                 // the owner's affinity mask at set-up
   // Rank 0's alone: the group's first failure (record_failure()).
   std::atomic<uint32_t> failure_state;  // kNoFailure, kWritingFailure, ...
   uint32_t failure_bytes;
@@ -65,6 +67,10 @@ ShmChannel::ShmChannel(const std::string& base, int rank, int size,
   h->cpu.store(-1);
   h->pid = static_cast<int32_t>(::getpid());
   h->pid_ns = pid_namespace();
+  // Unreadable (over 1024 CPUs): taken as every CPU there is.
+  if (::sched_getaffinity(0, sizeof(h->cpus), &h->cpus) != 0) {
+    std::memset(&h->cpus, 0xff, sizeof(h->cpus));
+  }
 }
 
 ShmChannel::~ShmChannel() {
@@ -84,6 +90,10 @@ bool ShmChannel::open_peers(std::string& error) {
     // are threads of this process leave through close() alone.
     pidfds_[j] = watch_process(header(j)->pid, header(j)->pid_ns);
   }
+  cpu_set_t any;
+  CPU_ZERO(&any);
+  for (int j = 0; j < size_; ++j) CPU_OR(&any, &any, &header(j)->cpus);
+  cpus_ = CPU_COUNT(&any);
   return true;
 }
 
@@ -147,25 +157,37 @@ void ShmChannel::wait_for(int j, uint32_t seq,
 void ShmChannel::wait_rank(int j, uint32_t seq,
                            std::chrono::steady_clock::time_point deadline,
                            bool all, SpinWait& spin) {
-  Header* h = header(j);
-  int cpu = publish_cpu(header(rank_)->cpu);
-  if (reached(h->seq.load(std::memory_order_acquire), seq)) return;
-  // Sharing a core with the awaited peer: the higher rank moves off it.
-  if (rank_ > j && cpu >= 0 && h->cpu.load(std::memory_order_relaxed) == cpu &&
-      cpu_move_due()) {
-    std::vector<int> taken;
-    for (int k = 0; k < size_; ++k) {
-      taken.push_back(header(k)->cpu.load(std::memory_order_relaxed));
-    }
-    if (move_off_cpu(cpu, taken) >= 0) cpu = publish_cpu(header(rank_)->cpu);
+  if (await_rank(j, seq, deadline, all, spin) && rank_ > j) move_if_shared(j);
+}
+
+void ShmChannel::move_if_shared(int j) {
+  // `j` made the post that ended the wait on this rank's CPU.
+  const int cpu = current_cpu();
+  if (cpu < 0 || header(j)->cpu.load(std::memory_order_relaxed) != cpu ||
+      !cpu_move_due()) {
+    return;
   }
+  std::vector<int> taken(size_);
+  for (int k = 0; k < size_; ++k) {
+    taken[k] =
+        k == rank_ ? cpu : header(k)->cpu.load(std::memory_order_relaxed);
+  }
+  move_off_cpu(cpu, taken, header(rank_)->cpu);
+}
+
+bool ShmChannel::await_rank(int j, uint32_t seq,
+                            std::chrono::steady_clock::time_point deadline,
+                            bool all, SpinWait& spin) {
+  Header* h = header(j);
+  const int cpu = publish_cpu(header(rank_)->cpu);
+  if (reached(h->seq.load(std::memory_order_acquire), seq)) return false;
   if (!sleep_instead(cpu >= 0 &&
                      h->cpu.load(std::memory_order_relaxed) == cpu)) {
     while (
         !reached(h->seq.load(std::memory_order_acquire), seq) &&
         spin.once(cpu >= 0 && h->cpu.load(std::memory_order_relaxed) == cpu)) {
     }
-    if (reached(h->seq.load(std::memory_order_acquire), seq)) return;
+    if (reached(h->seq.load(std::memory_order_acquire), seq)) return true;
   }
   // Counted as a sleeper on `seq` for as long as this scope lasts.
   struct Sleeper {
@@ -175,7 +197,7 @@ void ShmChannel::wait_rank(int j, uint32_t seq,
   } sleeper(h->waiters);
   while (true) {
     const uint32_t v = h->seq.load(std::memory_order_seq_cst);
-    if (reached(v, seq)) return;
+    if (reached(v, seq)) return true;
     // Any peer, not only `j`: one that failed stops the call for all, and
     // naming every one that left names the rank that failed first too (a
     // root that left after seeing it fail is not the only one gone).
@@ -183,7 +205,7 @@ void ShmChannel::wait_rank(int j, uint32_t seq,
     if (!gone_ranks.empty()) {
       // A peer that finished this call may leave, but only after `j`
       // posted it: look again before blaming anyone.
-      if (reached(h->seq.load(std::memory_order_seq_cst), seq)) return;
+      if (reached(h->seq.load(std::memory_order_seq_cst), seq)) return true;
       throw WaitError{std::move(gone_ranks), false};
     }
     const auto now = std::chrono::steady_clock::now();

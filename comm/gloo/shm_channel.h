@@ -91,6 +91,9 @@ class ShmChannel {
   // How many waits slept at once because the awaited peer kept sharing this
   // rank's CPU (see sleep_instead(); tests).
   uint64_t shared_sleeps() const { return shared_sleeps_; }
+  // CPUs the ranks may run on together (the union of their affinity masks
+  // at set-up; the same on every rank once open_peers() succeeded).
+  int cpus() const { return cpus_; }
 
  private:
   struct Header;
@@ -103,6 +106,13 @@ class ShmChannel {
   void wait_rank(int j, uint32_t seq,
                  std::chrono::steady_clock::time_point deadline, bool all,
                  SpinWait& spin);
+  // wait_rank's wait; whether it had to wait (`j` had not posted yet).
+  bool await_rank(int j, uint32_t seq,
+                  std::chrono::steady_clock::time_point deadline, bool all,
+                  SpinWait& spin);
+  // After a wait for `j` (a lower rank): moves this rank off its CPU when
+  // j's post was made on it (move_off_cpu in shm_sync.h).
+  void move_if_shared(int j);
   // Whether a wait whose peer (`shares_cpu`) last ran on this rank's CPU
   // should sleep at once rather than yield (co-location for too long).
   bool sleep_instead(bool shares_cpu);
@@ -122,6 +132,7 @@ class ShmChannel {
   bool sharing_ = false;
   std::chrono::steady_clock::time_point sharing_since_;
   uint64_t shared_sleeps_ = 0;
+  int cpus_ = 0;
   ShmSegment mine_;
   std::vector<ShmSegment> peers_;  // index = rank; this rank's stays empty
   // Peers in other processes of this pid namespace, else -1 (those leave

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #include "comm/gloo/gloo_group.h"
@@ -155,14 +154,6 @@ struct Moves {
   LocalCopy local;
 };
 
-// Whether every rank of the group can have a CPU of its own. The host's
-// CPU count is the same on every rank, so every rank decides alike. Read
-// once: glibc reads /sys/devices/system/cpu/online at every call.
-bool cpus_enough(int ranks) {
-  static const unsigned host_cpus = std::thread::hardware_concurrency();
-  return static_cast<unsigned>(ranks) <= host_cpus;
-}
-
 std::vector<int> all_but(int me, int n) {
   std::vector<int> out;
   for (int j = 0; j < n; ++j) {
@@ -231,10 +222,11 @@ bool GlooProcessGroup::shm_broadcast(Tensor t, int root) {
   // copy a chunk out while the root copies the next in. 1 MiB on 2 ranks
   // on cores of their own: 46 us in 256 KiB steps, 96 us in one (52 and
   // 57 us when they share a core); 4 ranks on 2 cores: 140 us in one step,
-  // 160 us in steps.
+  // 160 us in steps. The ranks' CPUs are the channel's count, which every
+  // rank reads alike: ranks taking different step counts would mix calls.
   const size_t es = dtype_size(t.dtype);
   ShmSteps s =
-      steps_over(t.dtype, t.numel, 1, /*one_step=*/!cpus_enough(size()));
+      steps_over(t.dtype, t.numel, 1, /*one_step=*/channel_->cpus() < size());
   const size_t q = s.per_step;
   s.produces = r == root;
   if (r != root) s.sources = {root};
@@ -265,7 +257,7 @@ bool GlooProcessGroup::shm_reduce(Tensor t, int root, ReduceOp rop) {
   // Pipelined at every size when each rank can have a CPU, as broadcast:
   // the root reduces a chunk while the others copy the next in.
   ShmSteps s =
-      steps_over(t.dtype, t.numel, 1, /*one_step=*/!cpus_enough(size()));
+      steps_over(t.dtype, t.numel, 1, /*one_step=*/channel_->cpus() < size());
   const size_t q = s.per_step;
   s.produces = r != root;
   if (r == root) s.sources = all_but(root, size());

@@ -949,14 +949,20 @@ void ShmP2p::sleep_until_rung(uint32_t seen, const Watches& w,
   seg_->sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
-bool ShmP2p::move_off(int cpu) {
-  if (!cpu_move_due()) return false;
-  std::vector<int> taken;
-  for (const auto& p : peers_) {
-    if (p->their)
-      taken.push_back(p->their->cpu.load(std::memory_order_relaxed));
+void ShmP2p::move_if_shared(int peer) {
+  // `peer` published its CPU before the post that ended the wait.
+  const int cpu = current_cpu();
+  if (cpu < 0 ||
+      peer_of(peer)->their->cpu.load(std::memory_order_relaxed) != cpu ||
+      !cpu_move_due()) {
+    return;
   }
-  return move_off_cpu(cpu, taken) >= 0;
+  std::vector<int> taken{cpu};
+  for (const auto& p : peers_) {
+    taken.push_back(p->their ? p->their->cpu.load(std::memory_order_relaxed)
+                             : -1);
+  }
+  move_off_cpu(cpu, taken, seg_->cpu);
 }
 
 bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
@@ -964,8 +970,10 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
   // Counted in in_wait_ (under mu_, as every return is) from its first
   // round on.
   bool counted = false;
+  bool waited = false;  // spun or slept
   auto leave = [&](bool done) {
     if (counted) --in_wait_;
+    if (waited && rank_ > op.peer) move_if_shared(op.peer);
     return done;
   };
   SpinWait spin;
@@ -1026,11 +1034,7 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
       watch(local);
       deadline = op.deadline;
     }
-    // Sharing a core with the awaited peer: the higher rank moves off it.
-    if (spinning && rank_ > op.peer && cpu >= 0 &&
-        peer_cpu.load(std::memory_order_relaxed) == cpu && move_off(cpu)) {
-      continue;
-    }
+    waited = true;
     if (spinning) {
       // op.done too: a thread of the engine may finish it (without a new
       // message: one that came before post()'s look).

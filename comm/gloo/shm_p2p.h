@@ -246,9 +246,9 @@ class ShmP2p {
   // Sleeps unless the bell moved from `seen` or `w` is ready.
   void sleep_until_rung(uint32_t seen, const Watches& w,
                         Clock::time_point until);
-  // Moves this thread off `cpu`, which the awaited peer shares, when due
-  // and a CPU is free (move_off_cpu); whether it moved.
-  bool move_off(int cpu);
+  // After a wait for `peer` (a lower rank): moves this thread off its CPU
+  // when the peer last published it (move_off_cpu in shm_sync.h).
+  void move_if_shared(int peer);
   void loop();
 
   const std::string base_;

@@ -9,8 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 
 #include "comm/pidfd.h"
 
@@ -62,11 +66,48 @@ namespace {
 std::atomic<uint64_t> moves{0};
 }  // namespace
 
-int move_off_cpu(int cpu, std::span<const int> taken) {
+namespace {
+
+// Gives the thread its CPUs back after a move. Setting the mask read
+// before the move again would store it as the thread's own request (Linux
+// 6.2 on), so that CPUs its cpuset gains later stay out of its reach: so
+// the full mask goes first (the kernel narrows it to the cpuset), and the
+// old one only where the full one gives something else (the thread had a
+// narrower mask of its own, which it keeps).
+void give_back(const cpu_set_t& before) {
+  cpu_set_t full, now;
+  std::memset(&full, 0xff, sizeof(full));
+  CPU_ZERO(&now);
+  if (::sched_setaffinity(0, sizeof(full), &full) == 0 &&
+      ::sched_getaffinity(0, sizeof(now), &now) == 0 &&
+      CPU_EQUAL(&now, &before)) {
+    return;
+  }
+  if (::sched_setaffinity(0, sizeof(before), &before) == 0) return;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::fprintf(stderr,
+                 "dlaunch comm: warning: could not give a thread its CPU mask "
+                 "back after moving it off a CPU it shared with its peer (%s); "
+                 "it stays on one CPU. Bind ranks yourself (dlaunch "
+                 "--cpu-bind core) to avoid the move.\n",
+                 std::strerror(errno));
+  });
+}
+
+}  // namespace
+
+int move_off_cpu(int cpu, std::span<const int> taken,
+                 std::atomic<int32_t>& where) {
+  if (cpu < 0 || std::find(taken.begin(), taken.end(), -1) != taken.end()) {
+    return -1;
+  }
   cpu_set_t mask;
   CPU_ZERO(&mask);
   // A mask wider than cpu_set_t (over 1024 CPUs) fails here: no move.
-  if (cpu < 0 || ::sched_getaffinity(0, sizeof(mask), &mask) != 0) return -1;
+  if (::sched_getaffinity(0, sizeof(mask), &mask) != 0) return -1;
+  // Ranks outnumbering the CPUs share some whatever happens.
+  if (static_cast<size_t>(CPU_COUNT(&mask)) < taken.size()) return -1;
   // The free CPU nearest by number: numbering usually follows the
   // sockets, so it most likely shares `cpu`'s caches.
   int to = -1;
@@ -78,13 +119,16 @@ int move_off_cpu(int cpu, std::span<const int> taken) {
     }
   }
   if (to < 0) return -1;
+  // Published first: a peer deciding at the same time sees `to` taken.
+  where.store(to, std::memory_order_relaxed);
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(to, &one);
-  if (::sched_setaffinity(0, sizeof(one), &one) != 0) return -1;
-  // The mask just read is valid: setting it back cannot fail but for a
-  // CPU going offline in between, and then the kernel keeps `to` alone.
-  ::sched_setaffinity(0, sizeof(mask), &mask);
+  if (::sched_setaffinity(0, sizeof(one), &one) != 0) {
+    where.store(cpu, std::memory_order_relaxed);
+    return -1;
+  }
+  give_back(mask);
   moves.fetch_add(1, std::memory_order_relaxed);
   return to;
 }

@@ -62,20 +62,25 @@ int publish_cpu(std::atomic<int32_t>& where);
 
 // Two ranks that wait for each other on one core while another core idles
 // pay a context switch per message (an 8 B ping-pong on 2 cores: 1.7 us
-// against 0.4 us), and the kernel's balancer separates them only after
-// tens of milliseconds (both are cache-hot). So the higher rank of such a
-// pair moves itself: move_off_cpu() pins the calling thread to the CPU of
-// its affinity mask nearest `cpu` by number that is neither `cpu` nor in
-// `taken` (the CPUs the group's ranks on this host last ran on), which
-// migrates it at once, and then restores the mask (the thread stays where
-// it went). A rank bound to one CPU, or whose mask has no CPU left free,
-// stays. Returns the CPU it moved to, or -1.
-int move_off_cpu(int cpu, std::span<const int> taken);
+// against 0.2-0.4 us), and the kernel's balancer separates them only after
+// tens of milliseconds (both are cache-hot). So when a wait ends with the
+// awaited peer's post made on the waiter's CPU, the higher rank of the two
+// moves itself: move_off_cpu() pins the calling thread to the CPU of its
+// affinity mask nearest `cpu` by number that no rank in `taken` last ran
+// on, which migrates it at once, then gives the mask back (the thread
+// stays where it went). `taken`: where each rank of the group on this
+// host, this one included, last posted or waited; -1 (unknown) stops the
+// move, as do fewer CPUs in the mask than ranks (a rank bound to one CPU
+// stays). `where`: this rank's published CPU, set to the destination
+// before the move. Returns the CPU moved to, or -1.
+int move_off_cpu(int cpu, std::span<const int> taken,
+                 std::atomic<int32_t>& where);
 // How many times move_off_cpu moved a thread of this process.
 uint64_t cpu_moves();
 // Whether the calling thread may try move_off_cpu now: true at most once
-// per kMoveEvery on each thread, so that ranks outnumbering the CPUs (or
-// another job's processes) never make a rank hop back and forth.
+// per kMoveEvery on each thread, so that ranks a move cannot help (another
+// job's processes on the free CPU, a sub-group that does not see the rest
+// of the host's ranks) hop at most that often.
 bool cpu_move_due();
 constexpr auto kMoveEvery = std::chrono::milliseconds(50);
 

@@ -207,7 +207,8 @@ TEST_P(GlooShmTest, OneChunkStepEqualsTcp) {
 
 // 2.2 MB of f64: nine steps, more than a segment holds (the writer waits
 // for its readers); 1.1 MB of f32: five; 280 KB of u8 (within the
-// segments' window): one.
+// segments' window): one, but two (the last partial) for broadcast and
+// reduce where every rank has a CPU (2 ranks on this 2-CPU machine).
 TEST_P(GlooShmTest, ManyChunkStepsEqualTcp) {
   const int n = GetParam();
   const size_t numel = 280000;

@@ -204,22 +204,30 @@ void pin(const std::vector<int>& cpus) {
   ASSERT_EQ(::sched_setaffinity(0, sizeof(set), &set), 0);
 }
 
-// move_off_cpu moves the thread to a free CPU of its mask and gives the
-// mask back; a thread with one CPU, or none free, stays.
+// move_off_cpu moves the thread to a free CPU of its mask, publishes it,
+// and gives the mask back; a thread with one CPU, none free, fewer CPUs
+// than ranks, or a rank whose CPU is unknown stays.
 TEST(MoveOffCpuTest, MovesToAFreeCpuAndKeepsTheMask) {
   const std::vector<int> cpus = allowed_cpus();
   if (cpus.size() < 2) GTEST_SKIP() << "one CPU: nowhere to move";
   std::thread([&] {
+    std::atomic<int32_t> where{-7};
     pin({cpus[0]});
-    ASSERT_EQ(::sched_getcpu(), cpus[0]);
-    EXPECT_EQ(move_off_cpu(cpus[0], {}), -1) << "a bound thread moved";
+    EXPECT_EQ(move_off_cpu(cpus[0], {}, where), -1) << "a bound thread moved";
     EXPECT_EQ(::sched_getcpu(), cpus[0]);
     pin(cpus);
-    EXPECT_EQ(move_off_cpu(cpus[0], cpus), -1) << "moved onto a taken CPU";
+    EXPECT_EQ(move_off_cpu(cpus[0], cpus, where), -1) << "onto a taken CPU";
+    const std::vector<int> unknown = {cpus[0], -1};
+    EXPECT_EQ(move_off_cpu(cpus[0], unknown, where), -1)
+        << "moved with a rank's CPU unknown";
+    std::vector<int> crowd(cpus.size() + 1, cpus[0]);
+    EXPECT_EQ(move_off_cpu(cpus[0], crowd, where), -1)
+        << "moved with more ranks than CPUs";
+    EXPECT_EQ(where.load(), -7);
     const int free_cpu = cpus.back();
-    const std::vector<int> taken(cpus.begin() + 1, cpus.end() - 1);
-    EXPECT_EQ(move_off_cpu(cpus[0], taken), free_cpu);
-    EXPECT_EQ(::sched_getcpu(), free_cpu);
+    std::vector<int> taken(cpus.begin(), cpus.end() - 1);
+    EXPECT_EQ(move_off_cpu(cpus[0], taken, where), free_cpu);
+    EXPECT_EQ(where.load(), free_cpu);
     EXPECT_EQ(allowed_cpus(), cpus) << "the mask was not given back";
   }).join();
 }
@@ -227,10 +235,46 @@ TEST(MoveOffCpuTest, MovesToAFreeCpuAndKeepsTheMask) {
 // At most one move per kMoveEvery on each thread.
 TEST(MoveOffCpuTest, OneTryPerIntervalPerThread) {
   std::thread([] {
+    const auto start = Clock::now();
     EXPECT_TRUE(cpu_move_due());
-    EXPECT_FALSE(cpu_move_due());
+    const bool again = cpu_move_due();
+    // (A thread kept off the CPU for the whole interval may try again.)
+    if (Clock::now() - start < kMoveEvery) {
+      EXPECT_FALSE(again);
+    }
     std::thread([] { EXPECT_TRUE(cpu_move_due()); }).join();
   }).join();
+}
+
+// Every rank of a channel counts the CPUs the ranks may use together (the
+// union of their masks), so that decisions made from it agree: ranks
+// pinned to one CPU each count 2, ranks pinned to the same one count 1.
+TEST(ShmChannelTest, EveryRankCountsTheCpusOfAllRanks) {
+  const std::vector<int> cpus = allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU";
+  for (bool apart : {true, false}) {
+    const std::string base = unique_base();
+    std::vector<std::unique_ptr<ShmChannel>> chans(2);
+    std::atomic<int> made{0};
+    std::vector<std::thread> threads;
+    std::vector<int> counted(2, -1);
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        pin({cpus[apart ? r : 0]});
+        std::string error;
+        chans[r] = std::make_unique<ShmChannel>(base, r, 2, 64, error);
+        ASSERT_TRUE(chans[r]->ok()) << error;
+        made.fetch_add(1);
+        while (made.load() < 2) std::this_thread::yield();
+        ASSERT_TRUE(chans[r]->open_peers(error)) << error;
+        counted[r] = chans[r]->cpus();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& c : chans) c->unlink();
+    EXPECT_EQ(counted, std::vector<int>(2, apart ? 2 : 1))
+        << (apart ? "ranks apart" : "ranks on one CPU");
+  }
 }
 
 // Two ranks that start on one CPU while their masks allow more: the higher
