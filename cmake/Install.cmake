@@ -40,7 +40,10 @@ install(TARGETS ${_dlaunch_exported} EXPORT dlaunchTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev)
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/comm/
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dlaunch/comm COMPONENT dev
-  FILES_MATCHING PATTERN "*.h")
+  FILES_MATCHING PATTERN "*.h"
+  # Implementation details shared by a path's .cc files: no installed
+  # header includes them, and the store's pulls in Boost.Asio.
+  PATTERN "*_internal.h" EXCLUDE)
 install(EXPORT dlaunchTargets NAMESPACE dlaunch::
   DESTINATION ${DLAUNCH_INSTALL_CMAKEDIR} COMPONENT dev)
 

@@ -72,6 +72,11 @@ TEST_F(Install, PutsProgramsHeadersAndPackageFilesInThePrefix) {
         "include/dlaunch/comm/gloo/process_group.h"}) {
     EXPECT_TRUE(fs::exists(prefix_ / f)) << f;
   }
+  // Headers private to a path's sources stay out (the store's needs Boost).
+  for (const char* f : {"include/dlaunch/comm/gloo/shm_p2p_internal.h",
+                        "include/dlaunch/comm/store/server_internal.h"}) {
+    EXPECT_FALSE(fs::exists(prefix_ / f)) << f;
+  }
   // The benchmarks' binaries: dl-store-bench in PATH, the helpers with
   // generic names under libexec/dlaunch/.
   if (DLAUNCH_INSTALLS_BENCH) {
