@@ -434,7 +434,13 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
   bool waited = false;  // spun or slept
   auto leave = [&](bool done) {
     if (counted) --in_wait_;
-    if (waited && rank_ > op.peer) move_if_shared(op.peer);
+    // Only after the peer's post completed the op: a timeout or a failure
+    // has no fresh evidence of where the peer runs.
+    if (waited && done && rank_ > op.peer &&
+        op.done.load(std::memory_order_relaxed) && !op.timed_out &&
+        op.failure.empty()) {
+      move_if_shared(op.peer);
+    }
     return done;
   };
   SpinWait spin;

@@ -78,20 +78,23 @@ void give_back(const cpu_set_t& before) {
   cpu_set_t full, now;
   std::memset(&full, 0xff, sizeof(full));
   CPU_ZERO(&now);
-  if (::sched_setaffinity(0, sizeof(full), &full) == 0 &&
-      ::sched_getaffinity(0, sizeof(now), &now) == 0 &&
+  const bool widened = ::sched_setaffinity(0, sizeof(full), &full) == 0;
+  if (widened && ::sched_getaffinity(0, sizeof(now), &now) == 0 &&
       CPU_EQUAL(&now, &before)) {
     return;
   }
   if (::sched_setaffinity(0, sizeof(before), &before) == 0) return;
+  const int err = errno;
   static std::once_flag once;
-  std::call_once(once, [] {
+  std::call_once(once, [&] {
     std::fprintf(stderr,
                  "dlaunch comm: warning: could not give a thread its CPU mask "
-                 "back after moving it off a CPU it shared with its peer (%s); "
-                 "it stays on one CPU. Bind ranks yourself (dlaunch "
-                 "--cpu-bind core) to avoid the move.\n",
-                 std::strerror(errno));
+                 "back after moving it off a CPU it shared with its peer "
+                 "(%s); %s. Bind ranks yourself (dlaunch --cpu-bind core) to "
+                 "avoid the move.\n",
+                 std::strerror(err),
+                 widened ? "it may run on any CPU of its cpuset"
+                         : "it stays on one CPU");
   });
 }
 

@@ -72,7 +72,9 @@ int publish_cpu(std::atomic<int32_t>& where);
 // host, this one included, last posted or waited; -1 (unknown) stops the
 // move, as do fewer CPUs in the mask than ranks (a rank bound to one CPU
 // stays). `where`: this rank's published CPU, set to the destination
-// before the move. Returns the CPU moved to, or -1.
+// before the move, so that a rank deciding later sees it taken (two that
+// decide at the same instant may pick one CPU; a later shared wait, at
+// least kMoveEvery on, separates them). Returns the CPU moved to, or -1.
 int move_off_cpu(int cpu, std::span<const int> taken,
                  std::atomic<int32_t>& where);
 // How many times move_off_cpu moved a thread of this process.

@@ -263,8 +263,8 @@ TEST(ShmChannelTest, EveryRankCountsTheCpusOfAllRanks) {
         pin({cpus[apart ? r : 0]});
         std::string error;
         chans[r] = std::make_unique<ShmChannel>(base, r, 2, 64, error);
+        made.fetch_add(1);  // before any ASSERT: the peer waits for it
         ASSERT_TRUE(chans[r]->ok()) << error;
-        made.fetch_add(1);
         while (made.load() < 2) std::this_thread::yield();
         ASSERT_TRUE(chans[r]->open_peers(error)) << error;
         counted[r] = chans[r]->cpus();
