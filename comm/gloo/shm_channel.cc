@@ -57,7 +57,8 @@ ShmChannel::ShmChannel(const std::string& base, int rank, int size,
       slot_bytes_((slot_bytes + 63) / 64 * 64),
       segment_bytes_(kHeaderBytes + 2 * slot_bytes_),
       peers_(static_cast<size_t>(size)),
-      pidfds_(static_cast<size_t>(size), -1) {
+      pidfds_(static_cast<size_t>(size), -1),
+      taken_(static_cast<size_t>(size), -1) {
   static_assert(sizeof(Header) <= kHeaderBytes);
   static_assert(std::atomic<uint32_t>::is_always_lock_free);  // address-free
   mine_ =
@@ -167,12 +168,11 @@ void ShmChannel::move_if_shared(int j) {
       !cpu_move_due()) {
     return;
   }
-  std::vector<int> taken(size_);
   for (int k = 0; k < size_; ++k) {
-    taken[k] =
+    taken_[k] =
         k == rank_ ? cpu : header(k)->cpu.load(std::memory_order_relaxed);
   }
-  move_off_cpu(cpu, taken, header(rank_)->cpu);
+  move_off_cpu(cpu, taken_, header(rank_)->cpu);
 }
 
 bool ShmChannel::await_rank(int j, uint32_t seq,

@@ -138,6 +138,9 @@ class ShmChannel {
   // Peers in other processes of this pid namespace, else -1 (those leave
   // through close() alone, or are found at the deadline).
   std::vector<int> pidfds_;
+  // move_if_shared's look at where the ranks run (sized once: the small
+  // collectives allocate nothing).
+  std::vector<int> taken_;
 };
 
 }  // namespace dlaunch::comm::gloo

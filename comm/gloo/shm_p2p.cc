@@ -143,6 +143,7 @@ bool ShmP2p::open_peers(std::string& error) {
     peer_index_[j] = static_cast<int>(peers_.size());
     peers_.push_back(std::move(p));
   }
+  taken_.assign(peers_.size() + 1, -1);
   return true;
 }
 
@@ -418,12 +419,12 @@ void ShmP2p::move_if_shared(int peer) {
       !cpu_move_due()) {
     return;
   }
-  std::vector<int> taken{cpu};
-  for (const auto& p : peers_) {
-    taken.push_back(p->their ? p->their->cpu.load(std::memory_order_relaxed)
-                             : -1);
+  if (taken_.size() != peers_.size() + 1) return;  // open_peers() failed
+  taken_[0] = cpu;
+  for (size_t i = 0; i < peers_.size(); ++i) {
+    taken_[i + 1] = peers_[i]->their->cpu.load(std::memory_order_relaxed);
   }
-  move_off_cpu(cpu, taken, seg_->cpu);
+  move_off_cpu(cpu, taken_, seg_->cpu);
 }
 
 bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,

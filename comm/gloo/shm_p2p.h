@@ -260,6 +260,9 @@ class ShmP2p {
   Seg* seg_ = nullptr;  // this rank's header, in mine_
   std::vector<std::unique_ptr<Peer>> peers_;
   std::vector<int> peer_index_;  // group rank -> index in peers_, or -1
+  // move_if_shared's look at where the ranks run, this one first (sized
+  // by open_peers: a send or recv allocates nothing); under mu_.
+  std::vector<int> taken_;
   // Ranks the connection watch reported (index = group rank).
   std::unique_ptr<std::atomic<bool>[]> lost_;
 

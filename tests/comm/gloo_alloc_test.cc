@@ -4,14 +4,18 @@
 // fails (a malloc and a string per call were a measurable part of a 4 KiB
 // gather's 1-3 us). Counts this thread's operator new calls.
 #include <gtest/gtest.h>
+#include <sched.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <new>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/gloo/process_group.h"
+#include "comm/gloo/shm_sync.h"
 #include "tests/comm/rank_threads.h"
 
 namespace {
@@ -59,11 +63,29 @@ std::vector<Tensor> split(std::vector<float>& v, int n) {
   return out;
 }
 
-void expect_no_allocation(int n) {
+// `one_cpu`: every rank pinned to the first CPU of the process's mask, so
+// that each wait finds its peer on its CPU and looks at moving off it (a
+// bound rank stays: the look itself must not allocate); the counted calls
+// start after the move interval the warm-up used.
+void expect_no_allocation(int n, bool one_cpu = false) {
+  cpu_set_t all;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(all), &all), 0);
+  int first = 0;
+  while (!CPU_ISSET(first, &all)) ++first;
   run_ranks(n, [&](ProcessGroup& pg) {
+    if (one_cpu) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(first, &one);
+      ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+    }
     std::vector<float> a(1024, 1.0f), b(1024, 2.0f), c(1024, 3.0f);
     std::vector<Tensor> pa = split(a, pg.size()), pb = split(b, pg.size());
     each_once(pg, Tensor::of(c), pa, pb);  // the group's buffers grow here
+    if (one_cpu) {
+      std::this_thread::sleep_for(gloo::kMoveEvery +
+                                  std::chrono::milliseconds(20));
+    }
     counting = true;
     allocations = 0;
     for (int i = 0; i < 20; ++i) each_once(pg, Tensor::of(c), pa, pb);
@@ -79,6 +101,10 @@ TEST(GlooAllocation, SmallCollectivesAllocateNothingOnTwoRanks) {
 
 TEST(GlooAllocation, SmallCollectivesAllocateNothingOnFourRanks) {
   expect_no_allocation(4);
+}
+
+TEST(GlooAllocation, SmallCollectivesAllocateNothingWhenRanksShareACpu) {
+  expect_no_allocation(2, /*one_cpu=*/true);
 }
 
 }  // namespace

@@ -282,12 +282,14 @@ TEST(ShmChannelTest, EveryRankCountsTheCpusOfAllRanks) {
 // a core (before, they handed one core back and forth, a context switch
 // per meeting, until the kernel separated them tens of milliseconds
 // later). Where each ends is the scheduler's call (a busy machine may put
-// them together again), so the test asserts the move.
+// them together again), so the test asserts the move (or that the kernel
+// separated them first).
 TEST(ShmChannelTest, RanksThatStartOnOneCpuMoveApart) {
   const std::vector<int> cpus = allowed_cpus();
   if (cpus.size() < 2) GTEST_SKIP() << "one CPU: nowhere to move";
   auto chans = make_group(unique_base(), 2, 64);
   std::atomic<int> pinned{0};
+  std::vector<int> ended(2, -1);
   const uint64_t moves_before = cpu_moves();
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
@@ -301,10 +303,14 @@ TEST(ShmChannelTest, RanksThatStartOnOneCpuMoveApart) {
         ch.post({}, {});
         ch.wait(Clock::now() + std::chrono::seconds(20));
       }
+      ended[r] = ::sched_getcpu();
     });
   }
   for (auto& t : threads) t.join();
-  EXPECT_GE(cpu_moves(), moves_before + 1) << "no rank moved off the CPU";
+  // On a busy machine the kernel may pull one rank to the other CPU first
+  // (the other CPU just went idle), and then no move is due.
+  EXPECT_TRUE(cpu_moves() >= moves_before + 1 || ended[0] != ended[1])
+      << "no rank moved off CPU " << ended[0];
 }
 
 // Two ranks meeting `calls` times (or, with `until_slept`, until both have
