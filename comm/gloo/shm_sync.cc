@@ -63,10 +63,8 @@ int publish_cpu(std::atomic<int32_t>& where) {
 }
 
 namespace {
-std::atomic<uint64_t> moves{0};
-}  // namespace
 
-namespace {
+std::atomic<uint64_t> moves{0};  // cpu_moves()
 
 // Gives the thread its CPUs back after a move. Setting the mask read
 // before the move again would store it as the thread's own request (Linux

@@ -4,7 +4,6 @@
 // fails (a malloc and a string per call were a measurable part of a 4 KiB
 // gather's 1-3 us). Counts this thread's operator new calls.
 #include <gtest/gtest.h>
-#include <sched.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -17,6 +16,7 @@
 #include "comm/gloo/process_group.h"
 #include "comm/gloo/shm_sync.h"
 #include "tests/comm/rank_threads.h"
+#include "tests/testing/cpus.h"
 
 namespace {
 thread_local bool counting = false;
@@ -68,16 +68,11 @@ std::vector<Tensor> split(std::vector<float>& v, int n) {
 // bound rank stays: the look itself must not allocate); the counted calls
 // start after the move interval the warm-up used.
 void expect_no_allocation(int n, bool one_cpu = false) {
-  cpu_set_t all;
-  ASSERT_EQ(::sched_getaffinity(0, sizeof(all), &all), 0);
-  int first = 0;
-  while (!CPU_ISSET(first, &all)) ++first;
+  const std::vector<int> cpus = dlaunch::testing::allowed_cpus();
+  ASSERT_FALSE(cpus.empty());
   run_ranks(n, [&](ProcessGroup& pg) {
     if (one_cpu) {
-      cpu_set_t one;
-      CPU_ZERO(&one);
-      CPU_SET(first, &one);
-      ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+      ASSERT_TRUE(dlaunch::testing::pin_to({cpus[0]}));
     }
     std::vector<float> a(1024, 1.0f), b(1024, 2.0f), c(1024, 3.0f);
     std::vector<Tensor> pa = split(a, pg.size()), pb = split(b, pg.size());

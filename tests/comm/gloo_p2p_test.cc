@@ -26,6 +26,7 @@
 #include "comm/gloo/process_group.h"
 #include "comm/gloo/shm_sync.h"
 #include "tests/comm/rank_threads.h"
+#include "tests/testing/cpus.h"
 #include "tests/testing/subprocess.h"
 
 // The n-th allocation on a thread whose fail_in is n throws bad_alloc
@@ -353,22 +354,16 @@ TEST_P(GlooP2pTest, SpaceReadByAWaitThatReturnsIsGivenBackToTheSender) {
 // interval those waits used. Where each ends is the scheduler's call, so
 // the test asserts the move (or that the kernel separated them first).
 TEST(GlooShmP2pTest, RanksThatShareACpuMoveApart) {
-  cpu_set_t all;
-  ASSERT_EQ(::sched_getaffinity(0, sizeof(all), &all), 0);
-  if (CPU_COUNT(&all) < 2) GTEST_SKIP() << "one CPU: nowhere to move";
-  int first = 0;
-  while (!CPU_ISSET(first, &all)) ++first;
+  const std::vector<int> cpus = dlaunch::testing::allowed_cpus();
+  if (cpus.size() < 2) GTEST_SKIP() << "one CPU: nowhere to move";
   std::atomic<uint64_t> moves{0};
   std::vector<int> ended(2, -1);
   run_ranks(2, [&](ProcessGroup& pg) {
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(first, &one);
-    ASSERT_EQ(::sched_setaffinity(0, sizeof(one), &one), 0);
+    ASSERT_TRUE(dlaunch::testing::pin_to({cpus[0]}));
     pg.barrier();
     std::this_thread::sleep_for(gloo::kMoveEvery + milliseconds(20));
     const uint64_t before = gloo::cpu_moves();
-    ASSERT_EQ(::sched_setaffinity(0, sizeof(all), &all), 0);
+    ASSERT_TRUE(dlaunch::testing::pin_to(cpus));
     const int peer = 1 - pg.rank();
     std::vector<float> v(2, 1.0f);
     for (int i = 0; i < 200; ++i) {

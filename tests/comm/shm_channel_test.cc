@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "comm/gloo/shm_sync.h"
+#include "tests/testing/cpus.h"
 #include "tests/testing/subprocess.h"
 
 namespace dlaunch::comm::gloo {
@@ -28,6 +29,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
+using dlaunch::testing::allowed_cpus;
 
 std::string unique_base() {
   std::random_device rd;
@@ -185,25 +187,6 @@ TEST(SpinWaitTest, GivesUpAfterItsBudgetAndResetStartsOver) {
   }
 }
 
-// The CPUs this thread may run on.
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  EXPECT_EQ(::sched_getaffinity(0, sizeof(set), &set), 0);
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  return cpus;
-}
-
-void pin(const std::vector<int>& cpus) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  for (int c : cpus) CPU_SET(c, &set);
-  ASSERT_EQ(::sched_setaffinity(0, sizeof(set), &set), 0);
-}
-
 // move_off_cpu moves the thread to a free CPU of its mask, publishes it,
 // and gives the mask back; a thread with one CPU, none free, fewer CPUs
 // than ranks, or a rank whose CPU is unknown stays.
@@ -212,10 +195,10 @@ TEST(MoveOffCpuTest, MovesToAFreeCpuAndKeepsTheMask) {
   if (cpus.size() < 2) GTEST_SKIP() << "one CPU: nowhere to move";
   std::thread([&] {
     std::atomic<int32_t> where{-7};
-    pin({cpus[0]});
+    ASSERT_TRUE(dlaunch::testing::pin_to({cpus[0]}));
     EXPECT_EQ(move_off_cpu(cpus[0], {}, where), -1) << "a bound thread moved";
     EXPECT_EQ(::sched_getcpu(), cpus[0]);
-    pin(cpus);
+    ASSERT_TRUE(dlaunch::testing::pin_to(cpus));
     EXPECT_EQ(move_off_cpu(cpus[0], cpus, where), -1) << "onto a taken CPU";
     const std::vector<int> unknown = {cpus[0], -1};
     EXPECT_EQ(move_off_cpu(cpus[0], unknown, where), -1)
@@ -260,7 +243,8 @@ TEST(ShmChannelTest, EveryRankCountsTheCpusOfAllRanks) {
     std::vector<int> counted(2, -1);
     for (int r = 0; r < 2; ++r) {
       threads.emplace_back([&, r] {
-        pin({cpus[apart ? r : 0]});
+        // EXPECT, not ASSERT: the peer waits for this rank's channel.
+        EXPECT_TRUE(dlaunch::testing::pin_to({cpus[apart ? r : 0]}));
         std::string error;
         chans[r] = std::make_unique<ShmChannel>(base, r, 2, 64, error);
         made.fetch_add(1);  // before any ASSERT: the peer waits for it
@@ -294,10 +278,12 @@ TEST(ShmChannelTest, RanksThatStartOnOneCpuMoveApart) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      pin({cpus[0]});
-      pinned.fetch_add(1);
+      const bool on_one = dlaunch::testing::pin_to({cpus[0]});
+      pinned.fetch_add(1);  // before any ASSERT: the peer waits for it
+      ASSERT_TRUE(on_one);
       while (pinned.load() < 2) std::this_thread::yield();
-      pin(cpus);  // the thread stays on cpus[0] until something moves it
+      // The thread stays on cpus[0] until something moves it.
+      ASSERT_TRUE(dlaunch::testing::pin_to(cpus));
       ShmChannel& ch = *chans[r];
       for (int call = 0; call < 200; ++call) {
         ch.post({}, {});
@@ -324,10 +310,7 @@ std::vector<uint64_t> meet_pinned(const std::vector<int>& cpus, int calls,
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r) {
     threads.emplace_back([&, r] {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      CPU_SET(cpus[r], &set);
-      EXPECT_EQ(::sched_setaffinity(0, sizeof(set), &set), 0);
+      EXPECT_TRUE(dlaunch::testing::pin_to({cpus[r]}));
       ShmChannel& ch = *chans[r];
       const auto stop = Clock::now() + std::chrono::seconds(20);
       // Each post's second word: 1 once its rank slept, 2 past the bound.
