@@ -4,6 +4,7 @@
 
 #include "comm/gloo/shm_p2p.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,6 +21,8 @@ namespace {
 
 constexpr uint32_t kMagic = 0x444c5036;  // "DLP6": layout and wake-ups
 constexpr size_t kSegHeaderBytes = 128;
+// How soon the engine's thread retries a round that ran out of memory.
+constexpr auto kAllocRetry = std::chrono::milliseconds(1);
 
 // Room for one more element, growing geometrically: reserve(size() + 1)
 // alone would reallocate on every push at a new high.
@@ -323,12 +326,13 @@ void ShmP2p::check_peers() {
 }
 
 void ShmP2p::expire(Clock::time_point now) {
-  std::vector<Op*> late;
-  for (Op* o : detached_) {
-    if (o->deadline <= now) late.push_back(o);
-  }
-  for (Op* o : late) {
-    if (!o->done.load(std::memory_order_relaxed)) time_out(*o);
+  // time_out() removes the op from detached_: one at a time, allocating
+  // nothing (this runs on the engine's thread, which must not throw).
+  for (;;) {
+    auto late = std::find_if(detached_.begin(), detached_.end(),
+                             [&](Op* o) { return o->deadline <= now; });
+    if (late == detached_.end()) return;
+    time_out(**late);
   }
 }
 
@@ -434,7 +438,10 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
   bool counted = false;
   bool waited = false;  // spun or slept
   auto leave = [&](bool done) {
-    if (counted) --in_wait_;
+    if (counted) {
+      counted = false;
+      --in_wait_;
+    }
     // Only after the peer's post completed the op: a timeout or a failure
     // has no fresh evidence of where the peer runs.
     if (waited && done && rank_ > op.peer &&
@@ -468,39 +475,46 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
       w = &op.watch;
     } else {
       std::lock_guard lock(mu_);
-      if (op.done.load(std::memory_order_relaxed)) return leave(true);
-      if (!counted) {
-        counted = true;
-        ++in_wait_;
-      }
-      if (progress(&op)) {
-        spin.reset();
-        spinning = true;
-      }
-      if (op.done.load(std::memory_order_relaxed)) return leave(true);
-      const auto now = Clock::now();
-      if (!timed) {
-        timed = true;
-        until = after(now, timeout);
-        if (deadline_in.count() > 0 &&
-            op.deadline == Clock::time_point::max()) {
-          op.deadline = after(now, deadline_in);
-        }
-      }
-      if (now >= op.deadline) {
-        time_out(op);
-        return leave(true);
-      }
-      if (now >= until) return leave(false);
-      if (!spinning) {
-        check_peers();
+      // A round may run out of memory setting an early payload aside
+      // (bad_alloc): the op stays registered for another wait.
+      try {
         if (op.done.load(std::memory_order_relaxed)) return leave(true);
+        if (!counted) {
+          counted = true;
+          ++in_wait_;
+        }
+        if (progress(&op)) {
+          spin.reset();
+          spinning = true;
+        }
+        if (op.done.load(std::memory_order_relaxed)) return leave(true);
+        const auto now = Clock::now();
+        if (!timed) {
+          timed = true;
+          until = after(now, timeout);
+          if (deadline_in.count() > 0 &&
+              op.deadline == Clock::time_point::max()) {
+            op.deadline = after(now, deadline_in);
+          }
+        }
+        if (now >= op.deadline) {
+          time_out(op);
+          return leave(true);
+        }
+        if (now >= until) return leave(false);
+        if (!spinning) {
+          check_peers();
+          if (op.done.load(std::memory_order_relaxed)) return leave(true);
+        }
+        // Space read in this round, freed now that this thread will wait
+        // (not before a reply was written: see free_read).
+        free_reads();
+        watch(local);
+        deadline = op.deadline;
+      } catch (...) {
+        if (counted) --in_wait_;
+        throw;
       }
-      // Space read in this round, freed now that this thread will wait
-      // (not before a reply was written: see free_read).
-      free_reads();
-      watch(local);
-      deadline = op.deadline;
     }
     waited = true;
     if (spinning) {
@@ -540,7 +554,10 @@ void ShmP2p::detach(Op& op) {
 
 // The engine's thread: drives detached operations while nobody waits for
 // them, and fails them at their deadline.
+// A round that runs out of memory (setting an early payload aside, or
+// the words of a failure) is retried kAllocRetry later.
 void ShmP2p::loop() {
+  ::pthread_setname_np(::pthread_self(), "dl-shm-p2p");
   std::unique_lock lock(mu_);
   ++in_wait_;
   Watches w;
@@ -550,13 +567,17 @@ void ShmP2p::loop() {
       continue;
     }
     const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
-    progress();
-    expire(Clock::now());
-    check_peers();
+    auto next = Clock::time_point::max();
+    try {
+      progress();
+      expire(Clock::now());
+      check_peers();
+    } catch (const std::bad_alloc&) {
+      next = Clock::now() + kAllocRetry;
+    }
     free_reads();
     if (detached_.empty()) continue;
     watch(w);
-    auto next = Clock::time_point::max();
     for (Op* o : detached_) next = std::min(next, o->deadline);
     lock.unlock();
     sleep_until_rung(seen, w, next);

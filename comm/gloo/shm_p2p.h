@@ -158,9 +158,12 @@ class ShmP2p {
   // `deadline_in` > 0 arms op.deadline that far from the first look at the
   // clock (unless armed): at op.deadline the op fails as timed out (done,
   // true). An op done by its first round of progress reads no clock.
+  // Throws bad_alloc when a round runs out of memory (setting an early
+  // payload aside); `op` stays registered, to be waited for again.
   bool wait(Op& op, std::chrono::milliseconds timeout,
             std::chrono::milliseconds deadline_in);
-  // One round of progress; whether `op` is done. Never blocks.
+  // One round of progress; whether `op` is done. Never blocks; throws
+  // bad_alloc as wait() does.
   bool test(Op& op);
   // Sets op.deadline to `deadline` unless it has one.
   void arm(Op& op, Clock::time_point deadline);

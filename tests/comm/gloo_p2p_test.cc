@@ -7,6 +7,7 @@
 // directions all complete.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 
@@ -15,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -36,8 +38,21 @@ thread_local int fail_in = 0;
 // mismatch; this operator new allocates with malloc.
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 
+// The n-th allocation on an engine's thread of ShmP2p (named "dl-shm-p2p")
+// throws bad_alloc (0: none does).
+std::atomic<int> fail_engine_in{0};
+bool on_engine_thread() {
+  char name[16] = {};
+  ::pthread_getname_np(::pthread_self(), name, sizeof(name));
+  return std::strcmp(name, "dl-shm-p2p") == 0;
+}
+
 void* operator new(std::size_t n) {
   if (fail_in > 0 && --fail_in == 0) throw std::bad_alloc();
+  if (fail_engine_in.load(std::memory_order_relaxed) > 0 &&
+      on_engine_thread() && fail_engine_in.fetch_sub(1) == 1) {
+    throw std::bad_alloc();
+  }
   if (void* p = std::malloc(n != 0 ? n : 1)) return p;
   throw std::bad_alloc();
 }
@@ -634,6 +649,42 @@ TEST(GlooP2pSharedMemory, AFailedAllocationInAPostFreesItsTagAndSendsNothing) {
       pg.recv(Tensor::of(got), 0, 7);
       EXPECT_EQ(got, b);
     }
+  });
+}
+
+// The engine's thread (driving an irecv that is_completed() handed to it)
+// that runs out of memory setting an early payload aside (a send with
+// another tag, come first) retries the round: both payloads arrive. Before,
+// its bad_alloc ended the process.
+TEST(GlooP2pSharedMemory, TheEnginesThreadRetriesARoundThatRanOutOfMemory) {
+  run_ranks(2, [&](ProcessGroup& pg) {
+    auto early = pattern(6, 0, 1), late = pattern(6, 0, 2);
+    if (pg.rank() == 0) {
+      pg.barrier();
+      auto w = pg.isend(Tensor::of(early), 1, 5);
+      pg.send(Tensor::of(late), 1, 7);
+      w->wait(pg.timeout());
+      return;
+    }
+    std::vector<float> got_late(6), got_early(6);
+    auto w = pg.irecv(Tensor::of(got_late), 0, 7);
+    fail_engine_in = 1;
+    EXPECT_FALSE(w->is_completed());  // the engine's thread drives it now
+    pg.barrier();
+    // This thread waits only once the engine's thread has met the failure:
+    // a wait of its own would set the payload aside first.
+    const auto until = std::chrono::steady_clock::now() + pg.timeout();
+    while (fail_engine_in.load() != 0 &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(1));
+    }
+    EXPECT_EQ(fail_engine_in.load(), 0)
+        << "the engine's thread made no allocation within the group timeout";
+    fail_engine_in = 0;
+    w->wait(pg.timeout());
+    EXPECT_EQ(got_late, late);
+    pg.recv(Tensor::of(got_early), 0, 5);
+    EXPECT_EQ(got_early, early);
   });
 }
 
