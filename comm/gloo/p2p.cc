@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -361,8 +362,15 @@ class ShmCall {
   }
 
   ~ShmCall() {
-    if (!op_.done.load(std::memory_order_acquire)) {
-      g_.p2p->wait(op_, milliseconds::max(), g_.timeout);  // bounded
+    // Bounded: at op_.deadline (armed by the first wait) a round fails the
+    // op, memory or not. Until then a round that ran out of memory is
+    // retried: the engine must not keep an op this frame no longer holds.
+    while (!op_.done.load(std::memory_order_acquire)) {
+      try {
+        g_.p2p->wait(op_, milliseconds::max(), g_.timeout);
+      } catch (const std::bad_alloc&) {
+        std::this_thread::sleep_for(milliseconds(1));
+      }
     }
     release();
   }

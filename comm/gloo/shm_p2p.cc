@@ -44,6 +44,28 @@ bool take_first(std::vector<T>& v, P&& pred, T& out) {
 
 std::string bytes_text(uint64_t n) { return std::to_string(n) + " bytes"; }
 
+// What a failure says when its own words could not be allocated: short
+// enough for std::string's inline buffer, so assigning it never allocates.
+constexpr char kNoMemory[] = "out of memory";
+
+// The string `make` builds, or kNoMemory when that runs out of memory.
+template <class F>
+std::string words(F&& make) noexcept {
+  try {
+    return make();
+  } catch (const std::bad_alloc&) {
+    return kNoMemory;
+  }
+}
+
+void set_words(std::string& to, const std::string& from) noexcept {
+  try {
+    to = from;
+  } catch (const std::bad_alloc&) {
+    to = kNoMemory;
+  }
+}
+
 constexpr size_t kSlotBytes =
     3 * 64 + (kCells + kControlRecords) * 64 + kRingBytes;
 
@@ -259,25 +281,29 @@ void ShmP2p::finish(Op& op) {
   if (in_wait_ > 1) ring_self();
 }
 
-void ShmP2p::fail(Op& op, const std::string& why) {
+void ShmP2p::fail(Op& op, const std::string& why) noexcept {
   if (op.done.load(std::memory_order_relaxed)) return;
-  op.failure = why;
+  set_words(op.failure, why);
   finish(op);
 }
 
-void ShmP2p::time_out(Op& op) {
+void ShmP2p::time_out(Op& op) noexcept {
   Peer& p = *peer_of(op.peer);
-  op.timed_out = true;
-  op.failure = stage_of(op);
+  std::string stage = words([&] { return stage_of(op); });
   // Its payload may be half way through the ring: the pair's stream can
   // no longer be parsed, so the pair goes, as a TCP pair does.
-  kill(p, std::string("an earlier ") + (op.is_send ? "send to" : "recv from") +
-              " rank " + std::to_string(p.rank) + " (tag " +
-              std::to_string(op.tag) + ") timed out; the pair is unusable");
+  const std::string why = words([&] {
+    return std::string("an earlier ") + (op.is_send ? "send to" : "recv from") +
+           " rank " + std::to_string(p.rank) + " (tag " +
+           std::to_string(op.tag) + ") timed out; the pair is unusable";
+  });
+  op.timed_out = true;
+  op.failure = std::move(stage);
+  kill(p, why);
   finish(op);
 }
 
-void ShmP2p::kill(Peer& p, const std::string& why) {
+void ShmP2p::kill(Peer& p, const std::string& why) noexcept {
   auto fail_all = [&](auto& ops) {
     for (Op* o : ops) {
       if (!o->timed_out) fail(*o, why);
@@ -302,9 +328,9 @@ void ShmP2p::kill(Peer& p, const std::string& why) {
   p.in_avail = 0;
   if (!p.dead) {
     p.dead = true;
-    p.why = why;
     p.out->broken.store(1, std::memory_order_seq_cst);
     ring(p);
+    set_words(p.why, why);
   }
 }
 
@@ -319,15 +345,17 @@ void ShmP2p::check_peers() {
     const bool left = p.their->closed.load(std::memory_order_seq_cst) != 0 ||
                       p.in->broken.load(std::memory_order_seq_cst) != 0;
     if (!lost && !left) continue;
-    progress(p);
-    kill(p, "connection to rank " + std::to_string(p.rank) +
-                " lost (it exited, failed or destroyed the group)");
+    progress(p);  // may throw bad_alloc: a later round retries
+    kill(p, words([&] {
+           return "connection to rank " + std::to_string(p.rank) +
+                  " lost (it exited, failed or destroyed the group)";
+         }));
   }
 }
 
-void ShmP2p::expire(Clock::time_point now) {
-  // time_out() removes the op from detached_: one at a time, allocating
-  // nothing (this runs on the engine's thread, which must not throw).
+void ShmP2p::expire(Clock::time_point now) noexcept {
+  // time_out() removes the op from detached_ (and never throws): one at a
+  // time, with no list of the late ones to allocate.
   for (;;) {
     auto late = std::find_if(detached_.begin(), detached_.end(),
                              [&](Op* o) { return o->deadline <= now; });
@@ -475,46 +503,56 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
       w = &op.watch;
     } else {
       std::lock_guard lock(mu_);
-      // A round may run out of memory setting an early payload aside
-      // (bad_alloc): the op stays registered for another wait.
+      if (op.done.load(std::memory_order_relaxed)) return leave(true);
+      if (!counted) {
+        counted = true;
+        ++in_wait_;
+      }
+      // A round that runs out of memory (setting an early payload aside)
+      // throws bad_alloc after the deadline's check, so that a wait
+      // retried until done (~ShmCall) still ends at op.deadline.
+      bool starved = false;
       try {
-        if (op.done.load(std::memory_order_relaxed)) return leave(true);
-        if (!counted) {
-          counted = true;
-          ++in_wait_;
-        }
         if (progress(&op)) {
           spin.reset();
           spinning = true;
         }
-        if (op.done.load(std::memory_order_relaxed)) return leave(true);
-        const auto now = Clock::now();
-        if (!timed) {
-          timed = true;
-          until = after(now, timeout);
-          if (deadline_in.count() > 0 &&
-              op.deadline == Clock::time_point::max()) {
-            op.deadline = after(now, deadline_in);
-          }
-        }
-        if (now >= op.deadline) {
-          time_out(op);
-          return leave(true);
-        }
-        if (now >= until) return leave(false);
-        if (!spinning) {
-          check_peers();
-          if (op.done.load(std::memory_order_relaxed)) return leave(true);
-        }
-        // Space read in this round, freed now that this thread will wait
-        // (not before a reply was written: see free_read).
-        free_reads();
-        watch(local);
-        deadline = op.deadline;
-      } catch (...) {
-        if (counted) --in_wait_;
-        throw;
+      } catch (const std::bad_alloc&) {
+        starved = true;
       }
+      if (op.done.load(std::memory_order_relaxed)) return leave(true);
+      const auto now = Clock::now();
+      if (!timed) {
+        timed = true;
+        until = after(now, timeout);
+        if (deadline_in.count() > 0 &&
+            op.deadline == Clock::time_point::max()) {
+          op.deadline = after(now, deadline_in);
+        }
+      }
+      if (now >= op.deadline) {
+        time_out(op);
+        return leave(true);
+      }
+      if (starved) {
+        leave(false);
+        throw std::bad_alloc();
+      }
+      if (now >= until) return leave(false);
+      if (!spinning) {
+        try {
+          check_peers();
+        } catch (const std::bad_alloc&) {
+          leave(false);
+          throw;
+        }
+        if (op.done.load(std::memory_order_relaxed)) return leave(true);
+      }
+      // Space read in this round, freed now that this thread will wait
+      // (not before a reply was written: see free_read).
+      free_reads();
+      watch(local);
+      deadline = op.deadline;
     }
     waited = true;
     if (spinning) {
@@ -554,8 +592,8 @@ void ShmP2p::detach(Op& op) {
 
 // The engine's thread: drives detached operations while nobody waits for
 // them, and fails them at their deadline.
-// A round that runs out of memory (setting an early payload aside, or
-// the words of a failure) is retried kAllocRetry later.
+// A round that runs out of memory (setting an early payload aside) is
+// retried kAllocRetry later; deadlines fail ops meanwhile.
 void ShmP2p::loop() {
   ::pthread_setname_np(::pthread_self(), "dl-shm-p2p");
   std::unique_lock lock(mu_);
@@ -567,17 +605,29 @@ void ShmP2p::loop() {
       continue;
     }
     const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
-    auto next = Clock::time_point::max();
+    bool starved = false;
     try {
       progress();
-      expire(Clock::now());
+    } catch (const std::bad_alloc&) {
+      starved = true;
+    }
+    expire(Clock::now());
+    try {
       check_peers();
     } catch (const std::bad_alloc&) {
-      next = Clock::now() + kAllocRetry;
+      starved = true;
     }
     free_reads();
     if (detached_.empty()) continue;
-    watch(w);
+    auto next = Clock::time_point::max();
+    if (starved) {
+      // The unread cell that could not be set aside is still there: a
+      // watch would wake at once.
+      w.clear();
+      next = Clock::now() + kAllocRetry;
+    } else {
+      watch(w);
+    }
     for (Op* o : detached_) next = std::min(next, o->deadline);
     lock.unlock();
     sleep_until_rung(seen, w, next);
@@ -614,7 +664,8 @@ void ShmP2p::peers_lost(const std::vector<int>& ranks) {
 
 void ShmP2p::close(const std::string& why) {
   std::lock_guard lock(mu_);
-  for (auto& p : peers_) kill(*p, "the group failed: " + why);
+  const std::string failed = words([&] { return "the group failed: " + why; });
+  for (auto& p : peers_) kill(*p, failed);
   if (seg_) seg_->closed.store(1, std::memory_order_seq_cst);
   for (auto& p : peers_) ring(*p);
 }

@@ -159,7 +159,8 @@ class ShmP2p {
   // clock (unless armed): at op.deadline the op fails as timed out (done,
   // true). An op done by its first round of progress reads no clock.
   // Throws bad_alloc when a round runs out of memory (setting an early
-  // payload aside); `op` stays registered, to be waited for again.
+  // payload aside) before op.deadline; `op` stays registered, to be
+  // waited for again.
   bool wait(Op& op, std::chrono::milliseconds timeout,
             std::chrono::milliseconds deadline_in);
   // One round of progress; whether `op` is done. Never blocks; throws
@@ -223,12 +224,14 @@ class ShmP2p {
   static Op* match(std::vector<Op*>& ops, const Rec& r);
   void deliver(Peer& p, Unexpected& u);
   void finish(Op& op);
-  void fail(Op& op, const std::string& why);
-  void time_out(Op& op);
+  // These three never throw: words that cannot be allocated read "out of
+  // memory".
+  void fail(Op& op, const std::string& why) noexcept;
+  void time_out(Op& op) noexcept;
   std::string stage_of(const Op& op) const;
-  void kill(Peer& p, const std::string& why);
+  void kill(Peer& p, const std::string& why) noexcept;
   void check_peers();
-  void expire(Clock::time_point now);
+  void expire(Clock::time_point now) noexcept;
   // Wakes the peer's waiters (space freed, a failure, leaving).
   void ring(Peer& p);
   // After this rank published a streamed payload's head: wakes the peer's

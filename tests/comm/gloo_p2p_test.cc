@@ -688,5 +688,48 @@ TEST(GlooP2pSharedMemory, TheEnginesThreadRetriesARoundThatRanOutOfMemory) {
   });
 }
 
+// A pair found lost while memory runs out still fails every op on it,
+// each once, and forgets them all (before, a failure's words that could
+// not be allocated left the later ops registered and the pair alive).
+// Each allocation of the wait that finds the loss fails in turn: an op
+// whose words could not be made says "out of memory".
+TEST(GlooP2pSharedMemory, APairLostWhileMemoryRunsOutFailsEachOpOnce) {
+  bool said_no_memory = false;
+  for (int n = 1; n <= 12; ++n) {
+    SCOPED_TRACE("allocation " + std::to_string(n) + " fails");
+    run_ranks(2, [&](ProcessGroup& pg) {
+      if (pg.rank() == 0) return;  // run_ranks destroys the group: it leaves
+      std::vector<float> a(4), b(4), c(4);
+      auto first = pg.irecv(Tensor::of(a), 0, 1);
+      auto second = pg.irecv(Tensor::of(b), 0, 2);
+      auto third = pg.irecv(Tensor::of(c), 0, 3);
+      ASSERT_TRUE(dlaunch::testing::eventually(
+          [&] { return gloo::lost_peers(pg) == std::vector<int>{0}; },
+          std::chrono::seconds(20)))
+          << "rank 1 never saw rank 0 leave";
+      std::string error;
+      fail_in = n;
+      try {
+        first->wait(pg.timeout());
+      } catch (const CommError& e) {
+        error = e.what();
+      } catch (const std::bad_alloc&) {
+        error = "bad_alloc";  // building the error itself
+      }
+      fail_in = 0;
+      EXPECT_FALSE(error.empty()) << "the recv completed";
+      said_no_memory |= error.find("out of memory") != std::string::npos;
+      first.reset();  // the engine must hold no pointer to its op now
+      for (auto* w : {&second, &third}) {
+        error = testing::error_of([&] { (*w)->wait(pg.timeout()); });
+        EXPECT_THAT(error, ::testing::AnyOf(HasSubstr("connection to rank 0"),
+                                            HasSubstr("out of memory")));
+        said_no_memory |= error.find("out of memory") != std::string::npos;
+      }
+    });
+  }
+  EXPECT_TRUE(said_no_memory) << "no failure's words ran out of memory";
+}
+
 }  // namespace
 }  // namespace dlaunch::comm
