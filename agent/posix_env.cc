@@ -22,11 +22,13 @@
 #include <boost/process/v2/process.hpp>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <optional>
 #include <random>
 #include <set>
+#include <thread>
 
 #include "agent/console.h"
 #include "agent/cpu_cores.h"
@@ -73,16 +75,28 @@ void die_with_parent(pid_t parent) {
 }
 
 bool environ_has(pid_t pid, const std::string& entry) {
+  return environ_entry(pid, entry) == EnvironEntry::kPresent;
+}
+
+EnvironEntry environ_entry(pid_t pid, const std::string& entry) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/environ",
                    std::ios::binary);
   std::string var;
+  bool any = false;
   while (std::getline(in, var, '\0')) {
-    if (var == entry) return true;
+    if (var == entry) return EnvironEntry::kPresent;
+    any = true;
   }
-  return false;
+  return any ? EnvironEntry::kAbsent : EnvironEntry::kUnknown;
 }
 
 namespace {
+
+// How long end_strays() looks again at adopted children whose environment
+// reads empty (in execve: microseconds, more on a loaded machine), before
+// taking them for untagged: a job whose workers leave such a child (one
+// started with an empty environment) ends this much later.
+constexpr auto kUnreadableFor = std::chrono::milliseconds(200);
 
 class Fd {
  public:
@@ -346,12 +360,27 @@ struct PosixEnv::Impl {
   }
 
   // Children of ours that are not workers nor the watchdog and carry the
-  // tag: workers' descendants adopted after their parent died.
-  std::vector<pid_t> tagged_children() {
+  // tag: workers' descendants adopted after their parent died. `unsure`,
+  // when given, is set if a live one's environment could not be read (one
+  // in the middle of execve reads empty for a moment).
+  std::vector<pid_t> tagged_children(bool* unsure = nullptr) {
     std::vector<pid_t> out;
     for (pid_t c : adopted_children()) {
       if (c == watchdog.pid() || workers.contains(c)) continue;
-      if (strays.contains(c) || environ_has(c, tag)) out.push_back(c);
+      if (strays.contains(c)) {
+        out.push_back(c);
+        continue;
+      }
+      switch (environ_entry(c, tag)) {
+        case EnvironEntry::kPresent:
+          out.push_back(c);
+          break;
+        case EnvironEntry::kUnknown:
+          if (unsure && alive(c)) *unsure = true;
+          break;
+        case EnvironEntry::kAbsent:
+          break;
+      }
     }
     return out;
   }
@@ -375,19 +404,29 @@ struct PosixEnv::Impl {
   // The group has stopped: SIGKILLs every process that descends from a
   // worker and left its process group (their groups are already killed),
   // found as adopted children carrying the tag, with their descendants.
-  // Repeated while a pass finds any, for children forked meanwhile.
+  // Repeated while a pass finds any, for children forked meanwhile, and,
+  // for at most kUnreadableFor, while an adopted child's environment reads
+  // empty: a stray caught in execve (a shell's `exec sleep`) would
+  // otherwise be taken for untagged and outlive the job.
   void end_strays() {
-    for (int pass = 0; pass < 8; ++pass) {
+    const auto give_up = std::chrono::steady_clock::now() + kUnreadableFor;
+    for (int pass = 0; pass < 8;) {
+      bool unsure = false;
       std::vector<pid_t> doomed;
-      for (pid_t c : tagged_children()) {
+      for (pid_t c : tagged_children(&unsure)) {
         strays.insert(c);
         if (alive(c)) {
           doomed.push_back(c);
           add_descendants(c, doomed);
         }
       }
-      if (doomed.empty()) break;
-      for (pid_t pid : doomed) ::kill(pid, SIGKILL);
+      if (!doomed.empty()) {
+        for (pid_t pid : doomed) ::kill(pid, SIGKILL);
+        ++pass;
+        continue;
+      }
+      if (!unsure || std::chrono::steady_clock::now() >= give_up) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     reap_strays();
   }

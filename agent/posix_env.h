@@ -21,6 +21,13 @@ std::string host_name();
 // `entry` ("K=V"); false when it cannot be read.
 bool environ_has(pid_t pid, const std::string& entry);
 
+// environ_has() that tells "cannot say": kUnknown when the environment
+// reads empty or cannot be opened. A process in the middle of execve reads
+// empty until the new program's stack is set up (as do zombies, kernel
+// threads and processes started with an empty environment).
+enum class EnvironEntry { kAbsent, kPresent, kUnknown };
+EnvironEntry environ_entry(pid_t pid, const std::string& entry);
+
 // For a child between fork and exec (async-signal-safe): SIGKILL it when
 // `parent` dies, or now if `parent` died before this call.
 void die_with_parent(pid_t parent);

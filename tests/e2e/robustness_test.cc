@@ -184,6 +184,31 @@ TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithTheJob) {
   if (testing::process_alive(stray)) ::kill(stray, SIGKILL);
 }
 
+// A stray whose environment reads empty just when the job ends (as one
+// caught in execve does: the `exec sleep` above, as its parent exits) ends
+// with the job too: the agent looks again while an adopted child's
+// environment cannot be read. It hides its environment for 100 ms.
+TEST(Robustness, AStrayCaughtInExecEndsWithTheJob) {
+  TempDir dir;
+  const auto file = dir / "stray";
+  CommandResult r =
+      testing::run_command({{kDlaunch, testing::bin("stray-hiding-env"),
+                             file.string(), "100", std::string(8192, 'x')},
+                            {},
+                            {},
+                            ""},
+                           30s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string text = read_file(file);
+  if (text.starts_with("skip")) GTEST_SKIP() << text;
+  pid_t stray = pid_in(file);
+  ASSERT_GT(stray, 0) << text;
+  EXPECT_TRUE(eventually([&] { return !testing::process_alive(stray); }, 30s))
+      << "the worker's stray, its environment unreadable as the job ended, "
+         "outlived the job";
+  if (testing::process_alive(stray)) ::kill(stray, SIGKILL);
+}
+
 TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithAKilledAgent) {
   TempDir dir;
   const auto file = dir / "stray";

@@ -1,0 +1,100 @@
+/* A worker that leaves behind a stray whose environment reads empty for a
+ * while, as a process caught in execve does (a shell's `exec sleep` just as
+ * its parent exits): it forks a child that leaves its process group
+ * (setsid), unmaps the page where its environment starts (so that
+ * /proc/PID/environ reads nothing), writes its pid to FILE, maps the page
+ * back after HIDE_MS and sleeps for 300 s. The worker exits 0 once FILE is
+ * there. Where that cannot be done safely the child writes "skip: <why>"
+ * to FILE instead and exits.
+ *
+ * Usage: stray-hiding-env FILE HIDE_MS PAD. PAD (any text of 8 KiB or
+ * more) lies between the stack in use and the environment, which the
+ * strings of argv precede: the unmapped page holds none of the stack. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Writes `text` to `file` whole (through a temporary and a rename). */
+static void put(const char* file, const char* text) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp", file);
+  FILE* f = fopen(tmp, "w");
+  if (f == NULL) exit(3);
+  fputs(text, f);
+  if (fclose(f) != 0 || rename(tmp, file) != 0) exit(3);
+}
+
+/* Field 50 of /proc/self/stat: where the environment starts; 0 if unknown. */
+static uintptr_t env_start(void) {
+  char buf[4096];
+  FILE* f = fopen("/proc/self/stat", "r");
+  if (f == NULL) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  char* p = strrchr(buf, ')'); /* the command name may hold spaces */
+  if (p == NULL) return 0;
+  int field = 2;
+  for (char* tok = strtok(p + 1, " "); tok != NULL; tok = strtok(NULL, " ")) {
+    if (++field == 50) return (uintptr_t)strtoull(tok, NULL, 10);
+  }
+  return 0;
+}
+
+static void sleep_ms(long ms) {
+  struct timespec t = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+  }
+}
+
+int main(int argc, char** argv) {
+  if (argc != 4 || strlen(argv[3]) < 8192) {
+    fprintf(stderr, "usage: stray-hiding-env FILE HIDE_MS PAD (8 KiB+)\n");
+    return 2;
+  }
+  const char* file = argv[1];
+  const long hide_ms = atol(argv[2]);
+  const pid_t pid = fork();
+  if (pid < 0) return 3;
+  if (pid > 0) {
+    while (access(file, F_OK) != 0) sleep_ms(1);
+    return 0;
+  }
+  setsid();
+  const long page_size = sysconf(_SC_PAGESIZE);
+  const uintptr_t start = env_start();
+  const uintptr_t page = start & ~(uintptr_t)(page_size - 1);
+  const uintptr_t here = (uintptr_t)&page;
+  char text[256];
+  if (start == 0 || page_size <= 0 || page_size > 65536 ||
+      here + (uintptr_t)page_size > page || (uintptr_t)argv[3] > page) {
+    snprintf(text, sizeof text,
+             "skip: the environment's first page is not clear of the stack "
+             "(environment at %#lx, stack at %#lx)",
+             (unsigned long)start, (unsigned long)here);
+    put(file, text);
+    return 0;
+  }
+  static char saved[65536];
+  memcpy(saved, (const void*)page, (size_t)page_size);
+  if (munmap((void*)page, (size_t)page_size) != 0) {
+    snprintf(text, sizeof text, "skip: munmap refused (%s)", strerror(errno));
+    put(file, text);
+    return 0;
+  }
+  snprintf(text, sizeof text, "%d", (int)getpid());
+  put(file, text);
+  sleep_ms(hide_ms);
+  void* back = mmap((void*)page, (size_t)page_size, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+  if (back == MAP_FAILED) return 3;
+  memcpy(back, saved, (size_t)page_size);
+  sleep(300);
+  return 0;
+}
