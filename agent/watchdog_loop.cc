@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <cerrno>
 #include <cstddef>
@@ -82,13 +83,16 @@ void remove_tree(int dir, const char* name, int depth) {
 }
 
 // Whether the NUL-separated entries read from `fd` (an environ file)
-// include `entry` (`len` bytes), read a block at a time.
-bool has_entry(int fd, const char* entry, size_t len) {
+// include `entry` (`len` bytes), read a block at a time; `empty` tells
+// whether it read nothing at all.
+bool has_entry(int fd, const char* entry, size_t len, bool& empty) {
   char buf[8192];
   size_t at = 0;      // bytes of the current entry seen so far
   bool match = true;  // the current entry matches `entry` so far
+  empty = true;
   long n;
   while ((n = call(SYS_read, fd, arg(buf), sizeof buf)) > 0 || n == -EINTR) {
+    if (n > 0) empty = false;
     for (long i = 0; i < n; ++i) {
       if (buf[i] == '\0') {
         if (match && at == len) return true;
@@ -100,11 +104,45 @@ bool has_entry(int fd, const char* entry, size_t len) {
       ++at;
     }
   }
-  return match && at == len;  // a last entry without its NUL
+  return !empty && match && at == len;  // a last entry without its NUL
+}
+
+// Whether /proc/`path` (a "PID/stat" relative to the open /proc) is a live
+// process of user space: not a zombie, not a kernel thread.
+bool live_user_process(int proc, const char* path) {
+  const long fd = call(SYS_openat, proc, arg(path), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buf[1024];
+  long n;
+  while ((n = call(SYS_read, fd, arg(buf), sizeof buf - 1)) == -EINTR) {
+  }
+  call(SYS_close, fd);
+  if (n <= 0) return false;
+  // "PID (comm) S ppid pgrp session tty tpgid flags ...": after the last
+  // ')' (comm may hold one), the state, then the flags six fields on.
+  long close = -1;
+  for (long i = 0; i < n; ++i) {
+    if (buf[i] == ')') close = i;
+  }
+  if (close < 0 || close + 2 >= n) return false;
+  const char state = buf[close + 2];
+  if (state == 'Z' || state == 'X' || state == 'x') return false;
+  long at = close + 2;
+  for (int spaces = 0; at < n && spaces < 6; ++at) {
+    if (buf[at] == ' ') ++spaces;
+  }
+  unsigned long flags = 0;
+  for (; at < n && buf[at] >= '0' && buf[at] <= '9'; ++at) {
+    flags = flags * 10 + static_cast<unsigned long>(buf[at] - '0');
+  }
+  constexpr unsigned long kKernelThread = 0x00200000;  // PF_KTHREAD
+  return (flags & kKernelThread) == 0;
 }
 
 // SIGKILLs every process whose environment holds `tag`; the number found.
-int kill_tagged(const char* tag) {
+// `unsure` counts the live processes of user space whose environment read
+// empty: one in the middle of execve does until its new stack is set up.
+int kill_tagged(const char* tag, int& unsure) {
   const long proc = call(SYS_openat, AT_FDCWD, arg("/proc"),
                          O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (proc < 0) return 0;
@@ -121,15 +159,22 @@ int kill_tagged(const char* tag) {
       path[n] = name[n];
     }
     if (pid <= 1 || pid == self) return;
+    const size_t at = n;
     for (const char* s = "/environ"; *s != '\0'; ++s) path[n++] = *s;
     path[n] = '\0';
     const long fd = call(SYS_openat, proc, arg(path), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
-    const bool tagged = has_entry(static_cast<int>(fd), tag, tag_len);
+    bool empty = false;
+    const bool tagged = has_entry(static_cast<int>(fd), tag, tag_len, empty);
     call(SYS_close, fd);
     if (tagged) {
       call(SYS_kill, pid, SIGKILL);
       ++found;
+    } else if (empty) {
+      n = at;
+      for (const char* s = "/stat"; *s != '\0'; ++s) path[n++] = *s;
+      path[n] = '\0';
+      if (live_user_process(static_cast<int>(proc), path)) ++unsure;
     }
   });
   call(SYS_close, proc);
@@ -216,9 +261,21 @@ void run_watchdog(int read_fd, const char* tag, const char* const* dirs,
     call(SYS_kill, -groups.pgids[i], SIGKILL);
   }
   // Children that left their group carry the tag; a few passes catch those
-  // forked while the first one ran.
+  // forked while the first one ran. While some process's environment reads
+  // empty (one in execve: a shell's `exec sleep` caught by the kill) it
+  // looks again, each millisecond for at most kUnreadableMs (a process
+  // started with an empty environment costs that wait).
   if (!clean && *tag != '\0') {
-    for (int pass = 0; pass < 8 && kill_tagged(tag) > 0; ++pass) {
+    constexpr int kUnreadableMs = 200;
+    for (int pass = 0, waited = 0; pass < 8;) {
+      int unsure = 0;
+      if (kill_tagged(tag, unsure) > 0) {
+        ++pass;
+        continue;
+      }
+      if (unsure == 0 || waited++ >= kUnreadableMs) break;
+      const struct timespec ms = {0, 1000000};
+      call(SYS_nanosleep, arg(&ms), 0);
     }
   }
   // Depth first, links not followed: only what the agent made goes.

@@ -229,6 +229,33 @@ TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithAKilledAgent) {
   if (testing::process_alive(stray)) ::kill(stray, SIGKILL);
 }
 
+// The same with the agent SIGKILLed: its watchdog looks again while some
+// process's environment cannot be read.
+TEST(Robustness, AStrayCaughtInExecEndsWithAKilledAgent) {
+  TempDir dir;
+  const auto file = dir / "stray";
+  Subprocess p({{kDlaunch, testing::bin("stray-hiding-env"), file.string(),
+                 "100", std::string(8192, 'x'), "stay"},
+                {{"TMPDIR", dir.path().string()}},
+                {},
+                ""});
+  ASSERT_TRUE(eventually([&] { return std::filesystem::exists(file); }, 60s));
+  const std::string text = read_file(file);
+  if (text.starts_with("skip")) {
+    p.signal(SIGKILL);
+    p.wait(30s);
+    GTEST_SKIP() << text;
+  }
+  pid_t stray = pid_in(file);
+  ASSERT_GT(stray, 0) << text;
+  p.signal(SIGKILL);
+  p.wait(30s);
+  EXPECT_TRUE(eventually([&] { return !testing::process_alive(stray); }, 30s))
+      << "the worker's stray, its environment unreadable as the agent was "
+         "killed, outlived it";
+  if (testing::process_alive(stray)) ::kill(stray, SIGKILL);
+}
+
 TEST(Robustness, AFullLogDiskIsReportedNotHidden) {
   if (testing::run_command({{"unshare", "-m", "true"}, {}, {}, ""}, 10s)
           .exit_code != 0) {

@@ -4,11 +4,11 @@
  * (setsid), unmaps the page where its environment starts (so that
  * /proc/PID/environ reads nothing), writes its pid to FILE, maps the page
  * back after HIDE_MS and sleeps for 300 s. The worker exits 0 once FILE is
- * there. Where that cannot be done safely the child writes "skip: <why>"
- * to FILE instead and exits.
+ * there, or with `stay` sleeps for 300 s. Where that cannot be done safely
+ * the child writes "skip: <why>" to FILE instead and exits.
  *
- * Usage: stray-hiding-env FILE HIDE_MS PAD. PAD (any text of 8 KiB or
- * more) lies between the stack in use and the environment, which the
+ * Usage: stray-hiding-env FILE HIDE_MS PAD [stay]. PAD (any text of 8 KiB
+ * or more) lies between the stack in use and the environment, which the
  * strings of argv precede: the unmapped page holds none of the stack. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -54,8 +54,10 @@ static void sleep_ms(long ms) {
 }
 
 int main(int argc, char** argv) {
-  if (argc != 4 || strlen(argv[3]) < 8192) {
-    fprintf(stderr, "usage: stray-hiding-env FILE HIDE_MS PAD (8 KiB+)\n");
+  if (argc < 4 || argc > 5 || strlen(argv[3]) < 8192 ||
+      (argc == 5 && strcmp(argv[4], "stay") != 0)) {
+    fprintf(stderr,
+            "usage: stray-hiding-env FILE HIDE_MS PAD (8 KiB+) [stay]\n");
     return 2;
   }
   const char* file = argv[1];
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
   if (pid < 0) return 3;
   if (pid > 0) {
     while (access(file, F_OK) != 0) sleep_ms(1);
+    if (argc == 5) sleep(300);
     return 0;
   }
   setsid();
