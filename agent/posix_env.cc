@@ -81,6 +81,8 @@ bool environ_has(pid_t pid, const std::string& entry) {
 EnvironEntry environ_entry(pid_t pid, const std::string& entry) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/environ",
                    std::ios::binary);
+  // Not ours to read (a non-dumpable process of another user) or gone.
+  if (!in) return EnvironEntry::kAbsent;
   std::string var;
   bool any = false;
   while (std::getline(in, var, '\0')) {
@@ -95,7 +97,8 @@ namespace {
 // How long end_strays() looks again at adopted children whose environment
 // reads empty (in execve: microseconds, more on a loaded machine), before
 // taking them for untagged: a job whose workers leave such a child (one
-// started with an empty environment) ends this much later.
+// started with an empty environment) ends this much later, once (the
+// child is not waited for again).
 constexpr auto kUnreadableFor = std::chrono::milliseconds(200);
 
 class Fd {
@@ -240,6 +243,9 @@ struct PosixEnv::Impl {
   std::set<pid_t> workers;                  // spawned, not yet reaped
   size_t running = 0;      // workers neither reaped nor abandoned
   std::set<pid_t> strays;  // children of ours seen carrying the tag
+  // Adopted children whose environment read empty for all of
+  // kUnreadableFor (end_strays()).
+  std::set<pid_t> unreadable;
   bool watchdog_warned = false;
   std::thread background;  // run_in_background()'s, joined before reuse
   // Declared last: destroyed (their writers stopped) before the loop.
@@ -361,9 +367,9 @@ struct PosixEnv::Impl {
 
   // Children of ours that are not workers nor the watchdog and carry the
   // tag: workers' descendants adopted after their parent died. `unsure`,
-  // when given, is set if a live one's environment could not be read (one
-  // in the middle of execve reads empty for a moment).
-  std::vector<pid_t> tagged_children(bool* unsure = nullptr) {
+  // when given, gets the live ones whose environment read empty (one in
+  // the middle of execve does for a moment), but for those given up on.
+  std::vector<pid_t> tagged_children(std::vector<pid_t>* unsure = nullptr) {
     std::vector<pid_t> out;
     for (pid_t c : adopted_children()) {
       if (c == watchdog.pid() || workers.contains(c)) continue;
@@ -376,7 +382,9 @@ struct PosixEnv::Impl {
           out.push_back(c);
           break;
         case EnvironEntry::kUnknown:
-          if (unsure && alive(c)) *unsure = true;
+          if (unsure && !unreadable.contains(c) && alive(c)) {
+            unsure->push_back(c);
+          }
           break;
         case EnvironEntry::kAbsent:
           break;
@@ -411,7 +419,7 @@ struct PosixEnv::Impl {
   void end_strays() {
     const auto give_up = std::chrono::steady_clock::now() + kUnreadableFor;
     for (int pass = 0; pass < 8;) {
-      bool unsure = false;
+      std::vector<pid_t> unsure;
       std::vector<pid_t> doomed;
       for (pid_t c : tagged_children(&unsure)) {
         strays.insert(c);
@@ -425,7 +433,13 @@ struct PosixEnv::Impl {
         ++pass;
         continue;
       }
-      if (!unsure || std::chrono::steady_clock::now() >= give_up) break;
+      if (unsure.empty()) break;
+      if (std::chrono::steady_clock::now() >= give_up) {
+        // Untagged, most likely (an empty environment): not waited for
+        // again at the next restart.
+        unreadable.insert(unsure.begin(), unsure.end());
+        break;
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     reap_strays();

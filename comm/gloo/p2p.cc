@@ -368,7 +368,7 @@ class ShmCall {
     while (!op_.done.load(std::memory_order_acquire)) {
       try {
         g_.p2p->wait(op_, milliseconds::max(), g_.timeout);
-      } catch (const std::bad_alloc&) {
+      } catch (...) {  // bad_alloc: nothing may leave a destructor
         std::this_thread::sleep_for(milliseconds(1));
       }
     }

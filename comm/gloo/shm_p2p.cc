@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <exception>
 #include <new>
 
 #include "comm/gloo/shm_p2p_internal.h"
@@ -509,16 +510,17 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
         ++in_wait_;
       }
       // A round that runs out of memory (setting an early payload aside)
-      // throws bad_alloc after the deadline's check, so that a wait
-      // retried until done (~ShmCall) still ends at op.deadline.
-      bool starved = false;
+      // throws after the deadline's check and a look at the peers, so
+      // that a wait retried until done (~ShmCall) still ends at
+      // op.deadline, or when the awaited peer is lost.
+      std::exception_ptr starved;
       try {
         if (progress(&op)) {
           spin.reset();
           spinning = true;
         }
-      } catch (const std::bad_alloc&) {
-        starved = true;
+      } catch (...) {
+        starved = std::current_exception();
       }
       if (op.done.load(std::memory_order_relaxed)) return leave(true);
       const auto now = Clock::now();
@@ -534,20 +536,19 @@ bool ShmP2p::wait(Op& op, std::chrono::milliseconds timeout,
         time_out(op);
         return leave(true);
       }
-      if (starved) {
-        leave(false);
-        throw std::bad_alloc();
-      }
-      if (now >= until) return leave(false);
-      if (!spinning) {
+      if (!spinning || starved) {
         try {
           check_peers();
-        } catch (const std::bad_alloc&) {
-          leave(false);
-          throw;
+        } catch (...) {
+          if (!starved) starved = std::current_exception();
         }
         if (op.done.load(std::memory_order_relaxed)) return leave(true);
       }
+      if (starved) {
+        leave(false);
+        std::rethrow_exception(starved);
+      }
+      if (now >= until) return leave(false);
       // Space read in this round, freed now that this thread will wait
       // (not before a reply was written: see free_read).
       free_reads();
@@ -605,16 +606,16 @@ void ShmP2p::loop() {
       continue;
     }
     const uint32_t seen = seg_->bell.load(std::memory_order_acquire);
-    bool starved = false;
+    bool starved = false;  // bad_alloc, most likely: nothing may escape
     try {
       progress();
-    } catch (const std::bad_alloc&) {
+    } catch (...) {
       starved = true;
     }
     expire(Clock::now());
     try {
       check_peers();
-    } catch (const std::bad_alloc&) {
+    } catch (...) {
       starved = true;
     }
     free_reads();

@@ -1,15 +1,16 @@
 /* A worker that leaves behind a stray whose environment reads empty for a
  * while, as a process caught in execve does (a shell's `exec sleep` just as
  * its parent exits): it forks a child that leaves its process group
- * (setsid), unmaps the page where its environment starts (so that
- * /proc/PID/environ reads nothing), writes its pid to FILE, maps the page
- * back after HIDE_MS and sleeps for 300 s. The worker exits 0 once FILE is
- * there, or with `stay` sleeps for 300 s. Where that cannot be done safely
- * the child writes "skip: <why>" to FILE instead and exits.
+ * (setsid), makes the page where its environment starts inaccessible
+ * (PROT_NONE: /proc/PID/environ then reads nothing), writes its pid to
+ * FILE, makes the page readable again after HIDE_MS and sleeps for 300 s. The
+ * worker exits 0 once FILE is there, or with `stay` sleeps for 300 s. Where
+ * that cannot be done safely the child writes "skip: <why>" to FILE instead and
+ * exits.
  *
  * Usage: stray-hiding-env FILE HIDE_MS PAD [stay]. PAD (any text of 8 KiB
  * or more) lies between the stack in use and the environment, which the
- * strings of argv precede: the unmapped page holds none of the stack. */
+ * strings of argv precede: the hidden page holds none of the stack. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <stdint.h>
@@ -84,20 +85,27 @@ int main(int argc, char** argv) {
     put(file, text);
     return 0;
   }
-  static char saved[65536];
-  memcpy(saved, (const void*)page, (size_t)page_size);
-  if (munmap((void*)page, (size_t)page_size) != 0) {
-    snprintf(text, sizeof text, "skip: munmap refused (%s)", strerror(errno));
+  if (mprotect((void*)page, (size_t)page_size, PROT_NONE) != 0) {
+    snprintf(text, sizeof text, "skip: mprotect refused (%s)", strerror(errno));
     put(file, text);
+    return 0;
+  }
+  /* What the agent will see: nothing. */
+  char c;
+  FILE* env = fopen("/proc/self/environ", "r");
+  const size_t got = env != NULL ? fread(&c, 1, 1, env) : 1;
+  if (env != NULL) fclose(env);
+  if (got != 0) {
+    mprotect((void*)page, (size_t)page_size, PROT_READ | PROT_WRITE);
+    put(file, "skip: this kernel still reads a PROT_NONE environment");
     return 0;
   }
   snprintf(text, sizeof text, "%d", (int)getpid());
   put(file, text);
   sleep_ms(hide_ms);
-  void* back = mmap((void*)page, (size_t)page_size, PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
-  if (back == MAP_FAILED) return 3;
-  memcpy(back, saved, (size_t)page_size);
+  if (mprotect((void*)page, (size_t)page_size, PROT_READ | PROT_WRITE) != 0) {
+    return 3;
+  }
   sleep(300);
   return 0;
 }
