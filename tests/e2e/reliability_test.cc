@@ -256,12 +256,25 @@ TEST(Reliability, SigintWhileConnectingToTheStoreEndsTheWait) {
        {},
        {},
        ""});
-  // The log folder appears once the agent runs, just before it connects.
-  const fs::path run_dir = dir / id;
-  for (int i = 0; i < 6000 && !fs::exists(run_dir); ++i) {
+  // The agent catches SIGINT from just before it makes the run folder and
+  // connects (the folder itself may come earlier: the launcher writes
+  // job.yaml into it before the agent runs).
+  auto catches_sigint = [&] {
+    std::ifstream status("/proc/" + std::to_string(p.pid()) + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.starts_with("SigCgt:")) {
+        const unsigned long long caught =
+            std::stoull(line.substr(7), nullptr, 16);
+        return (caught >> (SIGINT - 1) & 1) != 0;
+      }
+    }
+    return false;
+  };
+  for (int i = 0; i < 6000 && !catches_sigint(); ++i) {
     std::this_thread::sleep_for(10ms);
   }
-  ASSERT_TRUE(fs::exists(run_dir));
+  ASSERT_TRUE(catches_sigint()) << "dlaunch never caught SIGINT";
   p.signal(SIGINT);
   CommandResult r = p.wait(60s);
   EXPECT_FALSE(r.timed_out);
