@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
@@ -418,6 +419,11 @@ struct PosixEnv::Impl {
   // otherwise be taken for untagged and outlive the job.
   void end_strays() {
     const auto give_up = std::chrono::steady_clock::now() + kUnreadableFor;
+    // Given-up pids that are no longer ours may come back as new children.
+    const std::vector<pid_t> adopted = adopted_children();
+    std::erase_if(unreadable, [&](pid_t p) {
+      return std::find(adopted.begin(), adopted.end(), p) == adopted.end();
+    });
     for (int pass = 0; pass < 8;) {
       std::vector<pid_t> unsure;
       std::vector<pid_t> doomed;
@@ -428,12 +434,12 @@ struct PosixEnv::Impl {
           add_descendants(c, doomed);
         }
       }
-      if (!doomed.empty()) {
-        for (pid_t pid : doomed) ::kill(pid, SIGKILL);
-        ++pass;
+      if (doomed.empty() && unsure.empty()) break;
+      for (pid_t pid : doomed) ::kill(pid, SIGKILL);
+      if (!doomed.empty() && unsure.empty()) {
+        ++pass;  // at once: SIGKILLed strays die within the next look
         continue;
       }
-      if (unsure.empty()) break;
       if (std::chrono::steady_clock::now() >= give_up) {
         // Untagged, most likely (an empty environment): not waited for
         // again at the next restart.

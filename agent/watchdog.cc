@@ -44,7 +44,9 @@ namespace {
   for (int fd = 0; fd < 3 && null_fd >= 0; ++fd) ::dup2(null_fd, fd);
   if (null_fd > 2) ::close(null_fd);
   if (*program != '\0') {
-    const char* const envp[] = {nullptr};
+    // One entry: another job's watchdog scanning /proc takes an empty
+    // environment for a process in execve, and waits for it to read.
+    const char* const envp[] = {"DLAUNCH_WATCHDOG=1", nullptr};
     ::execve(program, const_cast<char* const*>(argv),
              const_cast<char* const*>(envp));
   }

@@ -107,6 +107,13 @@ bool has_entry(int fd, const char* entry, size_t len, bool& empty) {
   return !empty && match && at == len;  // a last entry without its NUL
 }
 
+// CLOCK_MONOTONIC in nanoseconds.
+long now_ns() {
+  struct timespec t = {0, 0};
+  call(SYS_clock_gettime, CLOCK_MONOTONIC, arg(&t));
+  return t.tv_sec * 1'000'000'000L + t.tv_nsec;
+}
+
 // Whether /proc/`path` (a "PID/stat" relative to the open /proc) is a live
 // process of user space: not a zombie, not a kernel thread.
 bool live_user_process(int proc, const char* path) {
@@ -260,20 +267,18 @@ void run_watchdog(int read_fd, const char* tag, const char* const* dirs,
   for (size_t i = 0; i < groups.size; ++i) {
     call(SYS_kill, -groups.pgids[i], SIGKILL);
   }
-  // Children that left their group carry the tag; a few passes catch those
-  // forked while the first one ran. While some process's environment reads
-  // empty (one in execve: a shell's `exec sleep` caught by the kill) it
-  // looks again, each millisecond for at most kUnreadableMs (a process
-  // started with an empty environment costs that wait).
+  // Children that left their group carry the tag. Scanned again each
+  // millisecond, for at most kLookFor, while a scan finds one (killed but
+  // not gone yet, or forked meanwhile) or some process's environment reads
+  // empty (one in execve: a shell's `exec sleep` caught by the kill; a
+  // process started with an empty environment costs that wait).
   if (!clean && *tag != '\0') {
-    constexpr int kUnreadableMs = 200;
-    for (int pass = 0, waited = 0; pass < 8;) {
+    constexpr long kLookForNs = 200'000'000;
+    const long until = now_ns() + kLookForNs;
+    for (;;) {
       int unsure = 0;
-      if (kill_tagged(tag, unsure) > 0) {
-        ++pass;
-        continue;
-      }
-      if (unsure == 0 || waited++ >= kUnreadableMs) break;
+      if (kill_tagged(tag, unsure) == 0 && unsure == 0) break;
+      if (now_ns() >= until) break;
       const struct timespec ms = {0, 1000000};
       call(SYS_nanosleep, arg(&ms), 0);
     }
