@@ -481,10 +481,15 @@ void Agent::on_hang_tick() {
   bool hung = false;
   for (size_t j : running()) {
     samples[j] = progress_->sample(static_cast<int>(j));
+    // A worker that never showed progress may still be starting, so it
+    // is not watched, unless a stop fault froze it (before its first beat
+    // on a loaded machine: the others would beat on and the drill wait
+    // for ever).
+    const bool watched = samples[j].count > 0 || attempt().workers[j].frozen;
     if (samples[j].count != last_count_[j]) {
       last_count_[j] = samples[j].count;
       quiet_ticks_[j] = 0;
-    } else if (samples[j].count > 0 &&
+    } else if (watched &&
                ++quiet_ticks_[j] * hang_tick_ >= options_.hang_timeout) {
       hung = true;
     }

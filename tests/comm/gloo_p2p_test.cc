@@ -572,7 +572,8 @@ TEST_P(GlooP2pTest, SubGroupsMixingRanks) {
 
 TEST_P(GlooP2pTest, ARecvWithoutASendFailsAtTheGroupTimeoutNamingThePeer) {
   run_ranks(2, [&](ProcessGroup& world) {
-    auto pg = world.new_group({0, 1}, milliseconds(300));
+    // Its set-up meets under this timeout too: long enough for a stall.
+    auto pg = world.new_group({0, 1}, milliseconds(1500));
     std::vector<float> v(4);
     if (pg->rank() == 1) {
       try {
@@ -581,7 +582,7 @@ TEST_P(GlooP2pTest, ARecvWithoutASendFailsAtTheGroupTimeoutNamingThePeer) {
       } catch (const CommTimeoutError& e) {
         EXPECT_THAT(e.what(), ::testing::HasSubstr("recv from rank 0 (tag 3)"));
         EXPECT_THAT(e.what(), ::testing::HasSubstr(
-                                  "timed out after 300 ms (the group timeout) "
+                                  "timed out after 1.5 s (the group timeout) "
                                   "waiting for rank 0"));
       }
     }

@@ -92,10 +92,19 @@ TEST(WorkQueueTest, DrainWaitsForEarlierWorkAndBoundsTheWait) {
   std::promise<void> gate;
   auto opened = gate.get_future().share();
   bool second_ran = false;
+  std::promise<void> began;
   auto w1 = q.submit(
-      "broadcast #0", [opened] { opened.wait(); }, kLong);
+      "broadcast #0",
+      [opened, &began] {
+        began.set_value();
+        opened.wait();
+      },
+      kLong);
   auto w2 = q.submit(
       "barrier #1", [&] { second_ran = true; }, kLong);
+  // The queue's thread has taken the first operation (a loaded machine may
+  // start it later than the drain below would wait).
+  began.get_future().wait();
   try {
     q.drain(milliseconds(50));
     FAIL() << "drain() returned with work outstanding";

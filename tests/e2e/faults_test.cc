@@ -134,12 +134,12 @@ TEST(Faults, StopFreezesARankAndHangTimeoutFindsIt) {
   CommandResult r = dlaunch(
       {"--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", "5",
        "--log-dir", dir.path().string(), "--rdzv-id", "h", "--fault",
-       "stop:rank=1:after=0.5", "sh", "-c",
+       "stop:rank=1:after=1.5", "sh", "-c",
        "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ]; then echo recovered; "
        "exit 0; fi; while :; do touch \"$DLAUNCH_HEARTBEAT_FILE\"; "
        "sleep 0.05; done"});
   ASSERT_EQ(r.exit_code, 0) << describe(r);
-  EXPECT_THAT(r.err, HasSubstr("fault injected: stop:rank=1:after=0.5: "
+  EXPECT_THAT(r.err, HasSubstr("fault injected: stop:rank=1:after=1.5: "
                                "SIGSTOP to rank 1 (frozen)"));
   EXPECT_THAT(r.err,
               HasSubstr("dlaunch: hang: no progress for 5 s "
@@ -153,6 +153,25 @@ TEST(Faults, StopFreezesARankAndHangTimeoutFindsIt) {
   EXPECT_EQ(w1["signal"], "SIGKILL");
   EXPECT_FALSE(s["attempts"][0]["workers"][0]["hung"].get<bool>());
   EXPECT_FALSE(s["faults"][0]["detected"].is_null());
+}
+
+// A rank frozen by a stop fault before its first beat (still starting) is
+// found hung too, though the others beat on; before, only ranks that had
+// shown progress were watched, and the job waited for ever.
+TEST(Faults, ARankFrozenBeforeItsFirstBeatIsFoundHung) {
+  TempDir dir;
+  CommandResult r = dlaunch(
+      {"--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", "5",
+       "--log-dir", dir.path().string(), "--rdzv-id", "early", "--fault",
+       "stop:rank=1:after=0.1", "sh", "-c",
+       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ]; then echo recovered; "
+       "exit 0; fi; if [ $RANK = 1 ]; then sleep 3; fi; "
+       "while :; do touch \"$DLAUNCH_HEARTBEAT_FILE\"; sleep 0.05; done"});
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("stuck: rank 1 (local rank 1, pid "));
+  EXPECT_THAT(r.err, HasSubstr(") in no operation yet at progress 0 (others "
+                               "up to "));
+  EXPECT_THAT(r.out, HasSubstr("recovered"));
 }
 
 // Rank 0 beats once, then waits (as for a peer); rank 1 never shows any
@@ -199,29 +218,18 @@ std::unique_ptr<Subprocess> node_agent(int i, int port, const std::string& id,
                                        const std::string& fault,
                                        const std::string& conf = "") {
   std::vector<std::string> argv = {
-      kDlaunch,
-      "--nnodes",
-      "1:2",
-      "--rdzv-backend",
-      "c10d",
-      "--rdzv-endpoint",
-      "127.0.0.1:" + std::to_string(port),
-      "--rdzv-id",
-      id,
-      "--local-addr",
-      "127.0.0." + std::to_string(i + 1),
-      "--rdzv-conf",
+      kDlaunch, "--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+      "127.0.0.1:" + std::to_string(port), "--rdzv-id", id, "--local-addr",
+      "127.0.0." + std::to_string(i + 1), "--rdzv-conf",
       std::string("is_host=") + (i == 0 ? "true" : "false") +
           ",join_timeout=60,last_call_timeout=30" + conf,
-      "--nproc-per-node",
-      "1",
-      "--fault",
-      fault,
-      "sh",
-      "-c",
-      "echo $$ > " + (dir / "pid_").string() + std::to_string(i) +
-          "_$GROUP_WORLD_SIZE; if [ $GROUP_WORLD_SIZE = 2 ]; then exec sleep "
-          "60; fi; echo alone-ok"};
+      "--nproc-per-node", "1", "--fault", fault, "sh", "-c",
+      // Written whole (a temporary renamed): a worker killed mid-write
+      // leaves no half a pid.
+      "f=" + (dir / "pid_").string() + std::to_string(i) +
+          "_$GROUP_WORLD_SIZE; echo $$ > $f.tmp; mv $f.tmp $f; "
+          "if [ $GROUP_WORLD_SIZE = 2 ]; then exec sleep 60; fi; "
+          "echo alone-ok"};
   return std::make_unique<Subprocess>(
       testing::CommandOptions{argv, {}, {}, ""});
 }
@@ -230,6 +238,13 @@ std::unique_ptr<Subprocess> node_agent(int i, int port, const std::string& id,
 bool gone(int pid) {
   return testing::eventually([pid] { return !testing::process_alive(pid); },
                              30s, 20ms);
+}
+
+// Whether the worker whose pid is in `file` is gone (bounded wait); a
+// worker killed before it wrote the file is.
+bool worker_gone(const fs::path& file) {
+  if (!fs::exists(file)) return true;
+  return gone(std::stoi(read_file(file)));
 }
 
 // Node 1's agent kills itself; node 0 re-forms the group alone and the
@@ -249,7 +264,7 @@ TEST(Faults, KillAgentEndsThatNodeAndTheOthersGoOn) {
   ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
   EXPECT_THAT(r0.out, HasSubstr("alone-ok"));
   // Node 1's worker died with its agent (the watchdog).
-  EXPECT_TRUE(gone(std::stoi(read_file(dir / "pid_1_2"))));
+  EXPECT_TRUE(worker_gone(dir / "pid_1_2"));
 }
 
 // Node 1 falls silent to the store past its keep-alive (10 s here, which
@@ -272,7 +287,7 @@ TEST(Faults, CutNodeIsDroppedAndTheOthersGoOn) {
   EXPECT_THAT(r1.err, HasSubstr("fault injected: cut:node=1:for=30:after=0.3: "
                                 "node 1 silent to the agents' store for 30 s"));
   EXPECT_THAT(r1.err, HasSubstr("declared this node lost"));
-  EXPECT_TRUE(gone(std::stoi(read_file(dir / "pid_1_2"))));
+  EXPECT_TRUE(worker_gone(dir / "pid_1_2"));
 }
 
 // --drill runs a job file with its faults and prints the verdict table.
