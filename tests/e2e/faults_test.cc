@@ -125,19 +125,27 @@ TEST(Faults, ExitEndsTheRankWithItsCodeAndTheReportSaysInjected) {
   EXPECT_EQ(s["exit_code"], 3);
 }
 
+// Two ranks that beat (touch DLAUNCH_HEARTBEAT_FILE, as programs without
+// comm opt in) until `fault` stops one; restarted, they print "recovered".
+// `start` runs before the first beat. The hang timeout is 5 s: rank 0's
+// loop (a touch and a sleep, two forks each beat) must not go quiet for
+// that long, which a loaded machine can make it do for 1 s.
+CommandResult stopped_beating(const fs::path& log_dir, const std::string& id,
+                              const std::string& fault,
+                              const std::string& start = "") {
+  return dlaunch({"--nproc-per-node", "2", "--max-restarts", "1",
+                  "--hang-timeout", "5", "--log-dir", log_dir.string(),
+                  "--rdzv-id", id, "--fault", fault, "sh", "-c",
+                  "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ]; then echo "
+                  "recovered; exit 0; fi; " +
+                      start +
+                      "while :; do touch \"$DLAUNCH_HEARTBEAT_FILE\"; "
+                      "sleep 0.05; done"});
+}
+
 TEST(Faults, StopFreezesARankAndHangTimeoutFindsIt) {
-  // Programs without comm opt in by touching DLAUNCH_HEARTBEAT_FILE. The
-  // timeout is 5 s: rank 0's loop (a touch and a sleep, two forks each
-  // beat) must not go quiet for that long, which a loaded machine can make
-  // it do for 1 s.
   TempDir dir;
-  CommandResult r = dlaunch(
-      {"--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", "5",
-       "--log-dir", dir.path().string(), "--rdzv-id", "h", "--fault",
-       "stop:rank=1:after=1.5", "sh", "-c",
-       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ]; then echo recovered; "
-       "exit 0; fi; while :; do touch \"$DLAUNCH_HEARTBEAT_FILE\"; "
-       "sleep 0.05; done"});
+  CommandResult r = stopped_beating(dir.path(), "h", "stop:rank=1:after=1.5");
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("fault injected: stop:rank=1:after=1.5: "
                                "SIGSTOP to rank 1 (frozen)"));
@@ -160,13 +168,9 @@ TEST(Faults, StopFreezesARankAndHangTimeoutFindsIt) {
 // shown progress were watched, and the job waited for ever.
 TEST(Faults, ARankFrozenBeforeItsFirstBeatIsFoundHung) {
   TempDir dir;
-  CommandResult r = dlaunch(
-      {"--nproc-per-node", "2", "--max-restarts", "1", "--hang-timeout", "5",
-       "--log-dir", dir.path().string(), "--rdzv-id", "early", "--fault",
-       "stop:rank=1:after=0.1", "sh", "-c",
-       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ]; then echo recovered; "
-       "exit 0; fi; if [ $RANK = 1 ]; then sleep 3; fi; "
-       "while :; do touch \"$DLAUNCH_HEARTBEAT_FILE\"; sleep 0.05; done"});
+  CommandResult r =
+      stopped_beating(dir.path(), "early", "stop:rank=1:after=0.1",
+                      "if [ $RANK = 1 ]; then sleep 3; fi; ");
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_THAT(r.err, HasSubstr("stuck: rank 1 (local rank 1, pid "));
   EXPECT_THAT(r.err, HasSubstr(") in no operation yet at progress 0 (others "
