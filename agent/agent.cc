@@ -500,14 +500,21 @@ void Agent::on_hang_tick() {
   }
   // The stuck: the lowest progress, the ones the others wait for (one
   // that never showed any, still starting or frozen early, among them).
+  // Where a stop fault froze some of those, only they: the others at that
+  // count wait for them (still in set-up, say, at 0).
   uint64_t low = UINT64_MAX, high = 0;
   for (size_t j : running()) {
     low = std::min(low, samples[j].count);
     high = std::max(high, samples[j].count);
   }
+  bool frozen_low = false;
+  for (size_t j : running()) {
+    frozen_low |= samples[j].count == low && attempt().workers[j].frozen;
+  }
   std::string who;
   for (size_t j : running()) {
     if (samples[j].count != low) continue;
+    if (frozen_low && !attempt().workers[j].frozen) continue;
     WorkerRecord& w = attempt().workers[j];
     w.hung = true;
     w.progress = samples[j].count;

@@ -118,13 +118,18 @@ class EtcdCluster {
       : tls_(tls) {
     if (tls) make_certificates();
     std::string initial;
+    // Unbound until etcd starts, so a free port may come back: each port
+    // is one no member of this cluster has yet.
+    std::set<int> taken = {client_port0};
+    auto fresh_port = [&] {
+      int port = free_port();
+      while (taken.contains(port)) port = free_port();
+      taken.insert(port);
+      return port;
+    };
     for (int i = 0; i < n; ++i) {
-      client_.push_back(i == 0 && client_port0 ? client_port0 : free_port());
-      // Unbound until etcd starts, so a free port may come back: never
-      // the picked client port.
-      int peer = free_port();
-      while (peer == client_port0) peer = free_port();
-      peer_.push_back(peer);
+      client_.push_back(i == 0 && client_port0 ? client_port0 : fresh_port());
+      peer_.push_back(fresh_port());
       initial += (i ? "," : "") + name(i) + "=" + peer_url(i);
     }
     for (int i = 0; i < n; ++i) {

@@ -178,6 +178,24 @@ TEST(Faults, ARankFrozenBeforeItsFirstBeatIsFoundHung) {
   EXPECT_THAT(r.out, HasSubstr("recovered"));
 }
 
+// Where no rank has shown progress yet (rank 0 waits for rank 1 in
+// set-up, say), the rank a stop fault froze is the one named stuck and the
+// root cause, not every rank at progress 0.
+TEST(Faults, AmongRanksWithoutProgressTheFrozenOneIsStuck) {
+  TempDir dir;
+  CommandResult r =
+      dlaunch({"--nproc-per-node", "2", "--hang-timeout", "1", "--log-dir",
+               dir.path().string(), "--rdzv-id", "zero", "--fault",
+               "stop:rank=1:after=0.1", "sh", "-c", "exec sleep 60"});
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_THAT(r.err, HasSubstr("stuck: rank 1 (local rank 1, pid "));
+  EXPECT_THAT(r.err, Not(HasSubstr("stuck: rank 0")));
+  nlohmann::json s = summary(dir.path(), "zero");
+  EXPECT_EQ(s["root_cause"]["local_rank"], 1) << s.dump();
+  EXPECT_FALSE(s["attempts"][0]["workers"][0]["hung"].get<bool>());
+  EXPECT_TRUE(s["attempts"][0]["workers"][1]["hung"].get<bool>());
+}
+
 // Rank 0 beats once, then waits (as for a peer); rank 1 never shows any
 // progress: it is the one named stuck.
 TEST(Faults, AWorkerThatNeverShowedProgressIsNamedWhenOthersWait) {
