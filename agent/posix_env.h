@@ -22,9 +22,10 @@ std::string host_name();
 bool environ_has(pid_t pid, const std::string& entry);
 
 // environ_has() that tells "cannot say": kUnknown when the environment
-// reads empty or cannot be opened. A process in the middle of execve reads
-// empty until the new program's stack is set up (as do zombies, kernel
-// threads and processes started with an empty environment).
+// reads empty (kAbsent when it cannot be opened: another user's
+// non-dumpable process, or one gone). A process in the middle of execve
+// reads empty until the new program's stack is set up (as do zombies,
+// kernel threads and processes started with an empty environment).
 enum class EnvironEntry { kAbsent, kPresent, kUnknown };
 EnvironEntry environ_entry(pid_t pid, const std::string& entry);
 

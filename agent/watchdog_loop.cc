@@ -166,10 +166,15 @@ int kill_tagged(const char* tag, int& unsure) {
       path[n] = name[n];
     }
     if (pid <= 1 || pid == self) return;
-    const size_t at = n;
-    for (const char* s = "/environ"; *s != '\0'; ++s) path[n++] = *s;
-    path[n] = '\0';
-    const long fd = call(SYS_openat, proc, arg(path), O_RDONLY | O_CLOEXEC);
+    // "PID/<file>" (the pid's digits stay; the rest is rewritten).
+    auto file = [&](const char* name_in_pid) {
+      size_t at = n;
+      for (const char* s = name_in_pid; *s != '\0'; ++s) path[at++] = *s;
+      path[at] = '\0';
+      return path;
+    };
+    const long fd =
+        call(SYS_openat, proc, arg(file("/environ")), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return;
     bool empty = false;
     const bool tagged = has_entry(static_cast<int>(fd), tag, tag_len, empty);
@@ -177,11 +182,9 @@ int kill_tagged(const char* tag, int& unsure) {
     if (tagged) {
       call(SYS_kill, pid, SIGKILL);
       ++found;
-    } else if (empty) {
-      n = at;
-      for (const char* s = "/stat"; *s != '\0'; ++s) path[n++] = *s;
-      path[n] = '\0';
-      if (live_user_process(static_cast<int>(proc), path)) ++unsure;
+    } else if (empty &&
+               live_user_process(static_cast<int>(proc), file("/stat"))) {
+      ++unsure;
     }
   });
   call(SYS_close, proc);
@@ -268,7 +271,7 @@ void run_watchdog(int read_fd, const char* tag, const char* const* dirs,
     call(SYS_kill, -groups.pgids[i], SIGKILL);
   }
   // Children that left their group carry the tag. Scanned again each
-  // millisecond, for at most kLookFor, while a scan finds one (killed but
+  // millisecond, for at most kLookForNs, while a scan finds one (killed but
   // not gone yet, or forked meanwhile) or some process's environment reads
   // empty (one in execve: a shell's `exec sleep` caught by the kill; a
   // process started with an empty environment costs that wait).
