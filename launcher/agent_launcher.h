@@ -52,8 +52,9 @@ std::vector<std::string> dlaunch_argv(const LaunchPlan& plan,
                                       const std::string& host);
 
 // The pre-flight's remote command on `host`: `DLAUNCH --remote-check
-// PROGRAM`, and for a shipped copy `--checksum SUM` (the copy checks
-// itself).
+// PROGRAM`, `--chdir DIR` when its job has one (the program is looked for
+// there, as its agent will), and for a shipped copy `--checksum SUM` (the
+// copy checks itself).
 std::vector<std::string> check_argv(const LaunchPlan& plan,
                                     const std::string& host);
 

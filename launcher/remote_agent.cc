@@ -255,7 +255,10 @@ int remote_check_main(const std::vector<std::string>& args) {
   std::string dir = option(args, "--chdir");
   std::string problem;
   if (!dir.empty() && ::chdir(dir.c_str()) != 0) {
-    problem = "cannot enter " + dir + ": " + std::strerror(errno);
+    line_kind = " chdir-missing: ";
+    problem = "--chdir: cannot enter " + dir + ": " + std::strerror(errno) +
+              "; give a folder that exists on every host (default: the "
+              "head's current folder)";
   } else if (!program.empty()) {
     problem = program_problem(program);
   }

@@ -1,5 +1,6 @@
 #include "launcher/backends/backends.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "launcher/ship.h"
@@ -47,6 +48,13 @@ std::vector<std::string> check_argv(const LaunchPlan& plan,
                                     const std::string& host) {
   std::vector<std::string> argv = dlaunch_argv(plan, host);
   argv.insert(argv.end(), {"--remote-check", plan.program});
+  // Where the agent will run: a relative program is found from there, not
+  // from the folder the remote shell starts in.
+  auto job = std::find_if(plan.jobs.begin(), plan.jobs.end(),
+                          [&](const RemoteJob& j) { return j.host == host; });
+  if (job != plan.jobs.end() && !job->chdir.empty()) {
+    argv.insert(argv.end(), {"--chdir", job->chdir});
+  }
   if (plan.shipped.contains(host)) {
     argv.insert(argv.end(), {"--checksum", plan.ship_checksum});
   }

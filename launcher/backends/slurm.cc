@@ -18,7 +18,8 @@ class SlurmLauncher : public AgentLauncher {
  public:
   std::vector<AgentCommand> check_commands(
       const LaunchPlan& plan) const override {
-    return {srun(plan, {plan.remote_dlaunch, "--remote-check", plan.program})};
+    // One check for every node (a step's tasks share the head's folder).
+    return {srun(plan, check_argv(plan, plan.jobs.at(0).host))};
   }
 
   std::vector<AgentCommand> start_commands(

@@ -163,6 +163,24 @@ TEST_P(MultiHost, EveryHostRunsAnAgentInOneWorld) {
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
+// A relative program is found from the head's folder (every host's
+// default --chdir) by the pre-flight too, not from where the remote shell
+// starts (ssh: the user's home; the check said "program-missing").
+TEST_P(MultiHost, ARelativeProgramIsFoundFromTheHeadsFolder) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  testing::write_file(dir / "prog.sh", "#!/bin/sh\necho RAN $RANK\n");
+  fs::permissions(dir / "prog.sh", fs::perms::owner_all);
+  testing::CommandOptions o =
+      cmd(head("127.0.0.2,127.0.0.3", mark, {"./prog.sh"}), env());
+  o.cwd = dir.path().string();
+  CommandResult r = testing::run_command(o, 90s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("]:RAN 0\n"));
+  EXPECT_THAT(r.out, HasSubstr("]:RAN 1\n"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 TEST_P(MultiHost, EnvironmentValuesArriveIntactAndLarge) {
   TempDir dir;
   const std::string mark = unique_mark("m");

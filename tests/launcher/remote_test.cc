@@ -174,7 +174,7 @@ TEST(BackendsTest, SshIsNonInteractiveWithTheJobOnStdin) {
     EXPECT_EQ(a.find("secret"), std::string::npos);
   }
   EXPECT_EQ(ssh->check_commands(p)[0].argv.back(),
-            "exec /opt/dl/dlaunch --remote-check train.py");
+            "exec /opt/dl/dlaunch --remote-check train.py --chdir '/w d'");
   EXPECT_EQ(ssh->stop_commands(p)[0].argv.back(),
             "exec /opt/dl/dlaunch --remote-stop dlaunch-job-0123456789abcdef");
 }
@@ -245,12 +245,12 @@ TEST(BackendsTest, SshShipsThroughStdinIntoTheCacheAndUsesIt) {
   // n2 runs its cached copy, which checks itself; n1 keeps its own dlaunch.
   auto check = ssh->check_commands(p);
   EXPECT_EQ(check[0].argv.back(),
-            "exec /opt/dl/dlaunch --remote-check train.py");
+            "exec /opt/dl/dlaunch --remote-check train.py --chdir '/w d'");
   const std::string cached =
       "exec " + shell_command(cached_dlaunch_argv(p.ship_cache));
   EXPECT_EQ(check[1].argv.back(), cached +
-                                      " --remote-check train.py --checksum "
-                                      "00112233aabbccdd");
+                                      " --remote-check train.py --chdir '/w d' "
+                                      "--checksum 00112233aabbccdd");
   EXPECT_THAT(ssh->start_commands(p)[1].argv.back(),
               HasSubstr(cached + " --remote-agent"));
   EXPECT_THAT(ssh->stop_commands(p)[1].argv.back(),
@@ -704,8 +704,8 @@ TEST(BackendsTest, SlurmRunsOneSrunTaskPerNodeWithEveryJobOnStdin) {
   auto check = slurm->check_commands(p);
   ASSERT_EQ(check.size(), 1u);
   EXPECT_THAT(check[0].argv,
-              ::testing::IsSupersetOf(
-                  {"--overlap", "--label", "--remote-check", "train.py"}));
+              ::testing::IsSupersetOf({"--overlap", "--label", "--remote-check",
+                                       "train.py", "--chdir", "/w d"}));
   auto stop = slurm->stop_commands(p);
   ASSERT_EQ(stop.size(), 1u);
   EXPECT_EQ(stop[0].argv.back(), "dlaunch-job-0123456789abcdef");
