@@ -288,6 +288,11 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   std::string unresolved_nproc;
   // The flags given by any source (command line, PET_*, job file).
   std::set<std::string_view> set_flags;
+  // --hosts or PET_HOSTS replace the file's hosts, whether it gives them as
+  // `hosts:` or as `hostfile:` (below).
+  const FlagSpec& hosts_flag = *find_flag("hosts");
+  const bool hosts_outside_file =
+      !given(hosts_flag).empty() || env.contains(pet_variable(hosts_flag));
   // Each job flag from the command line, else its PET_* variable, else the
   // job file, in the table's order.
   for (const FlagSpec& f : flags()) {
@@ -326,6 +331,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
       if (auto it = file->settings.find(f.name); it != file->settings.end()) {
         in_file = &it->second;
       }
+      if (f.name == "hostfile" && hosts_outside_file) in_file = nullptr;
     }
     std::string value, where = "--" + std::string(f.name);
     if (!given(f).empty()) {

@@ -273,6 +273,34 @@ TEST_F(JobFileTest, OverrideOrderIsFileThenPetThenFlag) {
             (std::vector<std::string>{"echo", "hi"}));
 }
 
+// --hosts and PET_HOSTS replace the file's hosts whether it names them by
+// `hosts:` or by `hostfile:` (the latter once failed: "--hosts and
+// --hostfile both name the hosts", a --hostfile nobody typed); --hostfile
+// replaces either too.
+TEST_F(JobFileTest, HostsGivenOutsideTheFileReplaceItsHostsOrHostfile) {
+  write("f1\nf2\n", "hosts.txt");
+  write("g1\ng2\n", "other.txt");
+  auto names = [](const LaunchOptions& o) {
+    std::vector<std::string> out;
+    for (const Host& h : o.hosts) out.push_back(h.name);
+    return out;
+  };
+  const std::vector<std::string> cli = {"n1", "n2"};
+  const std::vector<std::string> other = {"g1", "g2"};
+  for (const char* key : {"hosts", "hostfile"}) {
+    SCOPED_TRACE(key);
+    std::string f =
+        write(std::string("program: true\n") + key + ": hosts.txt\n");
+    EXPECT_EQ(names(ok({"--config", f})),
+              (std::vector<std::string>{"f1", "f2"}));
+    EXPECT_EQ(names(ok({"--config", f, "--hosts", "n1,n2"})), cli);
+    EXPECT_EQ(names(ok({"--config", f}, {{"PET_HOSTS", "n1,n2"}})), cli);
+    EXPECT_EQ(names(ok({"--config", f, "--hostfile",
+                        (dir_.path() / "other.txt").string()})),
+              other);
+  }
+}
+
 TEST_F(JobFileTest, VariablesExpandAndRelativePathsFollowTheFile) {
   write("node1 slots=2  # the first\n\n# a comment\nnode2:2\n",
         "sub/hosts.txt");
