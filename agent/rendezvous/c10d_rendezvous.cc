@@ -26,6 +26,9 @@ namespace {
 constexpr milliseconds kProgressEvery(5000);
 // A watcher's wait is renewed this often (a job may run for weeks).
 constexpr milliseconds kWatchSlice(std::chrono::hours(24));
+// How often a round's event key is read again once it holds only losses of
+// nodes outside the round.
+constexpr milliseconds kOutsiderPoll(50);
 
 int to_int(const std::string& s, int fallback = -1) {
   int v = fallback;
@@ -44,6 +47,23 @@ std::vector<std::pair<std::string, std::string>> entries(
                      sp == std::string::npos ? "" : e.substr(sp + 1));
   }
   return out;
+}
+
+// A loss of a node outside `members` (which, empty, holds everyone): each
+// joiner registers its "lost" before it knows whether the round takes it.
+bool outsider_loss(const std::pair<std::string, std::string>& e,
+                   const std::vector<std::string>& members) {
+  return (e.first == "lost" || e.first == "left") && !members.empty() &&
+         std::find(members.begin(), members.end(), e.second) == members.end();
+}
+
+// Whether `text` holds an entry other than outsiders' losses.
+bool concerns_members(const std::string& text,
+                      const std::vector<std::string>& members) {
+  for (const auto& e : entries(text)) {
+    if (!outsider_loss(e, members)) return true;
+  }
+  return false;
 }
 
 // "3,1,4" <-> {3, 1, 4}: the join sequence numbers of a closed round's
@@ -455,10 +475,13 @@ std::string C10dRendezvous::wait_event(int round, milliseconds timeout) {
   return store_->get(key(round, "ev"));
 }
 
-RoundEvent C10dRendezvous::classify(int round, const std::string& text) const {
+RoundEvent C10dRendezvous::classify(
+    int round, const std::string& text,
+    const std::vector<std::string>& members) const {
   RoundEvent ev;
   ev.round = round;
   auto es = entries(text);
+  std::erase_if(es, [&](const auto& e) { return outsider_loss(e, members); });
   if (!es.empty() && es[0].first == "exit") {
     ev.kind = RoundEvent::Kind::kSucceeded;
     return ev;
@@ -505,32 +528,44 @@ void C10dRendezvous::watch(EventCallback on_event) {
   const int r = round_;
   const std::string where = p_.store_host + ":" + std::to_string(p_.store_port);
   watcher_done_.store(false);
-  watcher_thread_ = std::thread([this, r, where, cb = std::move(on_event)] {
-    SetOnExit done{watcher_done_};
-    std::string text;
-    try {
-      while (true) {
+  watcher_thread_ = std::thread(
+      [this, r, where, members = member_ids_, cb = std::move(on_event)] {
+        SetOnExit done{watcher_done_};
+        std::string text;
         try {
-          watcher_->wait({key(r, "ev")}, kWatchSlice);
-          text = watcher_->get(key(r, "ev"));
-          break;
-        } catch (const StoreTimeoutError&) {
+          // Once the key holds only outsiders' losses, appends to it are
+          // looked for every kOutsiderPoll (the store wakes a wait only when a
+          // key appears): a wait for a key nobody sets, which interrupt() ends.
+          size_t seen = 0;
+          while (true) {
+            try {
+              if (seen == 0) {
+                watcher_->wait({key(r, "ev")}, kWatchSlice);
+              } else {
+                watcher_->wait({key(r, "ev-never")}, kOutsiderPoll);
+              }
+            } catch (const StoreTimeoutError&) {
+              if (seen == 0) continue;
+            }
+            text = watcher_->get(key(r, "ev"));
+            if (text.size() == seen) continue;
+            if (concerns_members(text, members)) break;
+            seen = text.size();
+          }
+        } catch (const StoreError& e) {
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (stopping_) return;
+          }
+          cb(RoundEvent{RoundEvent::Kind::kFatal, r,
+                        "lost the agents' store at " + where + " (" + e.what() +
+                            "): the agent hosting it is gone, which ends the "
+                            "job with the c10d backend (an etcd backend, a "
+                            "later feature, will survive it)"});
+          return;
         }
-      }
-    } catch (const StoreError& e) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stopping_) return;
-      }
-      cb(RoundEvent{RoundEvent::Kind::kFatal, r,
-                    "lost the agents' store at " + where + " (" + e.what() +
-                        "): the agent hosting it is gone, which ends the "
-                        "job with the c10d backend (an etcd backend, a "
-                        "later feature, will survive it)"});
-      return;
-    }
-    cb(classify(r, text));
-  });
+        cb(classify(r, text, members));
+      });
 }
 
 bool C10dRendezvous::cut_off(milliseconds d) {

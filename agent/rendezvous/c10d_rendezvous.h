@@ -69,7 +69,11 @@ class C10dRendezvous : public Rendezvous {
                     std::chrono::steady_clock::time_point deadline);
   // Waits until round `r`'s event key exists; returns its text.
   std::string wait_event(int round, std::chrono::milliseconds timeout);
-  RoundEvent classify(int round, const std::string& text) const;
+  // `members`: the round's node ids; a loss of any other node (a joiner
+  // the round closed without, a spare waiting for a place) is not an
+  // event of the round. Empty: every loss counts.
+  RoundEvent classify(int round, const std::string& text,
+                      const std::vector<std::string>& members = {}) const;
   // Opens the three connections and starts the keep-alive thread; throws
   // RendezvousError (RendezvousInterrupted once interrupt() was called).
   void connect();

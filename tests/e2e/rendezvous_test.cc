@@ -496,6 +496,56 @@ TEST_F(Rendezvous, ALateNodeScalesTheJobUp) {
   }
 }
 
+// A node outside the running round that goes (a spare waiting for a place
+// in a full round, or a static node given a taken --node-rank) leaves its
+// "lost" on the round's event key, as every joiner registers one: the
+// members go on (they once re-formed the round, or, static, ended the job).
+TEST_F(Rendezvous, ANodeOutsideTheRoundGoingLeavesTheRoundAlone) {
+  testing::TempDir dir;
+  const std::string go = (dir / "go").string();
+  const std::string script = kShowEnv + "; echo RUNNING; while [ ! -e " + go +
+                             " ]; do sleep 0.05; done";
+  struct Case {
+    std::vector<std::string> flags;  // each node's, less a static node rank
+    bool fixed;
+  };
+  for (const Case& c : {Case{{"--nnodes", "2"}, false},
+                        Case{{"--rdzv-backend", "static", "--nnodes", "2",
+                              "--master-addr", "127.0.0.1"},
+                             true}}) {
+    SCOPED_TRACE(c.fixed ? "static" : "c10d");
+    std::filesystem::remove(go);
+    id_ = "job" + std::to_string(::getpid()) + (c.fixed ? "s" : "c");
+    auto flags = [&](int rank) {
+      auto f = c.flags;
+      if (c.fixed) f.insert(f.end(), {"--node-rank", std::to_string(rank)});
+      return f;
+    };
+    for (int i = 0; i < 2; ++i) start(i, flags(i), script);
+    ASSERT_TRUE(all_print(2, "RUNNING"));
+    Subprocess& outsider = start(2, flags(1), script);
+    if (c.fixed) {
+      CommandResult r = finish(2);
+      EXPECT_EQ(r.exit_code, 1);
+      EXPECT_THAT(r.err, HasSubstr("is --node-rank 1 given to two nodes?"));
+    } else {
+      ASSERT_TRUE(outsider.wait_for_output("waiting for a place", 60s))
+          << outsider.err();
+      outsider.signal(SIGKILL);
+      finish(2);
+    }
+    // The members' watchers see the loss within milliseconds, if at all.
+    std::this_thread::sleep_for(1500ms);
+    testing::write_file(go, "");
+    for (int i = 0; i < 2; ++i) {
+      CommandResult r = finish(i);
+      EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+      EXPECT_EQ(env_lines(r.out).size(), 1u) << r.out << r.err;
+      EXPECT_THAT(r.err, ::testing::Not(HasSubstr("is gone")));
+    }
+  }
+}
+
 TEST_F(Rendezvous, LogFoldersAreNumberedByRoundTheSameOnEveryNode) {
   // Nodes 0 and 1 run round 0; node 2 arrives and round 1 takes it in.
   // attempt_K is round K on every node, the late one included.
