@@ -32,8 +32,6 @@ constexpr milliseconds kServerGrace{500};
 // Connect retries back off from 10 ms to at most 1 s between attempts.
 constexpr milliseconds kFirstBackoff{10};
 constexpr milliseconds kMaxBackoff{1000};
-// A response longer than this is treated as a protocol error.
-constexpr size_t kMaxResponseBytes = size_t{1} << 30;
 constexpr size_t kReadChunk = 64 * 1024;
 // Missing keys named in a timeout message; the rest are counted.
 constexpr size_t kKeysListed = 10;
@@ -328,7 +326,7 @@ void TcpStore::send_all(Clock::time_point deadline) {
 bool TcpStore::read_frame(Clock::time_point deadline, wire::Frame& frame) {
   while (true) {
     std::string_view avail(in_.data() + in_begin_, in_end_ - in_begin_);
-    switch (wire::next_frame(avail, kMaxResponseBytes, frame, error_)) {
+    switch (wire::next_frame(avail, wire::kMaxResponseBytes, frame, error_)) {
       case wire::DecodeStatus::kOk:
         return true;
       case wire::DecodeStatus::kBad:

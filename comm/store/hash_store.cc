@@ -55,7 +55,10 @@ int64_t HashStore::add(std::string_view key, int64_t delta) {
                          "' whose value '" + s + "' is not an integer");
       }
     }
-    value += delta;
+    if (__builtin_add_overflow(value, delta, &value)) {
+      throw StoreError("HashStore: add on key '" + std::string(key) +
+                       "' would overflow int64");
+    }
     map_.insert_or_assign(std::string(key), std::to_string(value));
   }
   cv_.notify_all();

@@ -43,6 +43,19 @@ void raise_fd_limit() {
   }
 }
 
+// Why the values of `keys` (all present) cannot go in one response, or
+// "" when they can: a response over wire::kMaxResponseBytes would be
+// refused by the client, and one over 4 GiB cannot be encoded at all.
+template <class Keys, class Find>
+std::string oversized(const char* op, const Keys& keys, Find&& find) {
+  uint64_t bytes = 0;
+  for (const auto& k : keys) bytes += find(k)->size() + 8;  // with its length
+  if (bytes <= wire::kMaxResponseBytes) return "";
+  return std::string(op) + ": the answer would hold " + std::to_string(bytes) +
+         " bytes, over the " + std::to_string(wire::kMaxResponseBytes >> 20) +
+         " MiB a response may carry; ask for fewer keys per call";
+}
+
 }  // namespace
 
 void StoreServer::Impl::on_closed(Connection& c) {
@@ -79,6 +92,9 @@ void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
     case MsgType::kGet: {
       std::string* v = find(r.keys[0]);
       if (!v) return block(c, r);
+      if (v->size() > wire::kMaxResponseBytes) {
+        return respond_error(c, oversized("get", r.keys, finder()));
+      }
       out.type = MsgType::kValue;
       out.values.push_back(*v);
       break;
@@ -137,6 +153,9 @@ void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
         return block(c, r);
       } else if (r.type == MsgType::kWait) {
         out.type = MsgType::kOk;
+      } else if (std::string e = oversized("multi_get", r.keys, finder());
+                 !e.empty()) {
+        return respond_error(c, std::move(e));
       } else {
         out.type = MsgType::kValues;
         for (std::string_view k : r.keys) out.values.push_back(*find(k));
@@ -213,6 +232,10 @@ size_t StoreServer::Impl::register_missing(
     if (find(k)) continue;
     auto it = waiters_.find(k);
     if (it == waiters_.end()) it = waiters_.try_emplace(k).first;
+    // A key named twice is waited for once: `c` registers all its keys in
+    // this one call, so an earlier entry for `k` is the list's last (N
+    // copies cost every unpark() a scan per copy: N^2 with N in millions).
+    if (!it->second.empty() && it->second.back() == &c) continue;
     it->second.push_back(&c);
     ++missing;
   }
@@ -235,8 +258,16 @@ void StoreServer::Impl::try_complete(Connection& c) {
   p.missing = register_missing(c, p.keys);
   if (p.missing > 0) return;  // a key was deleted again meanwhile
   wake_response_.values.clear();
+  std::string too_big;
+  if (p.type != MsgType::kWait) {
+    too_big = oversized(p.type == MsgType::kGet ? "get" : "multi_get", p.keys,
+                        finder());
+  }
   if (p.type == MsgType::kWait) {
     wake_response_.type = MsgType::kOk;
+  } else if (!too_big.empty()) {
+    wake_response_.type = MsgType::kError;
+    wake_response_.message = std::move(too_big);
   } else {
     wake_response_.type =
         p.type == MsgType::kGet ? MsgType::kValue : MsgType::kValues;

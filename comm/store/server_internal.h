@@ -97,7 +97,8 @@ class StoreServer::Impl {
   void try_complete(Connection& c);
   // Removes `c` from every waiter list; its parked request is over.
   void unpark(Connection& c);
-  // Counts keys of `keys` not present; registers `c` as a waiter on them.
+  // Counts distinct keys of `keys` not present; registers `c` as a waiter on
+  // each once.
   size_t register_missing(Connection& c, const std::vector<std::string>& keys);
   void respond_error(Connection& c, std::string message);
   // Appends `value` to `key` (created when missing, waking its waiters);
@@ -106,6 +107,9 @@ class StoreServer::Impl {
   std::string* find(std::string_view key) {
     auto it = data_.find(key);
     return it == data_.end() ? nullptr : &it->second;
+  }
+  auto finder() {
+    return [this](std::string_view k) { return find(k); };
   }
 
   StoreServerOptions options_;

@@ -33,6 +33,10 @@ inline constexpr uint16_t kAuthRequired = 1;
 inline constexpr size_t kMaxTokenBytes = 1024;
 // Default cap on a frame body; the server's is StoreServerOptions.
 inline constexpr size_t kDefaultMaxFrameBytes = size_t{64} << 20;
+// The most a response body may hold: a client treats a longer one as a
+// protocol error, and the server refuses to build one (a get or multi_get
+// that would answer more).
+inline constexpr size_t kMaxResponseBytes = size_t{1} << 30;
 
 enum class MsgType : uint8_t {
   // Requests (client -> server).

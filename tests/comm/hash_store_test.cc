@@ -1,9 +1,12 @@
 #include "comm/store/hash_store.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <future>
+#include <string>
 #include <thread>
 
 namespace dlaunch::comm::store {
@@ -33,6 +36,12 @@ TEST(HashStoreTest, AddOnNonIntegerValueIsAnError) {
   HashStore s;
   s.set("k", "abc");
   EXPECT_THROW(s.add("k", 1), StoreError);
+  // As the TCP store says (signed overflow was undefined here).
+  s.set("max", std::to_string(INT64_MAX));
+  EXPECT_THAT([&] { s.add("max", 1); },
+              ::testing::ThrowsMessage<StoreError>(
+                  ::testing::HasSubstr("would overflow int64")));
+  EXPECT_EQ(s.get("max"), std::to_string(INT64_MAX));
 }
 
 TEST(HashStoreTest, CompareSetFollowsTorch) {

@@ -109,6 +109,44 @@ TEST_F(TcpStoreTest, AddOnANonIntegerIsAnErrorAndTheConnectionSurvives) {
   EXPECT_EQ(store_->add("fine", 1), 1);
 }
 
+// An answer a client would refuse (over wire::kMaxResponseBytes) is refused
+// by the server before it builds it (one multi_get of 17 copies of a 64 MiB
+// value once made it build 1 GiB; 65 copies, over 4 GiB, aborted it).
+TEST_F(TcpStoreTest, AnAnswerTooLargeToSendIsAnErrorAndTheServerLives) {
+  const std::string big((64 << 20) - 64, 'v');
+  store_->set("big", big);
+  EXPECT_THAT([&] { store_->multi_get(std::vector<std::string>(17, "big")); },
+              ::testing::ThrowsMessage<StoreError>(
+                  HasSubstr("multi_get: the answer would hold")));
+  EXPECT_THAT([&] { store_->multi_get(std::vector<std::string>(17, "big")); },
+              ::testing::ThrowsMessage<StoreError>(
+                  HasSubstr("MiB a response may carry; ask for fewer keys "
+                            "per call")));
+  EXPECT_EQ(store_->multi_get({"big", "big"}).size(), 2u);
+  EXPECT_EQ(store_->get("big"), big);
+}
+
+// A wait naming one key many times registers once: a second waiter's
+// timeout once scanned the first's copies once per copy (N^2), freezing
+// the server's only thread.
+TEST_F(TcpStoreTest, AWaitNamingAKeyManyTimesCostsOneRegistration) {
+  const std::vector<std::string> keys(1000000, "x");
+  auto first = std::async(std::launch::async, [&] {
+    auto c = connect_to(server_->port());
+    c->wait(keys, 60s);
+  });
+  testing::eventually([&] { return server_->num_waiting() == 1; }, 10s);
+  auto second = connect_to(server_->port());
+  const auto start = Clock::now();
+  EXPECT_THROW(second->wait(keys, 1ms), StoreTimeoutError);
+  // A liveness bound, not a speed check: the old cost was minutes.
+  EXPECT_LT(ms_since(start), 20000);
+  store_->set("x", "1");
+  EXPECT_EQ(first.wait_for(10s), std::future_status::ready);
+  first.get();
+  EXPECT_EQ(server_->num_waiting(), 0);
+}
+
 TEST_F(TcpStoreTest, CompareSetFollowsTorch) {
   // Missing key, empty expected: stores desired.
   EXPECT_EQ(store_->compare_set("k", "", "v1"), "v1");
