@@ -318,10 +318,12 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
                                   keep_alive);
         }
       }
-      const int seq = static_cast<int>(store_->add(key(r, "n"), 1));
-      const auto joined_at = Clock::now();
+      // The record first: it may fail (no free port on --local-addr), and a
+      // node counted in r/n must have one (try_close reads them all).
       const MemberRecord me = join_record(p_, node_id_, local_world_size,
                                           round_, group_rank_, restarts);
+      const int seq = static_cast<int>(store_->add(key(r, "n"), 1));
+      const auto joined_at = Clock::now();
       store_->set(key(r, "node/" + std::to_string(seq)), me.encode());
       if (awaited) store_->append(key(r, "in/" + node_id_), "joined;");
       std::vector<std::string> in_keys;
@@ -408,10 +410,20 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         awaited = count < o.max_nodes;
         if (awaited) store_->append(key(r, "ev"), "joined " + node_id_ + ";");
         p_.log(late_line(r, count, o.max_nodes));
-        auto left =
-            std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
-        std::string ev = wait_event(r, std::max(left, milliseconds(1)));
-        if (classify(r, ev).kind == RoundEvent::Kind::kSucceeded) {
+        // The round's members, whose events alone end this wait (the
+        // losses of other outsiders do not: the members go on).
+        std::vector<std::string> member_ids;
+        {
+          std::vector<std::string> keys;
+          for (int i : seqs)
+            keys.push_back(key(r, "node/" + std::to_string(i)));
+          std::vector<std::string> vals = store_->multi_get(keys);
+          for (int i = 0; i < count; ++i) {
+            member_ids.push_back(MemberRecord::decode(vals[i], seqs[i]).id);
+          }
+        }
+        std::string ev = wait_for_members(*store_, r, member_ids, deadline);
+        if (classify(r, ev, member_ids).kind == RoundEvent::Kind::kSucceeded) {
           throw RendezvousClosed("the job '" + p_.run_id +
                                  "' finished while this node waited to "
                                  "join; nothing to do");
@@ -470,9 +482,41 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
   }
 }
 
-std::string C10dRendezvous::wait_event(int round, milliseconds timeout) {
-  store_->wait({key(round, "ev")}, timeout);
-  return store_->get(key(round, "ev"));
+std::string C10dRendezvous::wait_for_members(
+    comm::store::TcpStore& s, int round,
+    const std::vector<std::string>& members,
+    std::optional<Clock::time_point> deadline) {
+  // Once the key holds only outsiders' losses, appends to it are looked
+  // for every kOutsiderPoll (the store wakes a wait only when a key
+  // appears). A sleep, not a short store wait: a wait whose answer comes
+  // late closes the connection. interrupt() fails the next get.
+  size_t seen = 0;
+  while (true) {
+    if (seen == 0) {
+      milliseconds slice = kWatchSlice;
+      if (deadline) {
+        slice = std::clamp(
+            std::chrono::duration_cast<milliseconds>(*deadline - Clock::now()),
+            milliseconds(1), kWatchSlice);
+      }
+      try {
+        s.wait({key(round, "ev")}, slice);
+      } catch (const StoreTimeoutError&) {
+        if (deadline && Clock::now() >= *deadline) throw;
+        continue;
+      }
+    } else {
+      if (deadline && Clock::now() >= *deadline) {
+        throw StoreTimeoutError("timed out waiting for an event of round " +
+                                std::to_string(round) +
+                                " other than outsiders' losses");
+      }
+      std::this_thread::sleep_for(kOutsiderPoll);
+    }
+    std::string text = s.get(key(round, "ev"));
+    if (text.size() != seen && concerns_members(text, members)) return text;
+    seen = text.size();
+  }
 }
 
 RoundEvent C10dRendezvous::classify(
@@ -533,25 +577,7 @@ void C10dRendezvous::watch(EventCallback on_event) {
         SetOnExit done{watcher_done_};
         std::string text;
         try {
-          // Once the key holds only outsiders' losses, appends to it are
-          // looked for every kOutsiderPoll (the store wakes a wait only when a
-          // key appears): a wait for a key nobody sets, which interrupt() ends.
-          size_t seen = 0;
-          while (true) {
-            try {
-              if (seen == 0) {
-                watcher_->wait({key(r, "ev")}, kWatchSlice);
-              } else {
-                watcher_->wait({key(r, "ev-never")}, kOutsiderPoll);
-              }
-            } catch (const StoreTimeoutError&) {
-              if (seen == 0) continue;
-            }
-            text = watcher_->get(key(r, "ev"));
-            if (text.size() == seen) continue;
-            if (concerns_members(text, members)) break;
-            seen = text.size();
-          }
+          text = wait_for_members(*watcher_, r, members);
         } catch (const StoreError& e) {
           {
             std::lock_guard<std::mutex> lock(mu_);

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,7 +69,14 @@ class C10dRendezvous : public Rendezvous {
   void start_closer(int r, std::vector<std::string> in_keys,
                     std::chrono::steady_clock::time_point deadline);
   // Waits until round `r`'s event key exists; returns its text.
-  std::string wait_event(int round, std::chrono::milliseconds timeout);
+  // The text of round `round`'s event key once it holds an entry other
+  // than a loss of a node outside `members`; StoreTimeoutError at
+  // `deadline` (none: waits on).
+  std::string wait_for_members(
+      comm::store::TcpStore& s, int round,
+      const std::vector<std::string>& members,
+      std::optional<std::chrono::steady_clock::time_point> deadline =
+          std::nullopt);
   // `members`: the round's node ids; a loss of any other node (a joiner
   // the round closed without, a spare waiting for a place) is not an
   // event of the round. Empty: every loss counts.

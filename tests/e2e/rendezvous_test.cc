@@ -509,7 +509,7 @@ TEST_F(Rendezvous, ANodeOutsideTheRoundGoingLeavesTheRoundAlone) {
     std::vector<std::string> flags;  // each node's, less a static node rank
     bool fixed;
   };
-  for (const Case& c : {Case{{"--nnodes", "2"}, false},
+  for (const Case& c : {Case{{"--nnodes", "1:2"}, false},
                         Case{{"--rdzv-backend", "static", "--nnodes", "2",
                               "--master-addr", "127.0.0.1"},
                              true}}) {
@@ -529,13 +529,23 @@ TEST_F(Rendezvous, ANodeOutsideTheRoundGoingLeavesTheRoundAlone) {
       EXPECT_EQ(r.exit_code, 1);
       EXPECT_THAT(r.err, HasSubstr("is --node-rank 1 given to two nodes?"));
     } else {
+      // Two spares; the second goes. The first waits on: it once took
+      // the loss for the round's end and formed a round of its own.
       ASSERT_TRUE(outsider.wait_for_output("waiting for a place", 60s))
           << outsider.err();
-      outsider.signal(SIGKILL);
-      finish(2);
+      Subprocess& other = start(3, flags(1), script);
+      ASSERT_TRUE(other.wait_for_output("waiting for a place", 60s))
+          << other.err();
+      other.signal(SIGKILL);
+      finish(3);
     }
-    // The members' watchers see the loss within milliseconds, if at all.
-    std::this_thread::sleep_for(1500ms);
+    // The members' watchers see the loss within milliseconds, if at all,
+    // and a spare that went on would report its new round within a second.
+    std::this_thread::sleep_for(2000ms);
+    if (!c.fixed) {
+      EXPECT_THAT(outsider.out() + outsider.err(),
+                  ::testing::Not(HasSubstr("waiting for nodes")));
+    }
     testing::write_file(go, "");
     for (int i = 0; i < 2; ++i) {
       CommandResult r = finish(i);
@@ -543,6 +553,47 @@ TEST_F(Rendezvous, ANodeOutsideTheRoundGoingLeavesTheRoundAlone) {
       EXPECT_EQ(env_lines(r.out).size(), 1u) << r.out << r.err;
       EXPECT_THAT(r.err, ::testing::Not(HasSubstr("is gone")));
     }
+    if (!c.fixed) {
+      CommandResult r = finish(2);
+      EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+      EXPECT_TRUE(env_lines(r.out).empty()) << r.out << r.err;
+      EXPECT_THAT(r.err, HasSubstr("finished while this node waited"));
+    }
+  }
+}
+
+// A node that fails to join (no port free on its --local-addr) before it is
+// counted: the round still forms from the others (it once waited for that
+// node's record, never written, until the store's read timeout).
+TEST_F(Rendezvous, ANodeThatCannotJoinDoesNotHoldTheRoundUp) {
+  conf_ += ",read_timeout=5";
+  // 192.0.2.1 (TEST-NET-1) is no address of this machine.
+  std::vector<std::string> argv = {kDlaunch,
+                                   "--rdzv-endpoint",
+                                   "127.0.0.1:" + std::to_string(port_),
+                                   "--rdzv-id",
+                                   id_,
+                                   "--local-addr",
+                                   "192.0.2.1",
+                                   "--rdzv-conf",
+                                   "is_host=false," + conf_,
+                                   "--rdzv-backend",
+                                   "c10d",
+                                   "--nnodes",
+                                   "2",
+                                   "true"};
+  start(0, {"--nnodes", "2"}, kShowEnv);
+  ASSERT_TRUE(agents_[0]->wait_for_output("waiting for nodes: 1/2 joined", 60s))
+      << agents_[0]->err();
+  testing::CommandOptions bad_node;
+  bad_node.argv = argv;
+  CommandResult bad = testing::run_command(bad_node, 60s);
+  EXPECT_NE(bad.exit_code, 0) << bad.err;
+  start(1, {"--nnodes", "2"}, kShowEnv);
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = finish(i);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(env_lines(r.out).size(), 1u) << r.out << r.err;
   }
 }
 
