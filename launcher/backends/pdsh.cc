@@ -124,6 +124,11 @@ class PdshLauncher : public AgentLauncher {
         plan.shipped.empty() ? std::vector<std::string>{plan.remote_dlaunch}
                              : dlaunch_argv(plan, plan.shipped.begin()->first);
     remote.insert(remote.end(), args.begin(), args.end());
+    // Over a network pdsh joins the words for the remote shell, which
+    // splits them again: each goes quoted (the exec module keeps words).
+    if (!exec_module(plan)) {
+      for (std::string& w : remote) w = shell_command({w});
+    }
     AgentCommand c;
     c.argv = {"pdsh",
               "-S",

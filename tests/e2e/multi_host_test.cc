@@ -181,6 +181,23 @@ TEST_P(MultiHost, ARelativeProgramIsFoundFromTheHeadsFolder) {
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
+// A program whose path has a space reaches every host whole (pdsh over
+// ssh once passed the check's words unquoted to the remote shell).
+TEST_P(MultiHost, AProgramPathWithASpaceReachesEveryHost) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  fs::create_directories(dir / "my dir");
+  const fs::path prog = dir / "my dir" / "prog.sh";
+  testing::write_file(prog, "#!/bin/sh\necho RAN $RANK\n");
+  fs::permissions(prog, fs::perms::owner_all);
+  CommandResult r = testing::run_command(
+      cmd(head("127.0.0.2,127.0.0.3", mark, {prog.string()}), env()), 90s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("]:RAN 0\n"));
+  EXPECT_THAT(r.out, HasSubstr("]:RAN 1\n"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 TEST_P(MultiHost, EnvironmentValuesArriveIntactAndLarge) {
   TempDir dir;
   const std::string mark = unique_mark("m");

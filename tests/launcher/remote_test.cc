@@ -207,6 +207,17 @@ TEST(BackendsTest, PdshRunsOnceOverAllHostsWithAJobFile) {
   EXPECT_EQ(check[0].argv[0], "pdcp");
   EXPECT_EQ(check[0].argv.back(), file);
   EXPECT_EQ(pdsh->start_commands(p)[0].argv.back(), file);
+  // Its remote shell splits words again: each goes quoted (the check's
+  // --chdir '/w d' as well).
+  p.remote_dlaunch = "/opt/my dl/dlaunch";
+  EXPECT_THAT(pdsh->start_commands(p)[0].argv,
+              ::testing::Contains("'/opt/my dl/dlaunch'"));
+  EXPECT_THAT(pdsh->check_commands(p)[1].argv,
+              ::testing::IsSupersetOf(
+                  {"'/opt/my dl/dlaunch'", "--chdir", "'/w d'", "train.py"}));
+  p.head_env["PDSH_RCMD_TYPE"] = "exec";
+  EXPECT_THAT(pdsh->start_commands(p)[0].argv,
+              ::testing::Contains("/opt/my dl/dlaunch"));
 }
 
 // plan() with dlaunch shipped to n2.
