@@ -136,6 +136,9 @@ C10dRendezvous::~C10dRendezvous() {
     stopping_ = true;
   }
   cv_.notify_all();
+  // A check in flight to a silent store would hold the join for up to the
+  // read timeout.
+  if (alive_thread_.joinable()) alive_->interrupt();
   stop_watcher();
   if (alive_thread_.joinable()) alive_thread_.join();
 }
@@ -167,10 +170,24 @@ void C10dRendezvous::keep_alive_loop() {
                  [this] { return stopping_; });
     if (stopping_) break;
     if (Clock::now() < silent_until_) continue;
+    lock.unlock();
+    std::string failure;
     try {
+      std::lock_guard<std::mutex> alive(alive_mu_);
       alive_->check({});
-    } catch (const StoreError&) {
-      return;  // the store is gone: the watcher reports it
+    } catch (const StoreError& e) {
+      failure = e.what();
+    }
+    lock.lock();
+    if (!failure.empty()) {
+      // The store's host is gone or silent (frozen, powered off: no FIN),
+      // and the watcher's connection may wait as silently: end its wait,
+      // so that it reports the loss (and the next one fails at once).
+      if (!stopping_) {
+        alive_failure_ = failure;
+        watcher_->interrupt();
+      }
+      return;
     }
   }
 }
@@ -310,7 +327,7 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         // Dying from here on ends round r for the others at once, and
         // their wait for this node in round r+1 while it forms. Registered
         // before joining: a node counted in the round is always covered.
-        std::lock_guard<std::mutex> lock(mu_);
+        std::lock_guard<std::mutex> lock(alive_mu_);
         alive_->append_on_close(key(r, "ev"), "lost " + node_id_ + ";",
                                 keep_alive);
         if (!fixed) {
@@ -579,12 +596,14 @@ void C10dRendezvous::watch(EventCallback on_event) {
         try {
           text = wait_for_members(*watcher_, r, members);
         } catch (const StoreError& e) {
+          std::string why = e.what();
           {
             std::lock_guard<std::mutex> lock(mu_);
             if (stopping_) return;
+            if (!alive_failure_.empty()) why = "keep-alive: " + alive_failure_;
           }
           cb(RoundEvent{RoundEvent::Kind::kFatal, r,
-                        "lost the agents' store at " + where + " (" + e.what() +
+                        "lost the agents' store at " + where + " (" + why +
                             "): the agent hosting it is gone, which ends the "
                             "job with the c10d backend (an etcd backend, a "
                             "later feature, will survive it)"});

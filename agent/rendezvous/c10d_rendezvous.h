@@ -109,8 +109,13 @@ class C10dRendezvous : public Rendezvous {
   std::atomic<bool> watcher_done_{true};     // its callback has run
   std::atomic<bool> watcher_failed_{false};  // the closer's call failed
   std::thread alive_thread_;
-  std::mutex mu_;  // guards alive_, stopping_, silent_until_, store_'s
-                   // creation and in_round_
+  std::mutex mu_;  // guards stopping_, silent_until_, store_'s creation,
+                   // in_round_, watcher_'s replacement and alive_failure_
+  // Guards alive_'s requests (the keep-alive's check, the agent thread's
+  // registrations): a check waits on the network, which must not hold up
+  // interrupt() on mu_.
+  std::mutex alive_mu_;
+  std::string alive_failure_;  // why the keep-alive gave up; "" while fine
   std::condition_variable cv_;
   bool stopping_ = false;
   std::chrono::steady_clock::time_point silent_until_{};  // cut_off()

@@ -368,6 +368,32 @@ TEST_F(Rendezvous, AFrozenAgentIsDroppedAndStopsItsWorkersWhenItWakes) {
 
 // The exit barrier: a node whose workers finished first waits for the
 // others' (node 1's worker runs until the test lets it go).
+// The store's host frozen (no FIN: as a host powered off): the other
+// node's keep-alive finds it silent and ends the job there (it once gave up
+// without a word while its watcher waited on a silent connection for 24 h,
+// and held interrupt() for the read timeout).
+TEST_F(Rendezvous, AFrozenStoreHostEndsTheJobOnTheOtherNodes) {
+  conf_ += ",keep_alive_interval=1,read_timeout=3";
+  for (int i = 0; i < 2; ++i) {
+    start(i, {"--nnodes", "2"}, kShowEnv + "; echo RUNNING; exec sleep 300");
+  }
+  ASSERT_TRUE(all_print(2, "RUNNING"));
+  std::vector<pid_t> workers = testing::descendants(agents_[1]->pid());
+  ASSERT_FALSE(workers.empty());
+  agents_[0]->signal(SIGSTOP);
+  CommandResult r = finish(1);
+  agents_[0]->signal(SIGKILL);
+  agents_[0]->signal(SIGCONT);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("lost the agents' store at 127.0.0.1:" +
+                               std::to_string(port_) + " (keep-alive: "));
+  for (pid_t p : workers) {
+    EXPECT_TRUE(
+        testing::eventually([p] { return !testing::process_alive(p); }, 30s))
+        << "worker " << p << " survived";
+  }
+}
+
 TEST_F(Rendezvous, ANodeFinishingEarlyWaitsForTheOthers) {
   testing::TempDir dir;
   testing::Gate gate((dir / "go").string());
