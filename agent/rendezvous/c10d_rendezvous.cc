@@ -378,15 +378,25 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         }
         if (now >= deadline) {
           stop_watcher();
+          // Joiners lost meanwhile are named apart, not counted.
           int n = static_cast<int>(store_->add(key(r, "n"), 0));
-          std::vector<std::string> who;
+          std::set<std::string> lost;
+          if (store_->check({key(r, "ev")})) {
+            for (const auto& [verb, id] : entries(store_->get(key(r, "ev")))) {
+              if (verb == "lost" || verb == "left") lost.insert(id);
+            }
+          }
+          std::vector<std::string> who, gone;
           for (int i = 1; i <= n; ++i) {
-            auto v = store_->multi_get({key(r, "node/" + std::to_string(i))});
-            who.push_back(MemberRecord::decode(v[0], i).addr);
+            const std::string k = key(r, "node/" + std::to_string(i));
+            if (!store_->check({k})) continue;  // killed before writing it
+            const MemberRecord m = MemberRecord::decode(store_->get(k), i);
+            (lost.contains(m.id) ? gone : who).push_back(m.addr);
           }
           std::string message = too_few_message(
-              n, r, p_.run_id, where,
-              std::chrono::duration_cast<milliseconds>(now - start), o, who);
+              static_cast<int>(who.size()), r, p_.run_id, where,
+              std::chrono::duration_cast<milliseconds>(now - start), o, who,
+              gone);
           // torchrun's defaults (an empty endpoint, --master-addr
           // 127.0.0.1) meet on each host alone.
           if (comm::store::is_loopback(p_.store_host)) {

@@ -137,9 +137,13 @@ std::string too_few_message(int joined, int round, const std::string& run_id,
                             const std::string& where,
                             std::chrono::milliseconds waited,
                             const RendezvousOptions& o,
-                            const std::vector<std::string>& joiners) {
+                            const std::vector<std::string>& joiners,
+                            const std::vector<std::string>& lost) {
   std::string who;
   for (const std::string& j : joiners) who += (who.empty() ? "" : ", ") + j;
+  std::string gone;
+  for (const std::string& j : lost) gone += (gone.empty() ? "" : ", ") + j;
+  if (!gone.empty()) who += "; lost while waiting: " + gone;
   return std::to_string(joined) + "/" + std::to_string(o.min_nodes) +
          " nodes joined round " + std::to_string(round) + " of job '" + run_id +
          "' at " + where + " after " + comm::store::format_duration(waited) +

@@ -74,12 +74,14 @@ std::string round_line(const RendezvousResult& round);
 std::string waiting_line(int joined, int target, const RendezvousOptions& o,
                          std::chrono::milliseconds call_left);
 // "1/2 nodes joined round 0 of job 'x' at WHERE after 600 s (min 2, max 4;
-// joined: a, b); start the missing nodes or lower --nnodes".
+// joined: a, b[; lost while waiting: c]); start the missing nodes or
+// lower --nnodes". `joined` counts `joiners`, not the lost.
 std::string too_few_message(int joined, int round, const std::string& run_id,
                             const std::string& where,
                             std::chrono::milliseconds waited,
                             const RendezvousOptions& o,
-                            const std::vector<std::string>& joiners);
+                            const std::vector<std::string>& joiners,
+                            const std::vector<std::string>& lost = {});
 // "dlaunch: round 3 is running with 2 nodes; it restarts to take this
 // node in\n" (or, at max_nodes, "... waiting for a place").
 std::string late_line(int round, int members, int max_nodes);

@@ -714,6 +714,22 @@ TEST_F(Rendezvous, TooFewNodesFailNamingWhoJoined) {
                                "HOST for the static backend)"));
 }
 
+// A joiner lost while the round waited for its minimum is named as lost,
+// not counted (the message once said "2/2 nodes joined").
+TEST_F(Rendezvous, TooFewNodesNameAJoinerLostWhileWaiting) {
+  conf_ = "join_timeout=8,last_call_timeout=5";
+  for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "3:4"}, "true");
+  ASSERT_TRUE(agents_[1]->wait_for_output("waiting for nodes: 2/", 60s))
+      << agents_[1]->err();
+  agents_[1]->signal(SIGKILL);
+  finish(1);
+  CommandResult r = finish(0);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("1/3 nodes joined round 0"));
+  EXPECT_THAT(r.err, HasSubstr("joined: 127.0.0.1; lost while waiting: "
+                               "127.0.0.2)"));
+}
+
 TEST_F(Rendezvous, JobsWithDifferentIdsShareAnExternalStore) {
   Subprocess store({{DLAUNCH_BIN_DIR "/dl-store", "--host", "127.0.0.1",
                      "--port", std::to_string(port_)},
