@@ -28,7 +28,7 @@ constexpr milliseconds kProgressEvery(5000);
 constexpr milliseconds kWatchSlice(std::chrono::hours(24));
 // How often a round's event key is read again once it holds only losses of
 // nodes outside the round.
-constexpr milliseconds kOutsiderPoll(50);
+constexpr milliseconds kOutsiderPoll(100);
 
 int to_int(const std::string& s, int fallback = -1) {
   int v = fallback;
@@ -136,10 +136,12 @@ C10dRendezvous::~C10dRendezvous() {
     stopping_ = true;
   }
   cv_.notify_all();
+  // The watcher first: ending alive_'s connection makes the store append
+  // this node's loss, an event the watcher must not report any more.
+  stop_watcher();
   // A check in flight to a silent store would hold the join for up to the
   // read timeout.
   if (alive_thread_.joinable()) alive_->interrupt();
-  stop_watcher();
   if (alive_thread_.joinable()) alive_thread_.join();
 }
 
@@ -171,20 +173,32 @@ void C10dRendezvous::keep_alive_loop() {
     if (stopping_) break;
     if (Clock::now() < silent_until_) continue;
     lock.unlock();
-    std::string failure;
+    std::string silent;
+    bool closed = false;
+    const auto asked = Clock::now();
     try {
       std::lock_guard<std::mutex> alive(alive_mu_);
       alive_->check({});
     } catch (const StoreError& e) {
-      failure = e.what();
+      // Silent: no answer for the read timeout (the client throws alike
+      // for that and for a closed connection, which fails at once).
+      if (Clock::now() - asked >= p_.options.read_timeout / 2) {
+        silent = e.what();
+      } else {
+        closed = true;
+      }
     }
     lock.lock();
-    if (!failure.empty()) {
-      // The store's host is gone or silent (frozen, powered off: no FIN),
-      // and the watcher's connection may wait as silently: end its wait,
-      // so that it reports the loss (and the next one fails at once).
+    // A closed connection: the store is gone (the watcher's connection
+    // closes too, and it reports that) or alive and dropped this node (the
+    // watcher reads why from the round's events).
+    if (closed) return;
+    if (!silent.empty()) {
+      // No answer (the store's host frozen or powered off: no FIN), and
+      // the watcher's connection may wait as silently: end its wait, so
+      // that it reports the loss; watch() ends the next one at once.
       if (!stopping_) {
-        alive_failure_ = failure;
+        alive_failure_ = silent;
         watcher_->interrupt();
       }
       return;
@@ -210,9 +224,12 @@ bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min) {
     for (int i = 1; i <= n; ++i) {
       keys.push_back(key(r, "node/" + std::to_string(i)));
     }
-    std::vector<std::string> vals = s.multi_get(keys);
     for (int i = 1; i <= n; ++i) {
-      if (!lost.contains(MemberRecord::decode(vals[i - 1], i).id))
+      // A record not written yet: its node was killed between counting
+      // and writing (waiting for it would take the read timeout), or is
+      // microseconds from it, and joins the next round.
+      if (!s.check({keys[i - 1]})) continue;
+      if (!lost.contains(MemberRecord::decode(s.get(keys[i - 1]), i).id))
         live.push_back(i);
     }
   }
@@ -449,7 +466,18 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
             member_ids.push_back(MemberRecord::decode(vals[i], seqs[i]).id);
           }
         }
-        std::string ev = wait_for_members(*store_, r, member_ids, deadline);
+        std::string ev;
+        try {
+          ev = wait_for_members(*store_, r, member_ids, deadline);
+        } catch (const StoreTimeoutError&) {
+          throw RendezvousError(
+              "round " + std::to_string(r) + " of job '" + p_.run_id +
+              "' stayed full (" + std::to_string(count) +
+              " nodes, the most --nnodes allows) for the " +
+              comm::store::format_duration(timeout) +
+              " this node waited for a place; raise --nnodes MAX or start "
+              "this node when the job has room");
+        }
         if (classify(r, ev, member_ids).kind == RoundEvent::Kind::kSucceeded) {
           throw RendezvousClosed("the job '" + p_.run_id +
                                  "' finished while this node waited to "
@@ -596,6 +624,12 @@ RoundEvent C10dRendezvous::classify(
 
 void C10dRendezvous::watch(EventCallback on_event) {
   stop_watcher();
+  {
+    // The keep-alive gave up on a silent store before this watcher (its
+    // interrupt may have hit a closer's connection, since replaced).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!alive_failure_.empty()) watcher_->interrupt();
+  }
   const int r = round_;
   const std::string where = p_.store_host + ":" + std::to_string(p_.store_port);
   watcher_done_.store(false);
