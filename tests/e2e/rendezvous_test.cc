@@ -588,6 +588,26 @@ TEST_F(Rendezvous, ANodeOutsideTheRoundGoingLeavesTheRoundAlone) {
   }
 }
 
+// A spare whose round stays full past its join timeout says so (it once
+// blamed the store: "the agents' store ... failed: timed out").
+TEST_F(Rendezvous, ASpareWhoseRoundStaysFullSaysSo) {
+  testing::TempDir dir;
+  const std::string go = (dir / "go").string();
+  const std::string script = kShowEnv + "; echo RUNNING; while [ ! -e " + go +
+                             " ]; do sleep 0.05; done";
+  for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2"}, script);
+  ASSERT_TRUE(all_print(2, "RUNNING"));
+  conf_ = "join_timeout=3,last_call_timeout=5";
+  start(2, {"--nnodes", "2"}, script);
+  CommandResult spare = finish(2);
+  EXPECT_EQ(spare.exit_code, 1) << spare.err;
+  EXPECT_THAT(spare.err,
+              HasSubstr("stayed full (2 nodes, the most --nnodes allows) for "
+                        "the 3 s this node waited for a place"));
+  testing::write_file(go, "");
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(finish(i).exit_code, 0);
+}
+
 // A node that fails to join (no port free on its --local-addr) before it is
 // counted: the round still forms from the others (it once waited for that
 // node's record, never written, until the store's read timeout).
