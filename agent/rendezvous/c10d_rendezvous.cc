@@ -29,6 +29,8 @@ constexpr milliseconds kWatchSlice(std::chrono::hours(24));
 // How often a round's event key is read again once it holds only losses of
 // nodes outside the round.
 constexpr milliseconds kOutsiderPoll(100);
+// How long a round's closer waits for a counted node's record.
+constexpr milliseconds kRecordGrace(1000);
 
 int to_int(const std::string& s, int fallback = -1) {
   int v = fallback;
@@ -225,10 +227,16 @@ bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min) {
       keys.push_back(key(r, "node/" + std::to_string(i)));
     }
     for (int i = 1; i <= n; ++i) {
-      // A record not written yet: its node was killed between counting
-      // and writing (waiting for it would take the read timeout), or is
-      // microseconds from it, and joins the next round.
-      if (!s.check({keys[i - 1]})) continue;
+      // A record not written yet: its node is microseconds from writing
+      // it, or was killed between counting and writing (then waiting for
+      // it would take the read timeout): given kRecordGrace.
+      if (!s.check({keys[i - 1]})) {
+        try {
+          s.wait({keys[i - 1]}, kRecordGrace);
+        } catch (const StoreTimeoutError&) {
+          continue;
+        }
+      }
       if (!lost.contains(MemberRecord::decode(s.get(keys[i - 1]), i).id))
         live.push_back(i);
     }
