@@ -177,17 +177,18 @@ void C10dRendezvous::keep_alive_loop() {
     lock.unlock();
     std::string silent;
     bool closed = false;
-    const auto asked = Clock::now();
     try {
       std::lock_guard<std::mutex> alive(alive_mu_);
       alive_->check({});
     } catch (const StoreError& e) {
-      // Silent: no answer for the read timeout (the client throws alike
-      // for that and for a closed connection, which fails at once).
-      if (Clock::now() - asked >= p_.options.read_timeout / 2) {
-        silent = e.what();
-      } else {
+      // Closed by the server (FIN): the store is alive and dropped this
+      // node, or went with its host, whose FIN the watcher gets too.
+      // Anything else (no answer, a reset) may leave the watcher waiting.
+      const std::string what = e.what();
+      if (what.find("the server closed the connection") != std::string::npos) {
         closed = true;
+      } else {
+        silent = what;
       }
     }
     lock.lock();
@@ -478,6 +479,10 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         try {
           ev = wait_for_members(*store_, r, member_ids, deadline);
         } catch (const StoreTimeoutError&) {
+          // A store that stopped answering fails here too: the check,
+          // on a connection closed by the client, throws plain StoreError.
+          if (Clock::now() < deadline) throw;
+          store_->check({});
           throw RendezvousError(
               "round " + std::to_string(r) + " of job '" + p_.run_id +
               "' stayed full (" + std::to_string(count) +
