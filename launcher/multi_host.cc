@@ -542,9 +542,10 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   // From here the head's signals stop the whole job: the remote agents
   // first hear of it from their stdin or by tag.
   std::unique_ptr<CommandRunner> remote;
+  std::vector<AgentCommand> starts;  // remote's commands, by index
   if (!plan.jobs.empty()) {
-    remote = std::make_unique<CommandRunner>(backend->start_commands(plan),
-                                             CommandOutput::kShow);
+    starts = backend->start_commands(plan);
+    remote = std::make_unique<CommandRunner>(starts, CommandOutput::kShow);
   }
   std::atomic<int> stop_signal{0};
   boost::asio::io_context sig_io;
@@ -605,11 +606,70 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       if (!head_host->gpus.empty()) {
         ::setenv("CUDA_VISIBLE_DEVICES", gpu_list(head_host->gpus).c_str(), 1);
       }
+      // Hosts whose agents end in failure while this machine's agent may
+      // still wait for them: once too few are left for the minimum, the
+      // rendezvous is told so through the store (not at join_timeout).
+      std::atomic<bool> head_done{false};
+      std::atomic<int> aborted_by{-1};
+      std::jthread monitor;
+      if (remote) {
+        monitor = std::jthread([&] {
+          const int min_nodes = mine.rdzv.min_nodes;
+          while (!head_done) {
+            if (remote->wait(milliseconds(0))) return;
+            const int f = remote->wait_failure_or_end(milliseconds(200));
+            if (f < 0 || head_done) continue;
+            std::vector<CommandResult> rs = remote->results();
+            int lost = 0;
+            for (size_t i = 0; i < rs.size(); ++i) {
+              if (rs[i].exited && rs[i].exit_code != 0) {
+                lost += static_cast<int>(starts[i].hosts.size());
+              }
+            }
+            const int left = static_cast<int>(o.hosts.size()) - lost;
+            if (left >= min_nodes) {
+              std::this_thread::sleep_for(milliseconds(200));
+              continue;
+            }
+            std::string who;
+            for (const std::string& h : starts[static_cast<size_t>(f)].hosts) {
+              who += (who.empty() ? "" : ", ") + h;
+            }
+            const std::string why =
+                "the agent on " + who + " ended with exit " +
+                std::to_string(rs[static_cast<size_t>(f)].exit_code) +
+                " (its lines above say why), leaving " + std::to_string(left) +
+                " of " + std::to_string(o.hosts.size()) +
+                " hosts where the job needs " + std::to_string(min_nodes);
+            try {
+              auto s = comm::store::TcpStore::connect(
+                  {.host = "127.0.0.1",
+                   .port = store->port(),
+                   .connect_timeout = std::chrono::seconds(10),
+                   .timeout = std::chrono::seconds(10),
+                   .token = token});
+              s->set("dlaunch/rdzv/" + run_id + "/aborted", why);
+              aborted_by = f;
+            } catch (const std::exception& e) {
+              write_stderr("dlaunch: cannot tell this machine's agent that " +
+                           why + ": " + e.what() + "\n");
+            }
+            return;
+          }
+        });
+      }
       try {
         head_code = launch(mine);
       } catch (const std::exception& e) {
         write_stderr(std::string("dlaunch: ") + e.what() + "\n");
         head_code = 1;
+      }
+      head_done = true;
+      if (monitor.joinable()) monitor.join();
+      // The failed host's status is the job's, as when the head is no host.
+      if (const int f = aborted_by; f >= 0) {
+        const CommandResult r = remote->results()[static_cast<size_t>(f)];
+        if (r.exited && r.exit_code != 0) head_code = r.exit_code;
       }
     }
     head_failed = head_code != 0;

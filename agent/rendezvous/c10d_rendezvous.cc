@@ -299,6 +299,9 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
     if (store_->check({prefix_ + "gave_up"})) {
       throw RendezvousError(gave_up_message(p_.run_id));
     }
+    if (store_->check({prefix_ + "aborted"})) {
+      throw RendezvousError(store_->get(prefix_ + "aborted"));
+    }
     int r = 0;
     // A re-formed round closes as soon as each node it expects (the
     // survivors of the previous round and the nodes that asked to join it)
@@ -389,6 +392,12 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
       std::string closed;
       auto next_progress = joined_at + milliseconds(1000);
       while (closed.empty()) {
+        // A multi-host head that lost hosts below the minimum says so
+        // here (launcher/multi_host.cc): no waiting out the join timeout.
+        if (store_->check({prefix_ + "aborted"})) {
+          stop_watcher();
+          throw RendezvousError(store_->get(prefix_ + "aborted"));
+        }
         auto now = Clock::now();
         const bool last_call = !fixed && seq >= o.min_nodes;
         const auto call_ends = joined_at + o.last_call_timeout;

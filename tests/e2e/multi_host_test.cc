@@ -831,6 +831,28 @@ TEST(MultiHostHead, NprocAutoFallsBackToEachHostsCpus) {
   }
 }
 
+// The head among the hosts: a host whose agent fails before joining
+// (no GPU for --nproc-per-node gpu) ends the job at once, with its status
+// (the head's agent once waited out join_timeout, 600 s).
+TEST(MultiHostHead, AHostFailingBeforeJoiningEndsTheJobAtOnce) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  CommandResult r = testing::run_command(
+      cmd(head("local", "localhost,127.0.0.3", mark,
+               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 0),
+                "--nproc-per-node", "gpu", "sh", "-c", "sleep 300"}),
+          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)}}),
+      60s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("127.0.0.3 dlaunch: --nproc-per-node gpu: no "
+                               "CUDA device is visible"));
+  EXPECT_THAT(r.err, HasSubstr("the agent on 127.0.0.3 ended with exit 2 (its "
+                               "lines above say why), leaving 1 of 2 hosts "
+                               "where the job needs 2"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 TEST(MultiHostHead, NprocGpuIsCountedByEachHostNotTheHead) {
   TempDir dir;
   // The head sees no GPU (alone it would refuse gpu); each host sees 3.
