@@ -97,6 +97,17 @@ bool in_path(const std::string& program, const agent::EnvMap& env) {
   return false;
 }
 
+// A client of the head's own store (the agents' meeting place).
+std::unique_ptr<comm::store::TcpStore> own_store(uint16_t port,
+                                                 const std::string& token) {
+  return comm::store::TcpStore::connect(
+      {.host = "127.0.0.1",
+       .port = port,
+       .connect_timeout = std::chrono::seconds(10),
+       .timeout = std::chrono::seconds(10),
+       .token = token});
+}
+
 // The pre-flight table: one line per host that failed, all at once.
 std::string preflight_table(const std::vector<PreflightFailure>& failures,
                             size_t hosts) {
@@ -642,12 +653,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
                 " of " + std::to_string(o.hosts.size()) +
                 " hosts where the job needs " + std::to_string(min_nodes);
             try {
-              auto s = comm::store::TcpStore::connect(
-                  {.host = "127.0.0.1",
-                   .port = store->port(),
-                   .connect_timeout = std::chrono::seconds(10),
-                   .timeout = std::chrono::seconds(10),
-                   .token = token});
+              auto s = own_store(store->port(), token);
               s->set("dlaunch/rdzv/" + run_id + "/aborted", why);
               aborted_by = f;
             } catch (const std::exception& e) {
@@ -733,12 +739,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     merged.exit_code = code;
     merged.run_id = run_id;
     try {
-      auto s = comm::store::TcpStore::connect(
-          {.host = "127.0.0.1",
-           .port = store->port(),
-           .connect_timeout = std::chrono::seconds(10),
-           .timeout = std::chrono::seconds(10),
-           .token = token});
+      auto s = own_store(store->port(), token);
       for (const Host& h : o.hosts) {
         const std::string key = drill_key + "/" + h.name;
         if (s->check({key})) merge_drill_part(s->get(key), merged);
