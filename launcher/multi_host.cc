@@ -622,6 +622,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       // rendezvous is told so through the store (not at join_timeout).
       std::atomic<bool> head_done{false};
       std::atomic<int> aborted_by{-1};
+      std::string abort_text;  // written before aborted_by is set
       std::jthread monitor;
       if (remote) {
         monitor = std::jthread([&] {
@@ -642,6 +643,10 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
               std::this_thread::sleep_for(milliseconds(200));
               continue;
             }
+            // A Ctrl-C reaches the hosts' ssh too, which end at once: the
+            // head's agent gets that second to leave on the signal first.
+            std::this_thread::sleep_for(std::chrono::seconds(1));
+            if (head_done) return;
             std::string who;
             for (const std::string& h : starts[static_cast<size_t>(f)].hosts) {
               who += (who.empty() ? "" : ", ") + h;
@@ -655,6 +660,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
             try {
               auto s = own_store(store->port(), token);
               s->set("dlaunch/rdzv/" + run_id + "/aborted", why);
+              abort_text = why;
               aborted_by = f;
             } catch (const std::exception& e) {
               write_stderr("dlaunch: cannot tell this machine's agent that " +
@@ -664,16 +670,21 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
           }
         });
       }
+      agent::RunResult mine_result;
       try {
-        head_code = launch(mine);
+        head_code = launch(mine, &mine_result);
       } catch (const std::exception& e) {
         write_stderr(std::string("dlaunch: ") + e.what() + "\n");
         head_code = 1;
       }
       head_done = true;
       if (monitor.joinable()) monitor.join();
-      // The failed host's status is the job's, as when the head is no host.
-      if (const int f = aborted_by; f >= 0) {
+      // The failed host's status is the job's, as when the head is no host,
+      // when the abort is what ended this machine's agent (not a signal or
+      // a failure of its own that the host's failure followed).
+      if (const int f = aborted_by;
+          f >= 0 && !abort_text.empty() &&
+          mine_result.error.find(abort_text) != std::string::npos) {
         const CommandResult r = remote->results()[static_cast<size_t>(f)];
         if (r.exited && r.exit_code != 0) head_code = r.exit_code;
       }
