@@ -123,6 +123,24 @@ class MultiHost : public ::testing::TestWithParam<std::string> {
     return {};
   }
 
+  // Runs a script at `path` (made here; it prints "RAN $RANK") on two
+  // hosts, named on the command line as `given`, from folder `cwd` ("": the
+  // test's), and expects both ranks' lines.
+  void run_script_on_two_hosts(const fs::path& path, const std::string& given,
+                               const std::string& cwd) const {
+    const std::string mark = unique_mark("m");
+    testing::write_file(path, "#!/bin/sh\necho RAN $RANK\n");
+    fs::permissions(path, fs::perms::owner_all);
+    testing::CommandOptions o =
+        cmd(head("127.0.0.2,127.0.0.3", mark, {given}), env());
+    o.cwd = cwd;
+    CommandResult r = testing::run_command(o, 90s);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("]:RAN 0\n"));
+    EXPECT_THAT(r.out, HasSubstr("]:RAN 1\n"));
+    EXPECT_TRUE(none_marked(mark, 30s));
+  }
+
   std::unique_ptr<testing::TestSshd> sshd_;
 };
 
@@ -168,34 +186,16 @@ TEST_P(MultiHost, EveryHostRunsAnAgentInOneWorld) {
 // starts (ssh: the user's home; the check said "program-missing").
 TEST_P(MultiHost, ARelativeProgramIsFoundFromTheHeadsFolder) {
   TempDir dir;
-  const std::string mark = unique_mark("m");
-  testing::write_file(dir / "prog.sh", "#!/bin/sh\necho RAN $RANK\n");
-  fs::permissions(dir / "prog.sh", fs::perms::owner_all);
-  testing::CommandOptions o =
-      cmd(head("127.0.0.2,127.0.0.3", mark, {"./prog.sh"}), env());
-  o.cwd = dir.path().string();
-  CommandResult r = testing::run_command(o, 90s);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("]:RAN 0\n"));
-  EXPECT_THAT(r.out, HasSubstr("]:RAN 1\n"));
-  EXPECT_TRUE(none_marked(mark, 30s));
+  run_script_on_two_hosts(dir / "prog.sh", "./prog.sh", dir.path().string());
 }
 
 // A program whose path has a space reaches every host whole (pdsh over
 // ssh once passed the check's words unquoted to the remote shell).
 TEST_P(MultiHost, AProgramPathWithASpaceReachesEveryHost) {
   TempDir dir;
-  const std::string mark = unique_mark("m");
   fs::create_directories(dir / "my dir");
   const fs::path prog = dir / "my dir" / "prog.sh";
-  testing::write_file(prog, "#!/bin/sh\necho RAN $RANK\n");
-  fs::permissions(prog, fs::perms::owner_all);
-  CommandResult r = testing::run_command(
-      cmd(head("127.0.0.2,127.0.0.3", mark, {prog.string()}), env()), 90s);
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("]:RAN 0\n"));
-  EXPECT_THAT(r.out, HasSubstr("]:RAN 1\n"));
-  EXPECT_TRUE(none_marked(mark, 30s));
+  run_script_on_two_hosts(prog, prog.string(), "");
 }
 
 TEST_P(MultiHost, EnvironmentValuesArriveIntactAndLarge) {
