@@ -209,16 +209,22 @@ void C10dRendezvous::keep_alive_loop() {
   }
 }
 
-bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min) {
-  const RendezvousOptions& o = p_.options;
-  const int n = static_cast<int>(s.add(key(r, "n"), 0));
-  // Joiners lost before the round closed stay out of it.
+std::set<std::string> C10dRendezvous::lost_in(comm::store::TcpStore& s,
+                                              int r) const {
   std::set<std::string> lost;
   if (s.check({key(r, "ev")})) {
     for (const auto& [verb, id] : entries(s.get(key(r, "ev")))) {
       if (verb == "lost" || verb == "left") lost.insert(id);
     }
   }
+  return lost;
+}
+
+bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min) {
+  const RendezvousOptions& o = p_.options;
+  const int n = static_cast<int>(s.add(key(r, "n"), 0));
+  // Joiners lost before the round closed stay out of it.
+  const std::set<std::string> lost = lost_in(s, r);
   std::vector<int> live;
   if (lost.empty()) {
     for (int i = 1; i <= n; ++i) live.push_back(i);
@@ -415,12 +421,7 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
           stop_watcher();
           // Joiners lost meanwhile are named apart, not counted.
           int n = static_cast<int>(store_->add(key(r, "n"), 0));
-          std::set<std::string> lost;
-          if (store_->check({key(r, "ev")})) {
-            for (const auto& [verb, id] : entries(store_->get(key(r, "ev")))) {
-              if (verb == "lost" || verb == "left") lost.insert(id);
-            }
-          }
+          const std::set<std::string> lost = lost_in(*store_, r);
           std::vector<std::string> who, gone;
           for (int i = 1; i <= n; ++i) {
             const std::string k = key(r, "node/" + std::to_string(i));

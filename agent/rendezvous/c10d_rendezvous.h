@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,6 +70,8 @@ class C10dRendezvous : public Rendezvous {
   void start_closer(int r, std::vector<std::string> in_keys,
                     std::chrono::steady_clock::time_point deadline);
   // Waits until round `r`'s event key exists; returns its text.
+  // The nodes round `r`'s event key names lost or left.
+  std::set<std::string> lost_in(comm::store::TcpStore& s, int r) const;
   // The text of round `round`'s event key once it holds an entry other
   // than a loss of a node outside `members`; StoreTimeoutError at
   // `deadline` (none: waits on).
