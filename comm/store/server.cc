@@ -59,6 +59,17 @@ std::string oversized(const char* op, const Keys& keys, Find&& find) {
          " MiB a response may carry; ask for fewer keys per call";
 }
 
+// Why a write leaving `key` `bytes` long is refused, or "" when it fits
+// in `max` (StoreServerOptions::max_value_bytes).
+std::string too_big(const char* op, std::string_view key, uint64_t bytes,
+                    uint64_t max) {
+  if (bytes <= max) return "";
+  return std::string(op) + ": key '" + std::string(key) + "' would hold " +
+         std::to_string(bytes) + " bytes, over the " + std::to_string(max) +
+         " a value may hold; the key is unchanged (split the value over "
+         "several keys)";
+}
+
 }  // namespace
 
 void StoreServer::Impl::on_closed(Connection& c) {
@@ -66,7 +77,17 @@ void StoreServer::Impl::on_closed(Connection& c) {
   // A peer that died (or went silent) is announced to whoever waits on the
   // keys it named; a server shutting down announces nothing.
   if (!shutting_down_) {
-    for (const auto& [key, value] : c.on_close()) append(key, value);
+    const size_t max = options_.max_value_bytes;
+    for (const auto& [key, value] : c.on_close()) {
+      const std::string* v = find(key);
+      if (std::string e = too_big("append_on_close", key,
+                                  (v ? v->size() : 0) + value.size(), max);
+          !e.empty()) {
+        spdlog::warn("store: a closed connection's {}", e);
+        continue;
+      }
+      append(key, value);
+    }
   }
   c.on_close().clear();
   connections_.erase(&c);
@@ -81,8 +102,13 @@ void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
   wire::Response& out = response_;
   out.values.clear();
   out.missing.clear();
+  const size_t max = options_.max_value_bytes;
   switch (r.type) {
     case MsgType::kSet: {
+      if (std::string e = too_big("set", r.keys[0], r.values[0].size(), max);
+          !e.empty()) {
+        return respond_error(c, std::move(e));
+      }
       if (std::string* v = find(r.keys[0])) {
         v->assign(r.values[0]);
       } else {
@@ -130,6 +156,11 @@ void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
     case MsgType::kCompareSet: {
       // torch's semantics, including its answer for a missing key with a
       // non-empty `expected`: that `expected` is echoed back.
+      if (std::string e =
+              too_big("compare_set", r.keys[0], r.values[1].size(), max);
+          !e.empty()) {
+        return respond_error(c, std::move(e));
+      }
       std::string* v = find(r.keys[0]);
       out.type = MsgType::kValue;
       if (!v) {
@@ -178,6 +209,13 @@ void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
       break;
     case MsgType::kMultiSet:
       for (size_t i = 0; i < r.keys.size(); ++i) {
+        if (std::string e =
+                too_big("multi_set", r.keys[i], r.values[i].size(), max);
+            !e.empty()) {
+          return respond_error(c, std::move(e) + "; no key was set");
+        }
+      }
+      for (size_t i = 0; i < r.keys.size(); ++i) {
         if (std::string* v = find(r.keys[i])) {
           v->assign(r.values[i]);
         } else {
@@ -187,10 +225,18 @@ void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
       }
       out.type = MsgType::kOk;
       break;
-    case MsgType::kAppend:
+    case MsgType::kAppend: {
+      const std::string* v = find(r.keys[0]);
+      if (std::string e =
+              too_big("append", r.keys[0],
+                      (v ? v->size() : 0) + r.values[0].size(), max);
+          !e.empty()) {
+        return respond_error(c, std::move(e));
+      }
       out.type = MsgType::kInteger;
       out.integer = static_cast<int64_t>(append(r.keys[0], r.values[0]).size());
       break;
+    }
     case MsgType::kAppendOnClose:
       c.append_on_close(
           r.keys[0], r.values[0],
@@ -318,6 +364,12 @@ std::unique_ptr<StoreServer> StoreServer::start(
                      std::to_string(options.max_connection_buffer_bytes) +
                      ") must be at least max_frame_bytes + 5 (" +
                      std::to_string(frame) + ")");
+  }
+  if (options.max_value_bytes > wire::kMaxResponseBytes - 4) {
+    throw StoreError(
+        "max_value_bytes (" + std::to_string(options.max_value_bytes) +
+        ") must be at most " + std::to_string(wire::kMaxResponseBytes - 4) +
+        ", the longest value one get can return");
   }
   if (options.max_server_buffer_bytes < options.max_connection_buffer_bytes) {
     throw StoreError("max_server_buffer_bytes (" +

@@ -19,6 +19,11 @@ struct StoreServerOptions {
   // Largest frame body a client may send; a longer frame closes that
   // client's connection. Default 64 MiB.
   size_t max_frame_bytes = wire::kDefaultMaxFrameBytes;
+  // Largest value a key may hold: a write (set, multi_set, compare_set,
+  // append) that would leave one longer is answered with an error and
+  // changes nothing. At most, and by default, what one get can return:
+  // wire::kMaxResponseBytes less the value's 4-byte length.
+  size_t max_value_bytes = wire::kMaxResponseBytes - 4;
   // listen() backlog: room for a connect storm of many ranks. Default 4096
   // (the kernel caps it at net.core.somaxconn).
   int backlog = 4096;
