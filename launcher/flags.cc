@@ -1313,12 +1313,48 @@ void check_etcd(LaunchOptions& o) {
   }
 }
 
+namespace {
+
+// The agents' store's port, when given, is not the workers' rank 0's.
+void check_store_port(const LaunchOptions& o) {
+  const auto& r = o.rdzv;
+  if (!r.endpoint_host.empty() && r.endpoint_port != 0 &&
+      o.agent.master_port == r.endpoint_port) {
+    throw BadValue{"--master-port " + std::to_string(o.agent.master_port) +
+                   " is the agents' store port (--rdzv-endpoint); the "
+                   "workers' rank 0 must bind another: pick a different "
+                   "--master-port"};
+  }
+}
+
+}  // namespace
+
 void check_rendezvous(LaunchOptions& o) {
   agent::rendezvous::RendezvousOptions& r = o.rdzv;
   const std::string nnodes = "--nnodes " + *find_flag("nnodes")->print(o);
   o.agent.rdzv_timeout = r.join_timeout;
   if (o.standalone && r.max_nodes > 1) {
     throw BadValue{"--standalone runs one node; drop it or use --nnodes 1"};
+  }
+  // A multi-host head hosts the agents' store (c10d; at --rdzv-endpoint's
+  // port when given, else a free one) and numbers the hosts' agents
+  // itself; check_hosts() holds --nnodes to its hosts.
+  if (!o.hosts.empty() || o.remote.launcher == "slurm") {
+    if (r.backend == "etcd") {
+      throw BadValue{
+          "--rdzv-backend etcd: a multi-host head (--hosts, --hostfile, "
+          "--launcher slurm) meets its agents in a store of its own; drop "
+          "--rdzv-backend, or start each host's dlaunch yourself with the "
+          "etcd endpoints"};
+    }
+    if (r.node_rank >= 0) {
+      throw BadValue{
+          "--node-rank: a multi-host head (--hosts, --hostfile, --launcher "
+          "slurm) numbers its hosts' agents itself; drop --node-rank"};
+    }
+    check_etcd(o);
+    check_store_port(o);
+    return;
   }
   if (o.standalone && !r.endpoint_host.empty()) {
     throw BadValue{
@@ -1368,13 +1404,7 @@ void check_rendezvous(LaunchOptions& o) {
   if (r.endpoint_host.empty() && r.max_nodes > 1) {
     r.endpoint_host = o.agent.master_addr;
   }
-  if (!r.endpoint_host.empty() && r.max_nodes > 1 && r.backend != "etcd" &&
-      o.agent.master_port == r.endpoint_port) {
-    throw BadValue{"--master-port " + std::to_string(o.agent.master_port) +
-                   " is the agents' store port (--rdzv-endpoint); the "
-                   "workers' rank 0 must bind another: pick a different "
-                   "--master-port"};
-  }
+  if (r.max_nodes > 1 && r.backend != "etcd") check_store_port(o);
 }
 
 void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {
@@ -1407,6 +1437,25 @@ void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {
   }
   r.include.clear();
   r.exclude.clear();
+  // One agent per host: a fixed --nnodes other than the default 1 names
+  // the hosts' count, and MIN:MAX needs at least MIN hosts.
+  const auto& z = o.rdzv;
+  const int n = static_cast<int>(o.hosts.size());
+  const std::string nnodes = "--nnodes " + *find_flag("nnodes")->print(o);
+  const std::string given =
+      std::to_string(n) + (n == 1 ? " host" : " hosts") + " (one agent each)";
+  if (n > 0 && z.min_nodes == z.max_nodes && z.max_nodes != 1 &&
+      z.max_nodes != n) {
+    throw BadValue{nnodes + ": the job has " + given +
+                   "; drop --nnodes or name " + std::to_string(z.max_nodes) +
+                   " hosts"};
+  }
+  if (n > 0 && z.min_nodes > n) {
+    throw BadValue{nnodes + ": the job has " + given + ", fewer than MIN " +
+                   std::to_string(z.min_nodes) +
+                   "; lower MIN or name more "
+                   "hosts"};
+  }
 }
 
 std::vector<std::string> split_words(const std::string& text) {

@@ -166,14 +166,31 @@ std::string dry_run_plan(const LaunchOptions& o) {
   for (const std::string& e : o.rdzv.etcd_endpoints) {
     etcd += (etcd.empty() ? ", etcd at " : ", ") + e;
   }
-  s << "  rendezvous: " << o.rdzv.backend
-    << (o.standalone ? ", store hosted here on a free port (standalone)"
-        : o.rdzv.backend == "etcd" ? etcd
-        : o.rdzv.endpoint_host.empty()
-            ? ", this node alone (no store)"
-            : ", store at " + o.rdzv.endpoint_host + ":" +
-                  std::to_string(o.rdzv.endpoint_port))
-    << "\n";
+  if (!o.hosts.empty()) {
+    // launch_hosts(): the head's own store, one agent per host.
+    const auto& r = o.rdzv;
+    const int n = static_cast<int>(o.hosts.size());
+    s << "  rendezvous: c10d, store hosted here on "
+      << (r.endpoint_host.empty() || r.endpoint_port == 0
+              ? std::string("a free port")
+              : "port " + std::to_string(r.endpoint_port))
+      << "; "
+      << (r.min_nodes == r.max_nodes
+              ? "every host's agent joins"
+              : "from " + std::to_string(r.min_nodes) + " to " +
+                    std::to_string(std::min(r.max_nodes, n)) + " of the " +
+                    std::to_string(n) + " hosts' agents join")
+      << "\n";
+  } else {
+    s << "  rendezvous: " << o.rdzv.backend
+      << (o.standalone ? ", store hosted here on a free port (standalone)"
+          : o.rdzv.backend == "etcd" ? etcd
+          : o.rdzv.endpoint_host.empty()
+              ? ", this node alone (no store)"
+              : ", store at " + o.rdzv.endpoint_host + ":" +
+                    std::to_string(o.rdzv.endpoint_port))
+      << "\n";
+  }
   s << "  restarts:  up to " << o.agent.max_restarts << "; SIGKILL "
     << format_seconds(o.agent.term_timeout) << " s after SIGTERM\n";
   std::string run_id =

@@ -22,6 +22,7 @@
 #include "launcher/cli.h"
 #include "launcher/command_runner.h"
 #include "launcher/hostfile.h"
+#include "launcher/job_print.h"
 #include "launcher/multi_host.h"
 #include "launcher/remote_job.h"
 #include "launcher/ship.h"
@@ -897,6 +898,53 @@ LaunchOptions options_of(const ParseResult& r) {
     return {};
   }
   return std::get<LaunchOptions>(r);
+}
+
+// A multi-host head hosts the agents' store and numbers them: --nnodes
+// MIN:MAX needs no --rdzv-backend c10d or --rdzv-endpoint (both were asked
+// for, and a port of 0 refused, though the head picks its own), a fixed
+// --nnodes must match the hosts, and what the head would drop is refused.
+TEST(HostPlanTest, TheHeadsHostsBoundNnodes) {
+  const agent::EnvMap env = {{"PATH", "/usr/bin:/bin"}};
+  auto parse = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"--hosts", "n[1-3]"});
+    args.push_back("prog");
+    return parse_command_line(args, env);
+  };
+  const LaunchOptions& elastic = options_of(parse({"--nnodes", "2:3"}));
+  EXPECT_EQ(elastic.rdzv.min_nodes, 2);
+  EXPECT_EQ(elastic.rdzv.max_nodes, 3);
+  EXPECT_THAT(dry_run_plan(options_of(parse({"--nnodes", "2:3", "--dry-run"}))),
+              HasSubstr("rendezvous: c10d, store hosted here on a free port; "
+                        "from 2 to 3 of the 3 hosts' agents join"));
+  EXPECT_THAT(dry_run_plan(options_of(
+                  parse({"--rdzv-endpoint", "n1:29400", "--nnodes", "3"}))),
+              HasSubstr("rendezvous: c10d, store hosted here on port 29400; "
+                        "every host's agent joins"));
+  options_of(parse({"--rdzv-backend", "c10d", "--rdzv-endpoint", "n1:0",
+                    "--nnodes", "1:3"}));
+  auto refused = [&](std::vector<std::string> args) {
+    ParseResult r = parse(std::move(args));
+    auto* e = std::get_if<UsageError>(&r);
+    return e ? e->message : std::string("accepted");
+  };
+  EXPECT_EQ(refused({"--nnodes", "2"}),
+            "dlaunch: --nnodes 2: the job has 3 hosts (one agent each); drop "
+            "--nnodes or name 2 hosts");
+  EXPECT_EQ(refused({"--nnodes", "4:5"}),
+            "dlaunch: --nnodes 4:5: the job has 3 hosts (one agent each), "
+            "fewer than MIN 4; lower MIN or name more hosts");
+  EXPECT_THAT(refused({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379"}),
+              HasSubstr("--rdzv-backend etcd: a multi-host head (--hosts, "
+                        "--hostfile, --launcher slurm) meets its agents in a "
+                        "store of its own"));
+  EXPECT_THAT(refused({"--node-rank", "1"}),
+              HasSubstr("--node-rank: a multi-host head (--hosts, "
+                        "--hostfile, --launcher slurm) numbers its hosts' "
+                        "agents itself; drop --node-rank"));
+  EXPECT_THAT(
+      refused({"--rdzv-endpoint", "n1:29400", "--master-port", "29400"}),
+      HasSubstr("--master-port 29400 is the agents' store port"));
 }
 
 TEST(SlurmTaskTest, ATaskWithoutARendezvousOfItsOwnJoinsItsStep) {
