@@ -45,6 +45,34 @@ struct DieWithParent {
   }
 };
 
+// pdsh's "pdsh@HEAD: HOST: CMD exited with exit code N" for one of
+// `cmd`'s hosts: sets `host` and `code`.
+bool pdsh_host_end(const AgentCommand& cmd, std::string_view line,
+                   std::string& host, int& code) {
+  static constexpr std::string_view kExited = " exited with exit code ";
+  if (!line.starts_with("pdsh@")) return false;
+  const size_t colon = line.find(": ");
+  const size_t at = line.rfind(kExited);
+  if (colon == std::string_view::npos || at == std::string_view::npos) {
+    return false;
+  }
+  std::string_view rest = line.substr(colon + 2);
+  std::string_view digits = line.substr(at + kExited.size());
+  for (const std::string& h : cmd.hosts) {
+    if (!rest.starts_with(h) || !rest.substr(h.size()).starts_with(": ")) {
+      continue;
+    }
+    auto [end, ec] =
+        std::from_chars(digits.data(), digits.data() + digits.size(), code);
+    if (ec != std::errc() || end != digits.data() + digits.size()) {
+      return false;
+    }
+    host = h;
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 struct CommandRunner::Impl {
@@ -107,10 +135,16 @@ struct CommandRunner::Impl {
           out += line;
           // pdsh reports each host's end on stderr: a failed one fails the
           // job before pdsh itself ends.
+          // (A host it names otherwise than -w did still fails the job.)
+          std::string host;
+          int code = 0;
           if (fd == STDERR_FILENO && line.starts_with("pdsh@") &&
               line.find(" exited with exit code ") != std::string_view::npos &&
               !line.ends_with(" exit code 0")) {
             std::lock_guard lock(mu);
+            if (pdsh_host_end(*c.cmd, line, host, code)) {
+              c.result.failed_hosts.emplace_back(std::move(host), code);
+            }
             if (failed < 0) failed = index(c);
             cv.notify_all();
           }

@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "launcher/agent_launcher.h"
@@ -26,6 +27,9 @@ struct CommandResult {
   bool exited = false;   // false: still running when a wait timed out
   int exit_code = -1;    // its status; 128+N when killed by signal N
   std::string out, err;  // with kCapture
+  // A command for many hosts (pdsh): those it reported ended with a status
+  // other than 0 while it runs, with that status, in the order reported.
+  std::vector<std::pair<std::string, int>> failed_hosts;
 };
 
 // Runs the head's local processes that reach the hosts (AgentCommand:

@@ -621,25 +621,44 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       // still wait for them: once too few are left for the minimum, the
       // rendezvous is told so through the store (not at join_timeout).
       std::atomic<bool> head_done{false};
-      std::atomic<int> aborted_by{-1};
-      std::string abort_text;  // written before aborted_by is set
+      std::atomic<bool> aborted{false};
+      std::string abort_text;  // written before `aborted` is set
+      int abort_code = 0;      // the failed host's status, likewise
       std::jthread monitor;
       if (remote) {
         monitor = std::jthread([&] {
           const int min_nodes = mine.rdzv.min_nodes;
           while (!head_done) {
-            if (remote->wait(milliseconds(0))) return;
+            // Once every command ended, one last count (hosts that all
+            // failed at once leave nothing more to wait for).
+            const bool ended = remote->wait(milliseconds(0));
             const int f = remote->wait_failure_or_end(milliseconds(200));
-            if (f < 0 || head_done) continue;
+            if (head_done) return;
+            if (f < 0) {
+              if (ended) return;
+              continue;
+            }
+            // A command ended in failure loses all its hosts; one still
+            // running for many (pdsh) those it reported failed. The first
+            // lost host's status is the job's.
             std::vector<CommandResult> rs = remote->results();
-            int lost = 0;
+            std::vector<std::string> gone;
+            int code = 0;
             for (size_t i = 0; i < rs.size(); ++i) {
               if (rs[i].exited && rs[i].exit_code != 0) {
-                lost += static_cast<int>(starts[i].hosts.size());
+                if (gone.empty()) code = rs[i].exit_code;
+                gone.insert(gone.end(), starts[i].hosts.begin(),
+                            starts[i].hosts.end());
+              } else {
+                for (const auto& [h, c] : rs[i].failed_hosts) {
+                  if (gone.empty()) code = c;
+                  gone.push_back(h);
+                }
               }
             }
-            const int left = static_cast<int>(o.hosts.size()) - lost;
+            const int left = static_cast<int>(o.hosts.size() - gone.size());
             if (left >= min_nodes) {
+              if (ended) return;
               std::this_thread::sleep_for(milliseconds(200));
               continue;
             }
@@ -648,20 +667,25 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
             std::this_thread::sleep_for(std::chrono::seconds(1));
             if (head_done) return;
             std::string who;
-            for (const std::string& h : starts[static_cast<size_t>(f)].hosts) {
+            for (const std::string& h : gone) {
               who += (who.empty() ? "" : ", ") + h;
             }
             const std::string why =
-                "the agent on " + who + " ended with exit " +
-                std::to_string(rs[static_cast<size_t>(f)].exit_code) +
-                " (its lines above say why), leaving " + std::to_string(left) +
-                " of " + std::to_string(o.hosts.size()) +
-                " hosts where the job needs " + std::to_string(min_nodes);
+                (gone.size() == 1
+                     ? "the agent on " + who + " ended with exit " +
+                           std::to_string(code) + " (its lines above say why)"
+                     : "the agents on " + who + " ended, the first with exit " +
+                           std::to_string(code) +
+                           " (their lines above say why)") +
+                ", leaving " + std::to_string(left) + " of " +
+                std::to_string(o.hosts.size()) + " hosts where the job needs " +
+                std::to_string(min_nodes);
             try {
               auto s = own_store(store->port(), token);
               s->set("dlaunch/rdzv/" + run_id + "/aborted", why);
               abort_text = why;
-              aborted_by = f;
+              abort_code = code;
+              aborted = true;
             } catch (const std::exception& e) {
               write_stderr("dlaunch: cannot tell this machine's agent that " +
                            why + ": " + e.what() + "\n");
@@ -682,11 +706,9 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       // The failed host's status is the job's, as when the head is no host,
       // when the abort is what ended this machine's agent (not a signal or
       // a failure of its own that the host's failure followed).
-      if (const int f = aborted_by;
-          f >= 0 && !abort_text.empty() &&
+      if (aborted && !abort_text.empty() &&
           mine_result.error.find(abort_text) != std::string::npos) {
-        const CommandResult r = remote->results()[static_cast<size_t>(f)];
-        if (r.exited && r.exit_code != 0) head_code = r.exit_code;
+        head_code = abort_code;
       }
     }
     head_failed = head_code != 0;

@@ -833,7 +833,35 @@ TEST(MultiHostHead, NprocAutoFallsBackToEachHostsCpus) {
 
 // The head among the hosts: a host whose agent fails before joining
 // (no GPU for --nproc-per-node gpu) ends the job at once, with its status
-// (the head's agent once waited out join_timeout, 600 s).
+// (the head's agent once waited out join_timeout, 600 s). Through one
+// command per host (local, ssh) and through pdsh, one command for all
+// hosts, whose per-host end lines say which host failed.
+void expect_a_failing_host_ends_the_job(const std::string& launcher) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  std::map<std::string, std::string> env = {
+      {"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)}};
+  if (launcher == "pdsh") env["PDSH_RCMD_TYPE"] = "exec";
+  CommandResult r = testing::run_command(
+      cmd(head(launcher, "localhost,127.0.0.3,127.0.0.4", mark,
+               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 0),
+                "--nnodes", "2:3", "--nproc-per-node", "gpu", "sh", "-c",
+                "sleep 300"}),
+          env),
+      60s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "127\\.0\\.0\\.[34] dlaunch: --nproc-per-node gpu: no "
+                         "CUDA device is visible"));
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "the agents on 127\\.0\\.0\\.[34], 127\\.0\\.0\\.[34] "
+                         "ended, the first with exit 2 \\(their lines above "
+                         "say why\\), leaving 1 of 3 hosts where the job "
+                         "needs 2"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 TEST(MultiHostHead, AHostFailingBeforeJoiningEndsTheJobAtOnce) {
   TempDir dir;
   const std::string mark = unique_mark("m");
@@ -851,6 +879,17 @@ TEST(MultiHostHead, AHostFailingBeforeJoiningEndsTheJobAtOnce) {
                                "lines above say why), leaving 1 of 2 hosts "
                                "where the job needs 2"));
   EXPECT_TRUE(none_marked(mark, 30s));
+}
+
+TEST(MultiHostHead, HostsFailingBelowTheMinimumEndTheJobAtOnce) {
+  expect_a_failing_host_ends_the_job("local");
+}
+
+TEST(MultiHostHead, HostsFailingUnderPdshEndTheJobAtOnce) {
+  if (!have("pdsh")) {
+    GTEST_SKIP() << "pdsh is not installed (scripts/setup installs it)";
+  }
+  expect_a_failing_host_ends_the_job("pdsh");
 }
 
 TEST(MultiHostHead, NprocGpuIsCountedByEachHostNotTheHead) {
