@@ -1426,12 +1426,14 @@ void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {
                    "or --hostfile"};
   }
   try {
-    o.hosts = select_hosts(std::move(o.hosts),
-                           r.include.empty() ? std::vector<HostFilter>{}
-                                             : parse_host_filter(r.include),
-                           r.exclude.empty() ? std::vector<HostFilter>{}
-                                             : parse_host_filter(r.exclude),
-                           o.agent.nproc_per_node);
+    o.hosts = select_hosts(
+        std::move(o.hosts),
+        r.include.empty() ? std::vector<HostFilter>{}
+                          : parse_host_filter(r.include),
+        r.exclude.empty() ? std::vector<HostFilter>{}
+                          : parse_host_filter(r.exclude),
+        // gpu, auto, cpu: each host counts its own.
+        o.nproc_per_node_spec.empty() ? o.agent.nproc_per_node : 0);
   } catch (const HostsError& e) {
     throw BadValue{e.what()};
   }

@@ -10,6 +10,13 @@
 namespace dlaunch::launcher {
 namespace {
 
+// "0,2": indices as --include/--exclude write them.
+std::string gpu_text(const std::vector<int>& gpus) {
+  std::string out;
+  for (int g : gpus) out += (out.empty() ? "" : ",") + std::to_string(g);
+  return out;
+}
+
 std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // `name` expanded, `so_far` hosts having come before it: each item is
@@ -134,6 +141,17 @@ std::vector<Host> select_hosts(std::vector<Host> hosts,
                        "' is named twice; name each host once");
     }
     const int slots = it->slots > 0 ? it->slots : default_slots;
+    if (slots <= 0 && !f.gpus.empty() && !keep) {
+      throw HostsError(
+          std::string(flag) + ": " + f.name + ":" + gpu_text(f.gpus) + ": " +
+          f.name +
+          "'s GPU count is decided there (--nproc-per-node gpu, auto or "
+          "cpu), so the rest of its GPUs are unknown here; give its slots (" +
+          f.name +
+          ":N in --hosts, slots=N in the hostfile) or name the GPUs "
+          "to use with --include");
+    }
+    if (slots <= 0) continue;  // --include: the host checks the indices
     for (int g : f.gpus) {
       if (g >= slots) {
         throw HostsError(std::string(flag) + ": " + f.name + ":" +

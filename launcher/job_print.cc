@@ -47,7 +47,12 @@ std::string env_value(const std::string& name, const std::string& value) {
 }
 
 std::string host_text(const Host& h) {
-  return h.slots > 0 ? h.name + ":" + std::to_string(h.slots) : h.name;
+  std::string out =
+      h.slots > 0 ? h.name + ":" + std::to_string(h.slots) : h.name;
+  for (size_t i = 0; i < h.gpus.size(); ++i) {
+    out += (i == 0 ? " (GPUs " : ",") + std::to_string(h.gpus[i]);
+  }
+  return h.gpus.empty() ? out : out + ")";
 }
 
 // One argument as a shell would need it written.

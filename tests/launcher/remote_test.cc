@@ -945,6 +945,12 @@ TEST(HostPlanTest, TheHeadsHostsBoundNnodes) {
   EXPECT_THAT(
       refused({"--rdzv-endpoint", "n1:29400", "--master-port", "29400"}),
       HasSubstr("--master-port 29400 is the agents' store port"));
+  // Each host counts its own GPUs: the head's count is not theirs.
+  EXPECT_THAT(refused({"--nproc-per-node", "gpu", "--exclude", "n2:0"}),
+              HasSubstr("--exclude: n2:0: n2's GPU count is decided there"));
+  EXPECT_EQ(options_of(parse({"--nproc-per-node", "auto", "--include", "n2:3"}))
+                .hosts,
+            (std::vector<Host>{{"n2", 1, {3}}}));
 }
 
 TEST(SlurmTaskTest, ATaskWithoutARendezvousOfItsOwnJoinsItsStep) {
