@@ -14,6 +14,7 @@
 #include <boost/process/v2/environment.hpp>
 #include <boost/process/v2/process.hpp>
 #include <boost/process/v2/stdio.hpp>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <csignal>
@@ -45,32 +46,55 @@ struct DieWithParent {
   }
 };
 
-// pdsh's "pdsh@HEAD: HOST: CMD exited with exit code N" for one of
-// `cmd`'s hosts: sets `host` and `code`.
+// The length of `line`'s "HOST: " for one of `cmd`'s hosts as pdsh
+// writes it (a name not starting with a digit is cut at its first dot
+// when pdsh serves several hosts), setting `host` to the name as given;
+// 0 when none.
+size_t pdsh_host_prefix(const AgentCommand& cmd, std::string_view line,
+                        std::string& host) {
+  for (bool shortened : {false, true}) {
+    for (const std::string& h : cmd.hosts) {
+      std::string_view name = h;
+      if (shortened) {
+        const size_t dot = name.find('.');
+        if (dot == std::string_view::npos || name.empty() ||
+            std::isdigit(static_cast<unsigned char>(name[0]))) {
+          continue;
+        }
+        name = name.substr(0, dot);
+      }
+      if (line.starts_with(name) &&
+          line.substr(name.size()).starts_with(": ")) {
+        host = h;
+        return name.size() + 2;
+      }
+    }
+  }
+  return 0;
+}
+
+// pdsh's "pdsh@HEAD: HOST: CMD exited with exit code N" (or "killed by
+// signal N": 128+N) for one of `cmd`'s hosts: sets `host` and `code`.
 bool pdsh_host_end(const AgentCommand& cmd, std::string_view line,
                    std::string& host, int& code) {
   static constexpr std::string_view kExited = " exited with exit code ";
-  if (!line.starts_with("pdsh@")) return false;
+  static constexpr std::string_view kKilled = " killed by signal ";
   const size_t colon = line.find(": ");
-  const size_t at = line.rfind(kExited);
-  if (colon == std::string_view::npos || at == std::string_view::npos) {
+  if (!line.starts_with("pdsh@") || colon == std::string_view::npos ||
+      pdsh_host_prefix(cmd, line.substr(colon + 2), host) == 0) {
     return false;
   }
-  std::string_view rest = line.substr(colon + 2);
-  std::string_view digits = line.substr(at + kExited.size());
-  for (const std::string& h : cmd.hosts) {
-    if (!rest.starts_with(h) || !rest.substr(h.size()).starts_with(": ")) {
-      continue;
-    }
-    auto [end, ec] =
-        std::from_chars(digits.data(), digits.data() + digits.size(), code);
-    if (ec != std::errc() || end != digits.data() + digits.size()) {
-      return false;
-    }
-    host = h;
-    return true;
-  }
-  return false;
+  size_t at = line.rfind(kExited);
+  const bool killed = at == std::string_view::npos;
+  if (killed) at = line.rfind(kKilled);
+  if (at == std::string_view::npos) return false;
+  std::string_view digits =
+      line.substr(at + (killed ? kKilled : kExited).size());
+  auto [end, ec] =
+      std::from_chars(digits.data(), digits.data() + digits.size(), code);
+  if (ec != std::errc() || end != digits.data() + digits.size()) return false;
+  if (killed) code += 128;
+  return true;
 }
 
 }  // namespace
@@ -122,27 +146,25 @@ struct CommandRunner::Impl {
         out += rest;
       } else if (c.cmd->host_prefixed_lines) {
         // pdsh's "HOST: line" becomes "HOST line".
-        bool mine = false;
-        for (const std::string& h : c.cmd->hosts) {
-          if (line.starts_with(h) && line.substr(h.size()).starts_with(": ")) {
-            out += h + " ";
-            out += line.substr(h.size() + 2);
-            mine = true;
-            break;
-          }
-        }
-        if (!mine) {
+        std::string host;
+        if (const size_t n = pdsh_host_prefix(*c.cmd, line, host); n > 0) {
+          out += host + " ";
+          out += line.substr(n);
+        } else {
           out += line;
           // pdsh reports each host's end on stderr: a failed one fails the
-          // job before pdsh itself ends.
-          // (A host it names otherwise than -w did still fails the job.)
-          std::string host;
+          // job before pdsh itself ends. (A line naming no host of ours
+          // still fails it.)
           int code = 0;
-          if (fd == STDERR_FILENO && line.starts_with("pdsh@") &&
-              line.find(" exited with exit code ") != std::string_view::npos &&
-              !line.ends_with(" exit code 0")) {
+          const bool ended = pdsh_host_end(*c.cmd, line, host, code);
+          if (fd == STDERR_FILENO &&
+              (ended ? code != 0
+                     : line.starts_with("pdsh@") &&
+                           line.find(" exited with exit code ") !=
+                               std::string_view::npos &&
+                           !line.ends_with(" exit code 0"))) {
             std::lock_guard lock(mu);
-            if (pdsh_host_end(*c.cmd, line, host, code)) {
+            if (ended) {
               c.result.failed_hosts.emplace_back(std::move(host), code);
             }
             if (failed < 0) failed = index(c);

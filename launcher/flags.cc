@@ -1352,6 +1352,17 @@ void check_rendezvous(LaunchOptions& o) {
           "--node-rank: a multi-host head (--hosts, --hostfile, --launcher "
           "slurm) numbers its hosts' agents itself; drop --node-rank"};
     }
+    if (o.agent.master_addr != AgentDefaults().master_addr) {
+      throw BadValue{
+          "--master-addr: with a multi-host head (--hosts, --hostfile, "
+          "--launcher slurm) MASTER_ADDR is group rank 0's address; drop "
+          "--master-addr"};
+    }
+    if (o.standalone) {
+      throw BadValue{
+          "--standalone runs one node, and a multi-host head (--hosts, "
+          "--hostfile, --launcher slurm) runs one agent per host; keep one"};
+    }
     check_etcd(o);
     check_store_port(o);
     return;
@@ -1440,7 +1451,7 @@ void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {
   r.include.clear();
   r.exclude.clear();
   // One agent per host: a fixed --nnodes other than the default 1 names
-  // the hosts' count, and MIN:MAX needs at least MIN hosts.
+  // the hosts' count, and MIN:MAX needs at least MAX hosts.
   const auto& z = o.rdzv;
   const int n = static_cast<int>(o.hosts.size());
   const std::string nnodes = "--nnodes " + *find_flag("nnodes")->print(o);
@@ -1452,11 +1463,10 @@ void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {
                    "; drop --nnodes or name " + std::to_string(z.max_nodes) +
                    " hosts"};
   }
-  if (n > 0 && z.min_nodes > n) {
-    throw BadValue{nnodes + ": the job has " + given + ", fewer than MIN " +
-                   std::to_string(z.min_nodes) +
-                   "; lower MIN or name more "
-                   "hosts"};
+  if (n > 0 && z.max_nodes > n && z.min_nodes != z.max_nodes) {
+    throw BadValue{nnodes + ": the job has " + given + ", fewer than MAX " +
+                   std::to_string(z.max_nodes) + "; use MIN:MAX with MIN <= " +
+                   "MAX <= " + std::to_string(n) + " or name more hosts"};
   }
 }
 

@@ -183,7 +183,7 @@ std::string dry_run_plan(const LaunchOptions& o) {
       << (r.min_nodes == r.max_nodes
               ? "every host's agent joins"
               : "from " + std::to_string(r.min_nodes) + " to " +
-                    std::to_string(std::min(r.max_nodes, n)) + " of the " +
+                    std::to_string(r.max_nodes) + " of the " +
                     std::to_string(n) + " hosts' agents join")
       << "\n";
   } else {

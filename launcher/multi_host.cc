@@ -628,6 +628,15 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       if (remote) {
         monitor = std::jthread([&] {
           const int min_nodes = mine.rdzv.min_nodes;
+          // Lost hosts with their status, in the order the polls saw them.
+          std::vector<std::pair<std::string, int>> gone;
+          auto lose = [&](const std::string& host, int code) {
+            if (std::ranges::find(gone, host,
+                                  &std::pair<std::string, int>::first) ==
+                gone.end()) {
+              gone.emplace_back(host, code);
+            }
+          };
           while (!head_done) {
             // Once every command ended, one last count (hosts that all
             // failed at once leave nothing more to wait for).
@@ -638,21 +647,16 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
               if (ended) return;
               continue;
             }
-            // A command ended in failure loses all its hosts; one still
-            // running for many (pdsh) those it reported failed. The first
-            // lost host's status is the job's.
-            std::vector<CommandResult> rs = remote->results();
-            std::vector<std::string> gone;
-            int code = 0;
+            // A command for many hosts (pdsh) loses those it reported
+            // failed; one that ended in failure without such reports, all
+            // its hosts.
+            const std::vector<CommandResult> rs = remote->results();
             for (size_t i = 0; i < rs.size(); ++i) {
-              if (rs[i].exited && rs[i].exit_code != 0) {
-                if (gone.empty()) code = rs[i].exit_code;
-                gone.insert(gone.end(), starts[i].hosts.begin(),
-                            starts[i].hosts.end());
-              } else {
-                for (const auto& [h, c] : rs[i].failed_hosts) {
-                  if (gone.empty()) code = c;
-                  gone.push_back(h);
+              for (const auto& [h, c] : rs[i].failed_hosts) lose(h, c);
+              if (rs[i].failed_hosts.empty() && rs[i].exited &&
+                  rs[i].exit_code != 0) {
+                for (const std::string& h : starts[i].hosts) {
+                  lose(h, rs[i].exit_code);
                 }
               }
             }
@@ -667,9 +671,10 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
             std::this_thread::sleep_for(std::chrono::seconds(1));
             if (head_done) return;
             std::string who;
-            for (const std::string& h : gone) {
+            for (const auto& [h, c] : gone) {
               who += (who.empty() ? "" : ", ") + h;
             }
+            const int code = gone.front().second;
             const std::string why =
                 (gone.size() == 1
                      ? "the agent on " + who + " ended with exit " +
@@ -754,13 +759,21 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     }
     // The first host that failed gives the job its status: the others may
     // have ended only because the teardown stopped them (a signal's code).
-    if (code == 0 && failed >= 0 && results[failed].exited) {
-      code = results[failed].exit_code;
+    // (pdsh: the first host it reported failed; its own status can be 0
+    // for a host killed by a signal.)
+    if (code == 0 && failed >= 0) {
+      const CommandResult& r = results[failed];
+      if (!r.failed_hosts.empty()) {
+        code = r.failed_hosts.front().second;
+      } else if (r.exited) {
+        code = r.exit_code;
+      }
     }
     int largest = 0;
     for (const CommandResult& r : results) {
       if (r.exited) largest = std::max(largest, r.exit_code);
       if (!r.started) largest = std::max(largest, 1);
+      for (const auto& [h, c] : r.failed_hosts) largest = std::max(largest, c);
     }
     if (code == 0) code = largest;
   }

@@ -463,6 +463,33 @@ TEST(CommandRunnerTest, EveryCommandRunsInTheHeadsEnvironment) {
   EXPECT_THAT(outs, ElementsAre("base\n", "base\n", "base\n"));
 }
 
+// pdsh's lines: "HOST: text" under a name cut at its first dot (pdsh does
+// so when it serves several hosts; never an address), and each host's end
+// ("exited with exit code N", "killed by signal N"), which fail the
+// command while pdsh still runs. Names were once matched whole only.
+TEST(CommandRunnerTest, PdshLinesNameTheirHostsShortenedOrNot) {
+  AgentCommand c;
+  c.hosts = {"node1.example.com", "node10", "10.0.0.1"};
+  c.host_prefixed_lines = true;
+  c.argv = {"sh", "-c",
+            "echo 'node1: hi'; "
+            "echo 'pdsh@h: node10: sh exited with exit code 0' >&2; "
+            "echo 'pdsh@h: node1: sh killed by signal 9' >&2; "
+            "echo 'pdsh@h: 10: sh exited with exit code 4' >&2; "
+            "echo 'pdsh@h: 10.0.0.1: sh exited with exit code 3' >&2; "
+            "exec sleep 60"};
+  CommandRunner run({c}, CommandOutput::kShow);
+  EXPECT_EQ(run.wait_failure_or_end(std::chrono::seconds(30)), 0);
+  EXPECT_TRUE(testing::eventually(
+      [&] { return run.results()[0].failed_hosts.size() == 2; },
+      std::chrono::seconds(30)));
+  EXPECT_THAT(run.results()[0].failed_hosts,
+              ElementsAre(std::pair<std::string, int>{"node1.example.com", 137},
+                          std::pair<std::string, int>{"10.0.0.1", 3}));
+  EXPECT_FALSE(run.results()[0].exited);
+  run.signal_all(SIGKILL);
+}
+
 // Whether the head is needed and which host's agent it runs in-process
 // follow one answer per host: a name that names this machine at one ask
 // and not at the next (two DNS lookups may disagree) once sent a
@@ -931,9 +958,16 @@ TEST(HostPlanTest, TheHeadsHostsBoundNnodes) {
   EXPECT_EQ(refused({"--nnodes", "2"}),
             "dlaunch: --nnodes 2: the job has 3 hosts (one agent each); drop "
             "--nnodes or name 2 hosts");
-  EXPECT_EQ(refused({"--nnodes", "4:5"}),
-            "dlaunch: --nnodes 4:5: the job has 3 hosts (one agent each), "
-            "fewer than MIN 4; lower MIN or name more hosts");
+  EXPECT_EQ(refused({"--nnodes", "1:4"}),
+            "dlaunch: --nnodes 1:4: the job has 3 hosts (one agent each), "
+            "fewer than MAX 4; use MIN:MAX with MIN <= MAX <= 3 or name more "
+            "hosts");
+  EXPECT_THAT(refused({"--master-addr", "10.1.1.1"}),
+              HasSubstr("--master-addr: with a multi-host head (--hosts, "
+                        "--hostfile, --launcher slurm) MASTER_ADDR is group "
+                        "rank 0's address; drop --master-addr"));
+  EXPECT_THAT(refused({"--standalone"}),
+              HasSubstr("--standalone runs one node, and a multi-host head"));
   EXPECT_THAT(refused({"--rdzv-backend", "etcd", "--rdzv-endpoint", "e1:2379"}),
               HasSubstr("--rdzv-backend etcd: a multi-host head (--hosts, "
                         "--hostfile, --launcher slurm) meets its agents in a "
