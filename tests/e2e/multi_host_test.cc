@@ -853,27 +853,40 @@ TEST(MultiHostHead, AHostFailingBeforeJoiningEndsTheJobAtOnce) {
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
+// A job on this machine and 127.0.0.3-4 (--nproc-per-node gpu, workers
+// that sleep) whose hosts count their GPUs with `counter`: it must end
+// within the test's minute with exit 2 and an error matching `why`.
+void expect_lost_hosts_end_the_job(const std::string& launcher,
+                                   const std::string& counter,
+                                   const std::vector<std::string>& flags,
+                                   const std::string& why) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  std::vector<std::string> rest = {"-x", "DLAUNCH_CUDA_DEVICES=" + counter};
+  rest.insert(rest.end(), flags.begin(), flags.end());
+  rest.insert(rest.end(), {"--nproc-per-node", "gpu", "sh", "-c", "sleep 300"});
+  std::map<std::string, std::string> env = {
+      {"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)}};
+  if (launcher == "pdsh") env["PDSH_RCMD_TYPE"] = "exec";
+  CommandResult r = testing::run_command(
+      cmd(head(launcher, "localhost,127.0.0.3,127.0.0.4", mark, rest), env),
+      60s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(why));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 // An elastic job (--nnodes 2:3, no --rdzv-endpoint: the head hosts the
 // store) whose two other hosts both fail at once: counted after every
 // command ended (the monitor once stopped first, and the head waited).
 TEST(MultiHostHead, HostsFailingBelowTheMinimumEndTheJobAtOnce) {
   TempDir dir;
-  const std::string mark = unique_mark("m");
-  CommandResult r = testing::run_command(
-      cmd(head("local", "localhost,127.0.0.3,127.0.0.4", mark,
-               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 0),
-                "--nnodes", "2:3", "--nproc-per-node", "gpu", "sh", "-c",
-                "sleep 300"}),
-          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)}}),
-      60s);
-  EXPECT_FALSE(r.timed_out);
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_THAT(r.err, ::testing::ContainsRegex(
-                         "the agents on 127\\.0\\.0\\.[34], 127\\.0\\.0\\.[34] "
-                         "ended, the first with exit 2 \\(their lines above "
-                         "say why\\), leaving 1 of 3 hosts where the job "
-                         "needs 2"));
-  EXPECT_TRUE(none_marked(mark, 30s));
+  expect_lost_hosts_end_the_job(
+      "local", fake_gpu_counter(dir, 0), {"--nnodes", "2:3"},
+      "the agents on 127\\.0\\.0\\.[34], 127\\.0\\.0\\.[34] ended, the first "
+      "with exit 2 \\(their lines above say why\\), leaving 1 of 3 hosts where "
+      "the job needs 2");
 }
 
 // Under pdsh one command reaches every host and runs until all end: a
@@ -885,28 +898,17 @@ TEST(MultiHostHead, AHostFailingUnderPdshEndsTheJobAtOnce) {
     GTEST_SKIP() << "pdsh is not installed (scripts/setup installs it)";
   }
   TempDir dir;
-  const std::string mark = unique_mark("m");
   const fs::path once = dir / "once";
   testing::write_file(dir / "gpus-once",
                       "#!/bin/sh\nif mkdir " + once.string() +
                           " 2>/dev/null; then echo 0; else echo 2; fi\n",
                       0755);
-  CommandResult r = testing::run_command(
-      cmd(head("pdsh", "localhost,127.0.0.3,127.0.0.4", mark,
-               {"-x", "DLAUNCH_CUDA_DEVICES=" + (dir / "gpus-once").string(),
-                "--nproc-per-node", "gpu", "sh", "-c", "sleep 300"}),
-          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)},
-           {"PDSH_RCMD_TYPE", "exec"}}),
-      60s);
-  EXPECT_FALSE(r.timed_out);
-  EXPECT_EQ(r.exit_code, 2) << r.err;
-  EXPECT_THAT(r.err, ::testing::ContainsRegex(
-                         "dlaunch: rendezvous failed: the agent on "
-                         "127\\.0\\.0\\.[34] ended with exit 2 \\(its lines "
-                         "above say why\\), leaving 2 of 3 hosts where the "
-                         "job needs 3"));
+  expect_lost_hosts_end_the_job(
+      "pdsh", (dir / "gpus-once").string(), {},
+      "dlaunch: rendezvous failed: the agent on 127\\.0\\.0\\.[34] ended with "
+      "exit 2 \\(its lines above say why\\), leaving 2 of 3 hosts where the "
+      "job needs 3");
   EXPECT_TRUE(fs::exists(once));
-  EXPECT_TRUE(none_marked(mark, 30s));
 }
 
 TEST(MultiHostHead, NprocGpuIsCountedByEachHostNotTheHead) {
