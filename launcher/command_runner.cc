@@ -46,54 +46,33 @@ struct DieWithParent {
   }
 };
 
-// The length of `line`'s "HOST: " for one of `cmd`'s hosts as pdsh
-// writes it (a name not starting with a digit is cut at its first dot
-// when pdsh serves several hosts), setting `host` to the name as given;
-// 0 when none.
-size_t pdsh_host_prefix(const AgentCommand& cmd, std::string_view line,
-                        std::string& host) {
-  for (bool shortened : {false, true}) {
-    for (const std::string& h : cmd.hosts) {
-      std::string_view name = h;
-      if (shortened) {
-        const size_t dot = name.find('.');
-        if (dot == std::string_view::npos || name.empty() ||
-            std::isdigit(static_cast<unsigned char>(name[0]))) {
-          continue;
-        }
-        name = name.substr(0, dot);
-      }
-      if (line.starts_with(name) &&
-          line.substr(name.size()).starts_with(": ")) {
-        host = h;
-        return name.size() + 2;
-      }
-    }
-  }
-  return 0;
-}
-
 // pdsh's "pdsh@HEAD: HOST: CMD exited with exit code N" (or "killed by
-// signal N": 128+N) for one of `cmd`'s hosts: sets `host` and `code`.
+// signal N": 128+N): sets `host` (one of `cmd`'s as given, else the name
+// pdsh wrote) and `code`.
 bool pdsh_host_end(const AgentCommand& cmd, std::string_view line,
                    std::string& host, int& code) {
   static constexpr std::string_view kExited = " exited with exit code ";
   static constexpr std::string_view kKilled = " killed by signal ";
   const size_t colon = line.find(": ");
-  if (!line.starts_with("pdsh@") || colon == std::string_view::npos ||
-      pdsh_host_prefix(cmd, line.substr(colon + 2), host) == 0) {
+  if (!line.starts_with("pdsh@") || colon == std::string_view::npos) {
     return false;
   }
   size_t at = line.rfind(kExited);
   const bool killed = at == std::string_view::npos;
   if (killed) at = line.rfind(kKilled);
-  if (at == std::string_view::npos) return false;
+  if (at == std::string_view::npos || at < colon) return false;
   std::string_view digits =
       line.substr(at + (killed ? kKilled : kExited).size());
   auto [end, ec] =
       std::from_chars(digits.data(), digits.data() + digits.size(), code);
   if (ec != std::errc() || end != digits.data() + digits.size()) return false;
   if (killed) code += 128;
+  std::string_view rest = line.substr(colon + 2);
+  if (pdsh_host_prefix(cmd.hosts, rest, host) == 0) {
+    const size_t name_end = rest.find(": ");
+    if (name_end == std::string_view::npos) return false;
+    host = rest.substr(0, name_end);
+  }
   return true;
 }
 
@@ -147,26 +126,19 @@ struct CommandRunner::Impl {
       } else if (c.cmd->host_prefixed_lines) {
         // pdsh's "HOST: line" becomes "HOST line".
         std::string host;
-        if (const size_t n = pdsh_host_prefix(*c.cmd, line, host); n > 0) {
+        if (const size_t n = pdsh_host_prefix(c.cmd->hosts, line, host);
+            n > 0) {
           out += host + " ";
           out += line.substr(n);
         } else {
           out += line;
           // pdsh reports each host's end on stderr: a failed one fails the
-          // job before pdsh itself ends. (A line naming no host of ours
-          // still fails it.)
+          // job before pdsh itself ends.
           int code = 0;
-          const bool ended = pdsh_host_end(*c.cmd, line, host, code);
-          if (fd == STDERR_FILENO &&
-              (ended ? code != 0
-                     : line.starts_with("pdsh@") &&
-                           line.find(" exited with exit code ") !=
-                               std::string_view::npos &&
-                           !line.ends_with(" exit code 0"))) {
+          if (fd == STDERR_FILENO && pdsh_host_end(*c.cmd, line, host, code) &&
+              code != 0) {
             std::lock_guard lock(mu);
-            if (ended) {
-              c.result.failed_hosts.emplace_back(std::move(host), code);
-            }
+            c.result.failed_hosts.emplace_back(std::move(host), code);
             if (failed < 0) failed = index(c);
             cv.notify_all();
           }
@@ -405,6 +377,31 @@ std::vector<CommandResult> CommandRunner::results() const {
   std::vector<CommandResult> out;
   for (const auto& c : impl_->children) out.push_back(c->result);
   return out;
+}
+
+std::string pdsh_short_name(const std::string& host) {
+  const size_t dot = host.find('.');
+  if (dot == std::string::npos || host.empty() ||
+      std::isdigit(static_cast<unsigned char>(host[0]))) {
+    return host;
+  }
+  return host.substr(0, dot);
+}
+
+size_t pdsh_host_prefix(const std::vector<std::string>& hosts,
+                        std::string_view line, std::string& host) {
+  for (bool shortened : {false, true}) {
+    for (const std::string& h : hosts) {
+      const std::string name = shortened ? pdsh_short_name(h) : h;
+      if (shortened && name == h) continue;
+      if (line.starts_with(name) &&
+          line.substr(name.size()).starts_with(": ")) {
+        host = h;
+        return name.size() + 2;
+      }
+    }
+  }
+  return 0;
 }
 
 }  // namespace dlaunch::launcher

@@ -74,4 +74,15 @@ class CommandRunner {
 // `line` whole.
 std::string_view task_label(std::string_view line, int& task);
 
+// The name pdsh writes for `host` when it serves several hosts of one
+// domain: cut at its first dot, unless it starts with a digit (an
+// address).
+std::string pdsh_short_name(const std::string& host);
+
+// The length of `line`'s leading "HOST: " for one of `hosts`, whole or as
+// pdsh_short_name() writes it, setting `host` to the name as given; 0 when
+// none.
+size_t pdsh_host_prefix(const std::vector<std::string>& hosts,
+                        std::string_view line, std::string& host);
+
 }  // namespace dlaunch::launcher

@@ -141,17 +141,15 @@ std::vector<Host> select_hosts(std::vector<Host> hosts,
                        "' is named twice; name each host once");
     }
     const int slots = it->slots > 0 ? it->slots : default_slots;
-    if (slots <= 0 && !f.gpus.empty() && !keep) {
+    if (slots <= 0 && !f.gpus.empty()) {
       throw HostsError(
           std::string(flag) + ": " + f.name + ":" + gpu_text(f.gpus) + ": " +
           f.name +
-          "'s GPU count is decided there (--nproc-per-node gpu, auto or "
-          "cpu), so the rest of its GPUs are unknown here; give its slots (" +
-          f.name +
-          ":N in --hosts, slots=N in the hostfile) or name the GPUs "
-          "to use with --include");
+          " has no slots given and --nproc-per-node gives no count here "
+          "(this machine could not count its GPUs), so its GPU indices "
+          "cannot be checked; give its slots (" +
+          f.name + ":N in --hosts, slots=N in the hostfile)");
     }
-    if (slots <= 0) continue;  // --include: the host checks the indices
     for (int g : f.gpus) {
       if (g >= slots) {
         throw HostsError(std::string(flag) + ": " + f.name + ":" +

@@ -29,13 +29,11 @@ std::vector<HostFilter> parse_host_filter(std::string_view text);
 // Applies --include (keep only the hosts named, and on a host with
 // indices only those GPUs) or --exclude (drop the hosts named, or the
 // GPUs named on them) to `hosts`, keeping their order. A host's GPUs are
-// 0..slots-1, or 0..default_slots-1 when its slots are not given; with
-// neither (default_slots 0: each host counts its own) --include's indices
-// are the host's to check and --exclude cannot name GPUs there. A host
-// left with GPU indices gets them in Host::gpus and their count as slots.
-// Throws HostsError when both filters are given, a filter names a host not
-// in `hosts` or a GPU index it lacks, an --exclude names GPUs of a host
-// whose count is unknown, or nothing is left.
+// 0..slots-1, or 0..default_slots-1 when its slots are not given (0: not
+// known, and no index may be named there). A host left with GPU indices
+// gets them in Host::gpus and their count as slots. Throws HostsError when
+// both filters are given, a filter names a host not in `hosts` or a GPU
+// index it lacks or cannot be checked, or nothing is left.
 std::vector<Host> select_hosts(std::vector<Host> hosts,
                                const std::vector<HostFilter>& include,
                                const std::vector<HostFilter>& exclude,

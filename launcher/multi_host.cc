@@ -177,7 +177,10 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
       size_t at = line.find("dlaunch-check ");
       if (at == std::string::npos) continue;
       std::string host = c.hosts.empty() ? "" : c.hosts[0];
-      if (c.host_prefixed_lines && at >= 2) host = line.substr(0, at - 2);
+      if (c.host_prefixed_lines && pdsh_host_prefix(c.hosts, line, host) == 0 &&
+          at >= 2) {
+        host = line.substr(0, at - 2);
+      }
       if (c.task_labelled_lines) {
         int task = -1;
         task_label(line, task);
@@ -219,9 +222,14 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
         if (c.host_prefixed_lines) {
           // pdsh: "pdsh@head: HOST: ssh exited with exit code 255"; its
           // exec module: "HOST: pdsh@head: execvp PATH failed: ...".
+          // HOST as given, or as pdsh_short_name() writes it.
+          const std::string shown = pdsh_short_name(h);
           std::istringstream el(r.err);
           for (std::string line; std::getline(el, line);) {
-            if (line.find(h + ": ") == std::string::npos) continue;
+            if (line.find(h + ": ") == std::string::npos &&
+                line.find(shown + ": ") == std::string::npos) {
+              continue;
+            }
             if (line.find(": execvp ") != std::string::npos) {
               unusable = true;
             } else {

@@ -911,6 +911,48 @@ TEST(MultiHostHead, AHostFailingUnderPdshEndsTheJobAtOnce) {
   EXPECT_TRUE(fs::exists(once));
 }
 
+// pdsh writes the names of hosts of one domain cut at the first dot
+// ("a: dlaunch-check ..."): the pre-flight once looked for "a.x" and
+// refused every host ("cannot run dlaunch (exit 0)"). These names do not
+// resolve (.invalid), so the agents, once started, fail naming them.
+TEST(MultiHostHead, PdshShortNamesPassThePreflight) {
+  if (!have("pdsh")) {
+    GTEST_SKIP() << "pdsh is not installed (scripts/setup installs it)";
+  }
+  CommandResult r =
+      testing::run_command(cmd({kDlaunch, "--launcher", "pdsh", "--hosts",
+                                "a.dlaunch.invalid,b.dlaunch.invalid", "true"},
+                               {{"PDSH_RCMD_TYPE", "exec"}}),
+                           60s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, Not(HasSubstr("pre-flight failed"))) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("a.dlaunch.invalid dlaunch: rendezvous failed: "
+                               "cannot resolve host 'a.dlaunch.invalid'"));
+}
+
+// A host's agent killed by a signal under pdsh: pdsh says so ("HOST:
+// dlaunch killed by signal 9") and, with -S, would exit 0 once the rest
+// ended. The job ends at once with 128+9 (the other host once waited for
+// the lost one to come back, join_timeout).
+TEST(MultiHostHead, AnAgentKilledUnderPdshEndsTheJobWithItsSignal) {
+  if (!have("pdsh")) {
+    GTEST_SKIP() << "pdsh is not installed (scripts/setup installs it)";
+  }
+  const std::string mark = unique_mark("m");
+  CommandResult r = testing::run_command(
+      cmd(head("pdsh", "127.0.0.2,127.0.0.3", mark,
+               {"sh", "-c",
+                "if [ $RANK = 1 ]; then kill -9 $PPID; fi; sleep 300"}),
+          {{"PDSH_RCMD_TYPE", "exec"}}),
+      60s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.err;
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "127\\.0\\.0\\.[23]: dlaunch killed by signal 9"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 TEST(MultiHostHead, NprocGpuIsCountedByEachHostNotTheHead) {
   TempDir dir;
   // The head sees no GPU (alone it would refuse gpu); each host sees 3.

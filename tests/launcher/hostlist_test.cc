@@ -336,25 +336,27 @@ TEST(HostsTest, IncludeAndExcludeSelectHostsAndGpus) {
   }
 }
 
-// --nproc-per-node gpu, auto or cpu (default_slots 0): a host without
-// slots counts its own GPUs, which the head cannot know. Its --include
-// indices go to it unchecked; an --exclude of its GPUs is refused (the head
-// once took its own count: with no GPU here, excluding b:0 dropped b
-// whole and including b:1 was refused).
-TEST(HostsTest, GpusOfAHostThatCountsItsOwnAreItsToCheck) {
+// default_slots 0 (--nproc-per-node gpu|auto|cpu that this machine could
+// not count): a host without slots has no known GPUs, so no index may be
+// named there (the head once took 1: with no GPU here, excluding b:0
+// dropped b whole and including b:1 was refused).
+TEST(HostsTest, GpusOfAHostWithoutAKnownCountCannotBeNamed) {
   const std::vector<Host> all = {{"a", 4}, {"b", 0}};
   auto f = [](const std::string& s) { return parse_host_filter(s); };
-  EXPECT_EQ(select_hosts(all, f("b:1,5"), {}, 0),
-            (std::vector<Host>{{"b", 2, {1, 5}}}));
   EXPECT_EQ(select_hosts(all, {}, f("a:0@b"), 0),
             (std::vector<Host>{{"a", 3, {1, 2, 3}}}));
-  EXPECT_THAT(
-      [&] { select_hosts(all, {}, f("b:0,2"), 0); },
-      ::testing::ThrowsMessage<HostsError>(::testing::StrEq(
-          "--exclude: b:0,2: b's GPU count is decided there "
-          "(--nproc-per-node gpu, auto or cpu), so the rest of its GPUs are "
-          "unknown here; give its slots (b:N in --hosts, slots=N in the "
-          "hostfile) or name the GPUs to use with --include")));
+  EXPECT_EQ(select_hosts(all, f("b"), {}, 0), (std::vector<Host>{{"b", 0}}));
+  for (auto [include, exclude] :
+       {std::pair{f("b:1"), std::vector<HostFilter>{}},
+        std::pair{std::vector<HostFilter>{}, f("b:0,2")}}) {
+    EXPECT_THAT(
+        [&] { select_hosts(all, include, exclude, 0); },
+        ::testing::ThrowsMessage<HostsError>(::testing::HasSubstr(
+            ": b has no slots given and --nproc-per-node gives no count here "
+            "(this machine could not count its GPUs), so its GPU indices "
+            "cannot be checked; give its slots (b:N in --hosts, slots=N in "
+            "the hostfile)")));
+  }
 }
 
 }  // namespace

@@ -466,7 +466,8 @@ TEST(CommandRunnerTest, EveryCommandRunsInTheHeadsEnvironment) {
 // pdsh's lines: "HOST: text" under a name cut at its first dot (pdsh does
 // so when it serves several hosts; never an address), and each host's end
 // ("exited with exit code N", "killed by signal N"), which fail the
-// command while pdsh still runs. Names were once matched whole only.
+// command while pdsh still runs. Names were once matched whole only, and
+// a host killed by a signal went unseen.
 TEST(CommandRunnerTest, PdshLinesNameTheirHostsShortenedOrNot) {
   AgentCommand c;
   c.hosts = {"node1.example.com", "node10", "10.0.0.1"};
@@ -480,11 +481,13 @@ TEST(CommandRunnerTest, PdshLinesNameTheirHostsShortenedOrNot) {
             "exec sleep 60"};
   CommandRunner run({c}, CommandOutput::kShow);
   EXPECT_EQ(run.wait_failure_or_end(std::chrono::seconds(30)), 0);
+  // A name none of ours matches is kept as pdsh wrote it.
   EXPECT_TRUE(testing::eventually(
-      [&] { return run.results()[0].failed_hosts.size() == 2; },
+      [&] { return run.results()[0].failed_hosts.size() == 3; },
       std::chrono::seconds(30)));
   EXPECT_THAT(run.results()[0].failed_hosts,
               ElementsAre(std::pair<std::string, int>{"node1.example.com", 137},
+                          std::pair<std::string, int>{"10", 4},
                           std::pair<std::string, int>{"10.0.0.1", 3}));
   EXPECT_FALSE(run.results()[0].exited);
   run.signal_all(SIGKILL);
@@ -979,12 +982,16 @@ TEST(HostPlanTest, TheHeadsHostsBoundNnodes) {
   EXPECT_THAT(
       refused({"--rdzv-endpoint", "n1:29400", "--master-port", "29400"}),
       HasSubstr("--master-port 29400 is the agents' store port"));
-  // Each host counts its own GPUs: the head's count is not theirs.
-  EXPECT_THAT(refused({"--nproc-per-node", "gpu", "--exclude", "n2:0"}),
-              HasSubstr("--exclude: n2:0: n2's GPU count is decided there"));
-  EXPECT_EQ(options_of(parse({"--nproc-per-node", "auto", "--include", "n2:3"}))
-                .hosts,
-            (std::vector<Host>{{"n2", 1, {3}}}));
+  // GPU indices of a host without slots need this machine's count.
+  const agent::EnvMap no_gpu = {{"PATH", "/usr/bin:/bin"},
+                                {"DLAUNCH_CUDA_DEVICES", "/bin/false"}};
+  ParseResult unknown =
+      parse_command_line({"--hosts", "n[1-3]", "--nproc-per-node", "gpu",
+                          "--exclude", "n2:0", "prog"},
+                         no_gpu);
+  ASSERT_TRUE(std::holds_alternative<UsageError>(unknown));
+  EXPECT_THAT(std::get<UsageError>(unknown).message,
+              HasSubstr("--exclude: n2:0: n2 has no slots given"));
 }
 
 TEST(SlurmTaskTest, ATaskWithoutARendezvousOfItsOwnJoinsItsStep) {
