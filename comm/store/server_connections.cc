@@ -96,7 +96,7 @@ void Connection::close() {
   keep_alive_timer_.cancel();
   socket_.close(ec);
   server_.release(in_.size() - kInitialBufferBytes);
-  std::vector<char>().swap(in_);
+  in_.resize(0);
   in_begin_ = in_end_ = 0;
   server_.on_closed(*this);
 }
@@ -240,7 +240,7 @@ void Connection::process() {
     in_begin_ = in_end_ = 0;
     if (in_.size() > kShrinkAboveBytes) {
       server_.release(in_.size() - kInitialBufferBytes);
-      std::vector<char>(kInitialBufferBytes).swap(in_);
+      in_.resize(kInitialBufferBytes);
     }
   }
   // Part of a request waits for the client: its idle deadline runs.

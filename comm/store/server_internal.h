@@ -9,9 +9,11 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +26,38 @@
 #include "comm/store/wire.h"
 
 namespace dlaunch::comm::store {
+
+// A connection's received request bytes. Not zeroed, and grown with
+// realloc (a large block moves by remapping its pages, not by copying
+// them): an idle connection costs only the pages it was sent, where a
+// zero-filled 64 KiB vector cost all 16, and a large frame's growth no
+// longer zeroes and copies each step. Throws std::bad_alloc.
+class RequestBuffer {
+ public:
+  explicit RequestBuffer(size_t bytes) { resize(bytes); }
+  ~RequestBuffer() { std::free(data_); }
+  RequestBuffer(const RequestBuffer&) = delete;
+  RequestBuffer& operator=(const RequestBuffer&) = delete;
+
+  char* data() { return data_; }
+  size_t size() const { return size_; }
+  // Keeps the first min(bytes, size()) bytes; what is added is undefined.
+  void resize(size_t bytes) {
+    if (bytes == 0) {
+      std::free(data_);
+      data_ = nullptr;
+    } else if (void* p = std::realloc(data_, bytes)) {
+      data_ = static_cast<char*>(p);
+    } else {
+      throw std::bad_alloc();
+    }
+    size_ = bytes;
+  }
+
+ private:
+  char* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
@@ -244,7 +278,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::chrono::milliseconds keep_alive_{0};
   std::vector<std::pair<std::string, std::string>> on_close_;
   std::string peer_;
-  std::vector<char> in_;
+  RequestBuffer in_;
   size_t in_begin_ = 0;
   size_t in_end_ = 0;
   std::string out_;

@@ -69,6 +69,30 @@ TEST(DlStoreLimitsTest, HeadersAnnouncingHugeFramesCostNoMemory) {
   EXPECT_THAT(result.err, ::testing::Not(HasSubstr("closing connection")));
 }
 
+// An idle connection costs the server only the bytes it was sent: its
+// request buffer is not zero-filled (64 KiB each were, so a stranger's
+// connections, each alive for the handshake timeout, cost 64 KiB apiece).
+TEST(DlStoreLimitsTest, IdleConnectionsCostLittleMemory) {
+  constexpr int kConnections = 400;  // within the default 1024 open files
+  auto child = testing::spawn(
+      {testing::bin("dl-store"), "--host", "127.0.0.1", "--port", "0"});
+  uint16_t port = testing::announced_port(*child);
+  ASSERT_NE(port, 0) << child->out();
+  const int64_t before = rss_bytes(child->pid());
+  std::vector<std::unique_ptr<RawSocket>> sockets;
+  for (int i = 0; i < kConnections; ++i) {
+    sockets.push_back(std::make_unique<RawSocket>(port));
+    sockets.back()->send(hello());
+  }
+  for (auto& s : sockets) ASSERT_EQ(s->recv_n(wire::kHelloBytes), hello());
+  const int64_t grown = rss_bytes(child->pid()) - before;
+  // Measured: 65.7 KiB per connection before, 5.7 after.
+  EXPECT_LT(grown, int64_t{kConnections} * 24 * 1024)
+      << grown / kConnections << " bytes per connection";
+  child->signal(SIGTERM);
+  EXPECT_EQ(child->wait(10s).exit_code, 0);
+}
+
 TEST(DlStoreLimitsTest, ServesOnlyLoopbackUnlessToldOtherwise) {
   auto child = testing::spawn({testing::bin("dl-store"), "--port", "0"});
   ASSERT_TRUE(child->wait_for_output("\n", 30s)) << child->err();
