@@ -1443,9 +1443,13 @@ void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {
                           : parse_host_filter(r.include),
         r.exclude.empty() ? std::vector<HostFilter>{}
                           : parse_host_filter(r.exclude),
-        // gpu|auto|cpu as this machine counted them (hosts alike), 0 when
-        // it could not.
-        o.nproc_per_node_unresolved.empty() ? o.agent.nproc_per_node : 0);
+        // gpu as this machine counted its GPUs (hosts alike); 0 (not
+        // known) when it could not, and for auto and cpu, which may count
+        // CPUs here.
+        o.nproc_per_node_unresolved.empty() && (o.nproc_per_node_spec.empty() ||
+                                                o.nproc_per_node_spec == "gpu")
+            ? o.agent.nproc_per_node
+            : 0);
   } catch (const HostsError& e) {
     throw BadValue{e.what()};
   }

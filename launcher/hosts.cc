@@ -145,9 +145,9 @@ std::vector<Host> select_hosts(std::vector<Host> hosts,
       throw HostsError(
           std::string(flag) + ": " + f.name + ":" + gpu_text(f.gpus) + ": " +
           f.name +
-          " has no slots given and --nproc-per-node gives no count here "
-          "(this machine could not count its GPUs), so its GPU indices "
-          "cannot be checked; give its slots (" +
+          " has no slots given and --nproc-per-node gives no GPU count here "
+          "(auto or cpu, or gpu on a machine without GPUs), so its GPU "
+          "indices cannot be checked; give its slots (" +
           f.name + ":N in --hosts, slots=N in the hostfile)");
     }
     for (int g : f.gpus) {

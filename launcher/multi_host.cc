@@ -226,10 +226,11 @@ std::vector<PreflightFailure> preflight(const AgentLauncher& backend,
           const std::string shown = pdsh_short_name(h);
           std::istringstream el(r.err);
           for (std::string line; std::getline(el, line);) {
-            if (line.find(h + ": ") == std::string::npos &&
-                line.find(shown + ": ") == std::string::npos) {
-              continue;
-            }
+            auto names = [&](const std::string& n) {
+              return line.starts_with(n + ": ") ||
+                     line.find(": " + n + ": ") != std::string::npos;
+            };
+            if (!names(h) && !names(shown)) continue;
             if (line.find(": execvp ") != std::string::npos) {
               unusable = true;
             } else {

@@ -336,10 +336,10 @@ TEST(HostsTest, IncludeAndExcludeSelectHostsAndGpus) {
   }
 }
 
-// default_slots 0 (--nproc-per-node gpu|auto|cpu that this machine could
-// not count): a host without slots has no known GPUs, so no index may be
-// named there (the head once took 1: with no GPU here, excluding b:0
-// dropped b whole and including b:1 was refused).
+// default_slots 0 (--nproc-per-node auto or cpu, or gpu that this machine
+// could not count): a host without slots has no known GPUs, so no index
+// may be named there (the head once took 1, or its CPU count: with no GPU
+// here, excluding b:0 dropped b whole and including b:1 was refused).
 TEST(HostsTest, GpusOfAHostWithoutAKnownCountCannotBeNamed) {
   const std::vector<Host> all = {{"a", 4}, {"b", 0}};
   auto f = [](const std::string& s) { return parse_host_filter(s); };
@@ -352,10 +352,10 @@ TEST(HostsTest, GpusOfAHostWithoutAKnownCountCannotBeNamed) {
     EXPECT_THAT(
         [&] { select_hosts(all, include, exclude, 0); },
         ::testing::ThrowsMessage<HostsError>(::testing::HasSubstr(
-            ": b has no slots given and --nproc-per-node gives no count here "
-            "(this machine could not count its GPUs), so its GPU indices "
-            "cannot be checked; give its slots (b:N in --hosts, slots=N in "
-            "the hostfile)")));
+            ": b has no slots given and --nproc-per-node gives no GPU count "
+            "here (auto or cpu, or gpu on a machine without GPUs), so its "
+            "GPU indices cannot be checked; give its slots (b:N in --hosts, "
+            "slots=N in the hostfile)")));
   }
 }
 

@@ -992,6 +992,11 @@ TEST(HostPlanTest, TheHeadsHostsBoundNnodes) {
   ASSERT_TRUE(std::holds_alternative<UsageError>(unknown));
   EXPECT_THAT(std::get<UsageError>(unknown).message,
               HasSubstr("--exclude: n2:0: n2 has no slots given"));
+  // auto and cpu may count CPUs here, never a host's GPUs.
+  for (const char* spec : {"auto", "cpu"}) {
+    EXPECT_THAT(refused({"--nproc-per-node", spec, "--include", "n2:1"}),
+                HasSubstr("--include: n2:1: n2 has no slots given"));
+  }
 }
 
 TEST(SlurmTaskTest, ATaskWithoutARendezvousOfItsOwnJoinsItsStep) {

@@ -86,8 +86,9 @@ TEST(DlStoreLimitsTest, IdleConnectionsCostLittleMemory) {
   }
   for (auto& s : sockets) ASSERT_EQ(s->recv_n(wire::kHelloBytes), hello());
   const int64_t grown = rss_bytes(child->pid()) - before;
-  // Measured: 65.7 KiB per connection before, 5.7 after.
-  EXPECT_LT(grown, int64_t{kConnections} * 24 * 1024)
+  // Measured: 66 KiB per connection before, 6 after (22 in Debug and
+  // under ASan).
+  EXPECT_LT(grown, int64_t{kConnections} * 40 * 1024)
       << grown / kConnections << " bytes per connection";
   child->signal(SIGTERM);
   EXPECT_EQ(child->wait(10s).exit_code, 0);
