@@ -40,6 +40,10 @@ bool is_forward_only(int sig, const std::vector<int>& stop_signals) {
 
 using comm::store::format_duration;
 
+// A stop signal repeated within this is the same request, not a second
+// Ctrl-C (see on_signal).
+constexpr std::chrono::milliseconds kSameSignal(1000);
+
 }  // namespace
 
 Agent::Agent(AgentOptions options, Env& env, rendezvous::Rendezvous& rdzv,
@@ -229,8 +233,11 @@ void Agent::start_attempt(rendezvous::RoundReason reason) {
   if (rdzv_.may_wait()) {
     env_.run_in_background(std::move(work), [this] { round_formed(); });
   } else {
+    // From the loop, not from here: a group that fails to start again and
+    // again would otherwise nest one call chain per restart (the stack
+    // overflowed after some 12,000 restarts).
     work();
-    round_formed();
+    env_.post([this] { round_formed(); });
   }
 }
 
@@ -824,12 +831,22 @@ void Agent::on_signal(int sig) {
     return;
   }
   if (stop_signal_ != 0) {
+    // timeout(1) signals its child, then the child's process group: one
+    // request, delivered twice at once.
+    if (sig == stop_signal_ && env_.now() - stop_signal_at_ < kSameSignal) {
+      sink_("dlaunch: received " + signal_name(sig) + " again within " +
+            format_duration(kSameSignal) +
+            ", taken as the same request (timeout(1) sends two); another "
+            "one later sends SIGKILL\n");
+      return;
+    }
     sink_("dlaunch: received " + signal_name(sig) +
           " again; sending SIGKILL to the workers\n");
     stop_group(SIGKILL);
     return;
   }
   stop_signal_ = sig;
+  stop_signal_at_ = env_.now();
   result_.stop_signal = sig;
   sink_("dlaunch: received " + signal_name(sig) + "; forwarding it to " +
         std::to_string(alive_) + " worker(s), SIGKILL after " +

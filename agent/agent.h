@@ -113,6 +113,7 @@ class Agent {
   std::string remote_failure_;  // another node's failure ended the round
   std::string failure_;  // what the next round restarts for, if a failure
   int stop_signal_ = 0;  // job-stopping signal received, 0 if none
+  std::chrono::system_clock::time_point stop_signal_at_;  // when it came
   size_t alive_ = 0;
   std::vector<std::unique_ptr<Process>> procs_;
   std::unique_ptr<Timer> timer_;

@@ -269,11 +269,44 @@ TEST_F(AgentTest, ASecondStopSignalKillsAtOnce) {
     return b;
   };
   env.raise_at(ms(50), SIGTERM);
-  env.raise_at(ms(60), SIGTERM);
+  env.raise_at(ms(1060), SIGTERM);
   RunResult r = run();
   EXPECT_EQ(r.exit_code, 128 + SIGTERM);
   EXPECT_EQ(signals_to(1002), (std::vector<int>{SIGTERM, SIGKILL}));
-  EXPECT_EQ(env.virtual_now(), ms(60));
+  EXPECT_EQ(env.virtual_now(), ms(1060));
+}
+
+// timeout(1) sends its SIGTERM to dlaunch and then to dlaunch's process
+// group: one request, twice at once. It once counted as a second Ctrl-C
+// and SIGKILLed the workers at once, with no grace period.
+TEST_F(AgentTest, OneStopSignalDeliveredTwiceAtOnceKeepsTheGracePeriod) {
+  options.term_timeout = std::chrono::seconds(30);
+  env.behave = [](const ProcessSpec&, int) {
+    Behaviour b;
+    b.never_exits = true;
+    b.ignores_stop = true;
+    return b;
+  };
+  env.raise_at(ms(50), SIGTERM);
+  env.raise_at(ms(50), SIGTERM);
+  RunResult r = run();
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM);
+  EXPECT_EQ(signals_to(1002), (std::vector<int>{SIGTERM, SIGKILL}));
+  EXPECT_EQ(env.virtual_now(), ms(50) + std::chrono::seconds(30));
+  EXPECT_THAT(messages, HasSubstr("received SIGTERM again within 1 s, taken "
+                                  "as the same request"));
+}
+
+// A group that cannot start, restarted many times: each restart once
+// nested a call chain in the last, and the agent crashed (SIGSEGV) after
+// some 12,000.
+TEST_F(AgentTest, ManyRestartsOfAGroupThatCannotStartEndCleanly) {
+  options.nproc_per_node = 1;
+  options.max_restarts = 30000;
+  env.fail_spawn = [](const ProcessSpec&) { return true; };
+  RunResult r = run();
+  EXPECT_EQ(r.exit_code, 127);
+  EXPECT_EQ(r.attempts.size(), 30001u);
 }
 
 TEST_F(AgentTest, Usr1IsForwardedAndTheJobGoesOn) {
