@@ -31,6 +31,19 @@ class AgentTest : public ::testing::Test {
     base_env = {{"PATH", "/usr/bin:/bin"}, {"HOME", "/root"}};
   }
 
+  // Workers that ignore SIGTERM, and SIGTERM at 50 ms and at `second`.
+  RunResult run_with_two_sigterms(ms second) {
+    env.behave = [](const ProcessSpec&, int) {
+      Behaviour b;
+      b.never_exits = true;
+      b.ignores_stop = true;
+      return b;
+    };
+    env.raise_at(ms(50), SIGTERM);
+    env.raise_at(second, SIGTERM);
+    return run();
+  }
+
   RunResult run() {
     rendezvous::StaticRendezvous rdzv(
         options.master_addr, options.master_port,
@@ -262,15 +275,7 @@ TEST_F(AgentTest, StopSignalIsForwardedAndExitIs128PlusSignalWithoutRestart) {
 }
 
 TEST_F(AgentTest, ASecondStopSignalKillsAtOnce) {
-  env.behave = [](const ProcessSpec&, int) {
-    Behaviour b;
-    b.never_exits = true;
-    b.ignores_stop = true;
-    return b;
-  };
-  env.raise_at(ms(50), SIGTERM);
-  env.raise_at(ms(1060), SIGTERM);
-  RunResult r = run();
+  RunResult r = run_with_two_sigterms(ms(1060));
   EXPECT_EQ(r.exit_code, 128 + SIGTERM);
   EXPECT_EQ(signals_to(1002), (std::vector<int>{SIGTERM, SIGKILL}));
   EXPECT_EQ(env.virtual_now(), ms(1060));
@@ -281,15 +286,7 @@ TEST_F(AgentTest, ASecondStopSignalKillsAtOnce) {
 // and SIGKILLed the workers at once, with no grace period.
 TEST_F(AgentTest, OneStopSignalDeliveredTwiceAtOnceKeepsTheGracePeriod) {
   options.term_timeout = std::chrono::seconds(30);
-  env.behave = [](const ProcessSpec&, int) {
-    Behaviour b;
-    b.never_exits = true;
-    b.ignores_stop = true;
-    return b;
-  };
-  env.raise_at(ms(50), SIGTERM);
-  env.raise_at(ms(50), SIGTERM);
-  RunResult r = run();
+  RunResult r = run_with_two_sigterms(ms(50));
   EXPECT_EQ(r.exit_code, 128 + SIGTERM);
   EXPECT_EQ(signals_to(1002), (std::vector<int>{SIGTERM, SIGKILL}));
   EXPECT_EQ(env.virtual_now(), ms(50) + std::chrono::seconds(30));
