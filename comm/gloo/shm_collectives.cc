@@ -69,8 +69,11 @@ void GlooProcessGroup::ensure_channel(const char* op) {
     bool ok = ch->open_peers(error);
     bool everyone = every_rank(ok);
     ch->unlink();  // every rank has mapped it or given up
-    if (everyone) channel_ = std::move(ch);
-    cma_ = cma_allowed();
+    if (!everyone) return;
+    channel_ = std::move(ch);
+    // Agreed: a rank using single copy skips the channel posts the others
+    // make (its ranks once drifted a post apart and hung or misread).
+    cma_ = every_rank(cma_allowed());
   });
 }
 

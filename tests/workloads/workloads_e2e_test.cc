@@ -116,6 +116,24 @@ TEST(BenchPingPong, RunsBetweenRanksZeroAndOneAndNamesItsPath) {
   }
 }
 
+// DLAUNCH_COMM_CMA=on on one rank only: the group agrees to keep single
+// copy off. Each rank once decided alone: the ranks' channel posts drifted
+// apart, a 4 MiB broadcast hung until the timeout or the next call read a
+// stale slot ("rank 1 called broadcast while rank 0 called all_reduce").
+TEST(BenchSingleCopy, OneRankAskingForItKeepsItOffForTheGroup) {
+  for (const char* on_rank : {"0", "1"}) {
+    auto r = launch(2, {"sh", "-c",
+                        std::string("if [ \"$RANK\" = ") + on_rank +
+                            " ]; then export DLAUNCH_COMM_CMA=on; fi; exec " +
+                            bin("dl-bench") +
+                            " -o all_reduce,broadcast,gather,broadcast -b 4M "
+                            "-e 4M -n 3 -w 1"});
+    ASSERT_EQ(r.exit_code, 0) << "on rank " << on_rank << ": " << describe(r);
+    EXPECT_THAT(r.out, HasSubstr("Out of bounds values : 0 OK"));
+    EXPECT_THAT(r.out, Not(HasSubstr("shm-cma")));
+  }
+}
+
 TEST_P(Nproc, SgdSubset) {
   if (!fs::exists(fs::path(kDefaultDataDir) / "train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "dataset-fashion-mnist is not installed";
