@@ -44,12 +44,26 @@ bool GlooProcessGroup::ensure_hierarchy() {
 // Reduce to each host's leader, all-reduce among the leaders, broadcast
 // from each leader: every rank ends with the leaders' result, bitwise
 // alike. An average sums and divides once at the end.
+//
+// A phase that fails (a rank died, a peer left, a timeout) fails this
+// group, in its own ranks: the sub-groups close first, so that ranks
+// waiting in another phase (a host's members in the broadcast while
+// their leader failed among the leaders) fail at once rather than at the
+// timeout, and each names the lost world rank, not a sub-group's.
 bool GlooProcessGroup::hier_all_reduce(Tensor t, ReduceOp rop) {
   if (g_->all_local || !ensure_hierarchy()) return false;
   const ReduceOp op = rop == ReduceOp::kAvg ? ReduceOp::kSum : rop;
-  local_->reduce(t, 0, op);
-  if (leaders_) leaders_->all_reduce(t, op);
-  local_->broadcast(t, 0);
+  try {
+    local_->reduce(t, 0, op);
+    if (leaders_) leaders_->all_reduce(t, op);
+    local_->broadcast(t, 0);
+  } catch (const CommError& e) {
+    const bool timed_out = dynamic_cast<const CommTimeoutError*>(&e);
+    const std::string what = e.what();
+    leaders_.reset();
+    local_.reset();
+    fail("all_reduce", what, {}, {}, timed_out);
+  }
   if (rop == ReduceOp::kAvg) divide_in_place(t, size());
   took("hierarchical");
   return true;

@@ -428,6 +428,45 @@ TEST(MultiProcessTest, PeerKilledMidEachSharedMemoryOperationFailsTheOthers) {
   expect_no_new_shm(before);
 }
 
+// Two simulated hosts (ranks 0,1 and 2,3): the hierarchical all_reduce.
+// Rank 2, host b's leader, is stopped (rank 0 waits for it among the
+// leaders, rank 1 for rank 0 in its host's broadcast, rank 3 for rank 2),
+// then killed. Every other rank fails at once with the world group's
+// error naming world rank 2; rank 1 once waited out the whole timeout in
+// the broadcast, and the errors named sub-groups' ranks ("connection to
+// rank 1 lost" on group 'world/3').
+TEST(MultiProcessTest, ARankKilledMidHierarchicalAllReduceFailsTheOthers) {
+  const std::set<std::string> before = shm_names();
+  auto procs = start_workers(4, {"op-loop", "all_reduce", "16777216"},
+                             {{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", std::to_string(free_port())},
+                              {"DLAUNCH_COMM_TIMEOUT", "60"},
+                              {"DLAUNCH_COMM_TEST_HOSTS", "a,a,b,b"}});
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_TRUE(procs[r]->wait_for_output(
+        "rank " + std::to_string(r) + " ready", seconds(30)))
+        << procs[r]->err();
+  }
+  procs[2]->signal(SIGSTOP);
+  ASSERT_TRUE(eventually([&] { return process_state(procs[2]->pid()) == 'T'; },
+                         seconds(10)));
+  std::this_thread::sleep_for(milliseconds(500));  // the others wait on it
+  procs[2]->signal(SIGKILL);
+  for (int r : {0, 1, 3}) {
+    CommandResult res = procs[r]->wait(seconds(20));
+    EXPECT_FALSE(res.timed_out) << "rank " << r << " hung";
+    EXPECT_EQ(res.exit_code, 3) << "rank " << r << ": " << res.err;
+    // Rank 2 named before any sub-group's words ("[gloo: ..."); ranks
+    // that failed first may be named lost too.
+    EXPECT_THAT(res.err,
+                ::testing::ContainsRegex(
+                    "all_reduce on group 'world' \\(rank " + std::to_string(r) +
+                    " of 4\\) failed: [^[]*rank 2"))
+        << res.err;
+  }
+  expect_no_new_shm(before);
+}
+
 // Rank 1 is SIGKILLed while rank 2 is stopped: rank 0 sees it leave (also
 // while it waits for the stopped rank), fails and exits, taking the store
 // it hosts with it. Rank 2, resumed, finds ranks 0 and 1 gone and must
