@@ -493,9 +493,14 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
                     o.program.compare(o.program.size() - 3, 3, ".py") == 0));
   std::vector<std::string>& cmd = o.agent.entrypoint;
   if (python) {
-    if (!o.module && ::access(o.program.c_str(), R_OK) != 0) {
-      return UsageError{"dlaunch: '" + o.program +
-                            "': " + std::strerror(errno) +
+    // Where the workers will look: --chdir's folder. (A multi-host job's
+    // pre-flight looks on every host.)
+    const std::string script =
+        o.remote.chdir.empty() || o.program.starts_with('/')
+            ? o.program
+            : (std::filesystem::path(o.remote.chdir) / o.program).string();
+    if (!o.module && o.hosts.empty() && ::access(script.c_str(), R_OK) != 0) {
+      return UsageError{"dlaunch: '" + script + "': " + std::strerror(errno) +
                             " (the script to run under " + o.python + ")",
                         127};
     }

@@ -283,14 +283,23 @@ int main(int argc, char** argv) {
     return launch_hosts(options, hosts);
   }
   // --export, --env-file and --chdir hold for this node as for any host.
+  // A relative --chdir is the launch folder's: made absolute first, so
+  // that job.yaml (written from the new folder) names the same folder.
+  const std::string chdir =
+      options.remote.chdir.empty()
+          ? ""
+          : std::filesystem::absolute(options.remote.chdir)
+                .lexically_normal()
+                .string();
   try {
     settle_host(asked_environment(options, agent::current_environment()),
-                options.remote.chdir);
+                chdir);
   } catch (const std::exception& e) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
     return 2;
   }
   LaunchOptions here = options;
+  here.remote.chdir = chdir;
   if (!options.hosts.empty()) {
     const Host& h = options.hosts[0];
     if (h.gpus.empty() && !options.nproc_per_node_unresolved.empty()) {

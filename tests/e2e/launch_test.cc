@@ -815,6 +815,33 @@ TEST(Launch, ExportEnvFileAndChdirHoldOnOneNode) {
   }
 }
 
+// A relative --chdir is the launch folder's: a .py program is looked for
+// there (it was looked for in the launch folder, and refused), and the
+// job.yaml of --log-dir names that folder, so that the job reruns from it
+// (it named DIR/work/work, reached from the new folder).
+TEST(Launch, ARelativeChdirHoldsForThePythonCheckAndJobYaml) {
+  TempDir dir;
+  std::filesystem::create_directory(dir / "work");
+  testing::write_file(dir / "work" / "here.py", "print('RAN')\n");
+  testing::CommandOptions o;
+  o.argv = {kDlaunch, "--chdir",   "work", "--log-dir",
+            "logs",   "--rdzv-id", "j1",   "here.py"};
+  o.cwd = dir.path().string();
+  CommandResult r = testing::run_command(o, 60s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[default0]:RAN"));
+  const std::filesystem::path yaml = dir / "work" / "logs" / "j1" / "job.yaml";
+  ASSERT_TRUE(std::filesystem::exists(yaml));
+  EXPECT_THAT(testing::read_file(yaml),
+              HasSubstr("chdir: " + (dir / "work").string() + "\n"));
+  testing::CommandOptions again;
+  again.argv = {kDlaunch, "--config", yaml.string()};
+  again.cwd = "/";
+  CommandResult a = testing::run_command(again, 60s);
+  EXPECT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_THAT(a.out, HasSubstr("[default0]:RAN"));
+}
+
 // Counts the agent's open fds from inside each attempt's worker.
 TEST(Launch, RestartsLeakNoFileDescriptors) {
   // The last rank measures once the agent's count has settled (every
