@@ -180,7 +180,9 @@ bool Agent::writes_logs() const {
 
 void Agent::make_run_dir() {
   if (!options_.log_dir.empty()) {
-    result_.run_dir = options_.log_dir / result_.run_id;
+    result_.run_dir = options_.log_dir / (options_.run_dir_name.empty()
+                                              ? result_.run_id
+                                              : options_.run_dir_name);
     std::filesystem::create_directories(result_.run_dir);
     return;
   }

@@ -55,6 +55,9 @@ struct AgentOptions {
   std::string role = "default";
   // TORCHELASTIC_RUN_ID and the log sub-folder. Empty: a random id.
   std::string run_id;
+  // The log sub-folder when not run_id (a folder an earlier run with the
+  // same id holds: the launcher picks RUN_ID.N). Empty: run_id.
+  std::string run_dir_name;
   // Group restarts allowed after a worker failure. Default 0.
   int max_restarts = 0;
   // After a stop signal (SIGTERM or the forwarded signal), how long workers

@@ -206,7 +206,8 @@ std::string dry_run_plan(const LaunchOptions& o) {
     fs::path run_dir = fs::absolute(o.agent.log_dir) / run_id;
     s << "  logs:      " << (run_dir / "attempt_K/LOCAL_RANK").string()
       << "/{stdout,stderr}.log, " << (run_dir / "summary.json").string() << ", "
-      << (run_dir / "job.yaml").string() << "\n";
+      << (run_dir / "job.yaml").string() << " (" << run_id
+      << ".N, the first N free, when an earlier run's logs are there)\n";
   }
   for (const agent::Fault& f : o.agent.faults) {
     s << "  fault:     " << f.spec << " (" << agent::fault_action(f) << ")\n";

@@ -2,6 +2,7 @@
 
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -38,17 +39,41 @@ namespace {
 
 void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
 
+// Makes LOG_DIR/RUN_ID for this run, or LOG_DIR/RUN_ID.N (the first N
+// free) when an earlier run with the same id holds it (a rerun, or c10d's
+// default id "none"), and sets agent.run_dir_name: no run writes over
+// another's logs. mkdir claims it, so two runs never take one folder.
+// False when the folder cannot be made: the agent then fails on it at once
+// ("cannot create the run folder").
+bool claim_run_dir(LaunchOptions& o) {
+  const std::string& id = o.agent.run_id;
+  std::error_code ec;
+  std::filesystem::create_directories(o.agent.log_dir, ec);
+  if (ec) return false;
+  for (int n = 0; n < 100000; ++n) {
+    const std::string name = n == 0 ? id : id + "." + std::to_string(n);
+    if (::mkdir((o.agent.log_dir / name).c_str(), 0777) == 0) {
+      if (n > 0) {
+        write_stderr("dlaunch: note: " + (o.agent.log_dir / id).string() +
+                     " holds an earlier run's logs; this run's go to " +
+                     (o.agent.log_dir / name).string() + "\n");
+      }
+      o.agent.run_dir_name = name;
+      return true;
+    }
+    if (errno != EEXIST) return false;
+  }
+  return false;
+}
+
 // LOG_DIR/RUN_ID/job.yaml: the effective job, so `dlaunch --config` on it
 // reruns the job into a fresh log folder. A failure to write it is a
 // warning, not fatal. A run folder that cannot be made is left to the
 // agent, which fails on it at once ("cannot create the run folder"): a
 // warning that the job runs without job.yaml would say the opposite.
 void write_job_yaml(const LaunchOptions& o) {
-  std::filesystem::path dir = o.agent.log_dir / o.agent.run_id;
+  std::filesystem::path dir = o.agent.log_dir / o.agent.run_dir_name;
   std::filesystem::path file = dir / "job.yaml";
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return;
   std::ofstream out(file);
   out << job_yaml(o, /*with_run_id=*/false);
   out.close();
@@ -121,7 +146,7 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   if (!options.agent.log_dir.empty()) {
     if (options.agent.run_id.empty())
       options.agent.run_id = agent::random_run_id();
-    write_job_yaml(options);
+    if (claim_run_dir(options)) write_job_yaml(options);
   }
   agent::PosixEnv env;  // first: it records the limits workers get
   const agent::rendezvous::RendezvousOptions& r = options.rdzv;

@@ -842,6 +842,36 @@ TEST(Launch, ARelativeChdirHoldsForThePythonCheckAndJobYaml) {
   EXPECT_THAT(a.out, HasSubstr("[default0]:RAN"));
 }
 
+// A run id used again with the same --log-dir (a rerun; c10d's default id
+// is "none" on every run): the later run's logs go to RUN_ID.1, and the
+// earlier run's stay whole. The later run once wrote its attempt_0 and
+// summary over the earlier's and left its other attempts beside them.
+TEST(Launch, ARunIdUsedAgainLogsBesideTheEarlierRun) {
+  TempDir dir;
+  const std::string logs = (dir / "logs").string();
+  CommandResult first = sh(1, "echo one; exit 3",
+                           {"--log-dir", logs, "--rdzv-id", "job7",
+                            "--max-restarts", "1", "--redirects", "3"});
+  EXPECT_EQ(first.exit_code, 3) << first.err;
+  CommandResult second =
+      sh(1, "echo two",
+         {"--log-dir", logs, "--rdzv-id", "job7", "--redirects", "3"});
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_THAT(second.err, HasSubstr("dlaunch: note: " + logs +
+                                    "/job7 holds an earlier run's logs; this "
+                                    "run's go to " +
+                                    logs + "/job7.1"));
+  const std::filesystem::path a = dir / "logs" / "job7";
+  const std::filesystem::path b = dir / "logs" / "job7.1";
+  EXPECT_EQ(read_file(a / "attempt_0" / "0" / "stdout.log"), "one\n");
+  EXPECT_EQ(read_file(a / "attempt_1" / "0" / "stdout.log"), "one\n");
+  EXPECT_THAT(read_file(a / "summary.json"), HasSubstr("\"exit_code\": 3"));
+  EXPECT_EQ(read_file(b / "attempt_0" / "0" / "stdout.log"), "two\n");
+  EXPECT_FALSE(std::filesystem::exists(b / "attempt_1"));
+  EXPECT_THAT(read_file(b / "summary.json"), HasSubstr("\"exit_code\": 0"));
+  EXPECT_TRUE(std::filesystem::exists(b / "job.yaml"));
+}
+
 // Counts the agent's open fds from inside each attempt's worker.
 TEST(Launch, RestartsLeakNoFileDescriptors) {
   // The last rank measures once the agent's count has settled (every
