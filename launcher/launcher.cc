@@ -55,7 +55,8 @@ bool claim_run_dir(LaunchOptions& o) {
     if (::mkdir((o.agent.log_dir / name).c_str(), 0777) == 0) {
       if (n > 0) {
         write_stderr("dlaunch: note: " + (o.agent.log_dir / id).string() +
-                     " holds an earlier run's logs; this run's go to " +
+                     " holds another run's logs (an earlier one, or another "
+                     "node's on a shared folder); this run's go to " +
                      (o.agent.log_dir / name).string() + "\n");
       }
       o.agent.run_dir_name = name;

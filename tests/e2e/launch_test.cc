@@ -857,10 +857,12 @@ TEST(Launch, ARunIdUsedAgainLogsBesideTheEarlierRun) {
       sh(1, "echo two",
          {"--log-dir", logs, "--rdzv-id", "job7", "--redirects", "3"});
   ASSERT_EQ(second.exit_code, 0) << second.err;
-  EXPECT_THAT(second.err, HasSubstr("dlaunch: note: " + logs +
-                                    "/job7 holds an earlier run's logs; this "
-                                    "run's go to " +
-                                    logs + "/job7.1"));
+  EXPECT_THAT(second.err,
+              HasSubstr("dlaunch: note: " + logs +
+                        "/job7 holds another run's logs (an earlier one, or "
+                        "another node's on a shared folder); this run's go "
+                        "to " +
+                        logs + "/job7.1"));
   const std::filesystem::path a = dir / "logs" / "job7";
   const std::filesystem::path b = dir / "logs" / "job7.1";
   EXPECT_EQ(read_file(a / "attempt_0" / "0" / "stdout.log"), "one\n");
