@@ -493,13 +493,16 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
                     o.program.compare(o.program.size() - 3, 3, ".py") == 0));
   std::vector<std::string>& cmd = o.agent.entrypoint;
   if (python) {
-    // Where the workers will look: --chdir's folder. (A multi-host job's
-    // pre-flight looks on every host.)
+    // Where this machine's workers will look: --chdir's folder (one that
+    // does not exist is refused as such when the job starts).
     const std::string script =
         o.remote.chdir.empty() || o.program.starts_with('/')
             ? o.program
             : (std::filesystem::path(o.remote.chdir) / o.program).string();
-    if (!o.module && o.hosts.empty() && ::access(script.c_str(), R_OK) != 0) {
+    std::error_code ec;
+    const bool enterable = o.remote.chdir.empty() ||
+                           std::filesystem::is_directory(o.remote.chdir, ec);
+    if (!o.module && enterable && ::access(script.c_str(), R_OK) != 0) {
       return UsageError{"dlaunch: '" + script + "': " + std::strerror(errno) +
                             " (the script to run under " + o.python + ")",
                         127};

@@ -40,31 +40,39 @@ namespace {
 void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
 
 // Makes LOG_DIR/RUN_ID for this run, or LOG_DIR/RUN_ID.N (the first N
-// free) when an earlier run with the same id holds it (a rerun, or c10d's
-// default id "none"), and sets agent.run_dir_name: no run writes over
-// another's logs. mkdir claims it, so two runs never take one folder.
-// False when the folder cannot be made: the agent then fails on it at once
-// ("cannot create the run folder").
-bool claim_run_dir(LaunchOptions& o) {
+// free) when another run holds it (a rerun, c10d's default id "none", or
+// another node's agent on a shared folder), and sets agent.run_dir_name:
+// no run writes over another's logs. mkdir claims it, so two runs never
+// take one folder. Returns "" with the folder made; "" without it when
+// LOG_DIR/RUN_ID cannot be made (the agent then fails on it at once:
+// "cannot create the run folder"); else why this run cannot log beside
+// the other (the job must not start: it would write into the other's).
+std::string claim_run_dir(LaunchOptions& o) {
   const std::string& id = o.agent.run_id;
   std::error_code ec;
   std::filesystem::create_directories(o.agent.log_dir, ec);
-  if (ec) return false;
-  for (int n = 0; n < 100000; ++n) {
+  if (ec) return "";
+  for (int n = 0;; ++n) {
     const std::string name = n == 0 ? id : id + "." + std::to_string(n);
-    if (::mkdir((o.agent.log_dir / name).c_str(), 0777) == 0) {
+    const std::filesystem::path dir = o.agent.log_dir / name;
+    if (::mkdir(dir.c_str(), 0777) == 0) {
       if (n > 0) {
         write_stderr("dlaunch: note: " + (o.agent.log_dir / id).string() +
                      " holds another run's logs (an earlier one, or another "
                      "node's on a shared folder); this run's go to " +
-                     (o.agent.log_dir / name).string() + "\n");
+                     dir.string() + "\n");
       }
       o.agent.run_dir_name = name;
-      return true;
+      return "";
     }
-    if (errno != EEXIST) return false;
+    if (errno != EEXIST) {
+      if (n == 0) return "";
+      return "dlaunch: cannot create " + dir.string() + ": " +
+             std::strerror(errno) + "; " + (o.agent.log_dir / id).string() +
+             " holds another run's logs, which this run must not write over "
+             "(give another --rdzv-id or --log-dir)";
+    }
   }
-  return false;
 }
 
 // LOG_DIR/RUN_ID/job.yaml: the effective job, so `dlaunch --config` on it
@@ -147,7 +155,11 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   if (!options.agent.log_dir.empty()) {
     if (options.agent.run_id.empty())
       options.agent.run_id = agent::random_run_id();
-    if (claim_run_dir(options)) write_job_yaml(options);
+    if (const std::string e = claim_run_dir(options); !e.empty()) {
+      write_stderr(e + "\n");
+      return 1;
+    }
+    if (!options.agent.run_dir_name.empty()) write_job_yaml(options);
   }
   agent::PosixEnv env;  // first: it records the limits workers get
   const agent::rendezvous::RendezvousOptions& r = options.rdzv;
@@ -309,17 +321,13 @@ int main(int argc, char** argv) {
     return launch_hosts(options, hosts);
   }
   // --export, --env-file and --chdir hold for this node as for any host.
-  // A relative --chdir is the launch folder's: made absolute first, so
-  // that job.yaml (written from the new folder) names the same folder.
-  const std::string chdir =
-      options.remote.chdir.empty()
-          ? ""
-          : std::filesystem::absolute(options.remote.chdir)
-                .lexically_normal()
-                .string();
+  // A relative --chdir is the launch folder's: job.yaml (written from the
+  // new folder) names it absolute.
+  std::string chdir;
   try {
-    settle_host(asked_environment(options, agent::current_environment()),
-                chdir);
+    chdir =
+        settle_host(asked_environment(options, agent::current_environment()),
+                    options.remote.chdir);
   } catch (const std::exception& e) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
     return 2;

@@ -363,12 +363,19 @@ std::map<std::string, std::string> asked_environment(
   return env;
 }
 
-void settle_host(const std::map<std::string, std::string>& env,
-                 const std::string& chdir, const std::string& host) {
+std::string settle_host(const std::map<std::string, std::string>& env,
+                        const std::string& chdir, const std::string& host) {
   for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-  if (!chdir.empty() && ::chdir(chdir.c_str()) != 0) {
+  if (chdir.empty()) return "";
+  // Resolved before entering it: from inside, a relative name means
+  // another folder.
+  std::error_code ec;
+  const std::filesystem::path where = std::filesystem::absolute(chdir, ec);
+  if (ec) throw std::runtime_error(cannot_enter(chdir, ec.value(), host));
+  if (::chdir(where.c_str()) != 0) {
     throw std::runtime_error(cannot_enter(chdir, errno, host));
   }
+  return where.lexically_normal().string();
 }
 
 std::vector<std::string> agent_args(const LaunchOptions& o, const Host& h,
@@ -616,7 +623,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     mine.hosts.clear();
     bool settled = false;
     try {
-      settle_host(env, o.remote.chdir);
+      mine.remote.chdir = settle_host(env, o.remote.chdir);
       settled = true;
     } catch (const std::exception& e) {
       write_stderr(std::string("dlaunch: ") + e.what() + "\n");

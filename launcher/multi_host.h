@@ -65,11 +65,12 @@ std::map<std::string, std::string> asked_environment(
 // Makes this process the host that --export, --env-file and --chdir
 // describe, for an agent that runs in it (the head's own host, the one
 // node of a job without hosts, a remote agent): sets `env` in its
-// environment and enters `chdir` (none when empty). `host` names this
-// machine in the error ("": "this machine (its name)"). Throws
-// std::runtime_error naming the folder, the host and the fix.
-void settle_host(const std::map<std::string, std::string>& env,
-                 const std::string& chdir, const std::string& host = "");
+// environment and enters `chdir` (none when empty), returning it absolute
+// ("" for none). `host` names this machine in the error ("": "this machine
+// (its name)"). Throws std::runtime_error naming the folder, the host and
+// the fix.
+std::string settle_host(const std::map<std::string, std::string>& env,
+                        const std::string& chdir, const std::string& host = "");
 
 // The dlaunch arguments of one host's agent: the job's flags as the table
 // prints them (HOSTS flags and the rendezvous settings the head decides

@@ -300,6 +300,7 @@ TEST_F(AgentTest, OneStopSignalDeliveredTwiceAtOnceKeepsTheGracePeriod) {
 TEST_F(AgentTest, ManyRestartsOfAGroupThatCannotStartEndCleanly) {
   options.nproc_per_node = 1;
   options.max_restarts = 30000;
+  options.log_dir.clear();  // 30,001 attempt folders would take a minute
   env.fail_spawn = [](const ProcessSpec&) { return true; };
   RunResult r = run();
   EXPECT_EQ(r.exit_code, 127);

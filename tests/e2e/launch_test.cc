@@ -840,6 +840,29 @@ TEST(Launch, ARelativeChdirHoldsForThePythonCheckAndJobYaml) {
   CommandResult a = testing::run_command(again, 60s);
   EXPECT_EQ(a.exit_code, 0) << a.err;
   EXPECT_THAT(a.out, HasSubstr("[default0]:RAN"));
+  // A script missing there is refused before anything starts, one host
+  // named or none; a --chdir that does not exist is named as such.
+  for (std::vector<std::string> argv :
+       {std::vector<std::string>{kDlaunch, "--chdir", "work", "missing.py"},
+        {kDlaunch, "--hosts", "localhost:1", "--chdir", "work",
+         "missing.py"}}) {
+    o.argv = argv;
+    CommandResult m = testing::run_command(o, 60s);
+    EXPECT_EQ(m.exit_code, 127) << m.err;
+    EXPECT_THAT(m.err, HasSubstr("'work/missing.py': No such file"));
+  }
+  o.argv = {kDlaunch, "--chdir", "nowhere", "here.py"};
+  CommandResult n = testing::run_command(o, 60s);
+  EXPECT_EQ(n.exit_code, 2) << n.err;
+  EXPECT_THAT(n.err, HasSubstr("--chdir: cannot enter nowhere"));
+  // From a folder removed under it, a relative --chdir leads nowhere: said
+  // so (it aborted on an uncaught filesystem_error).
+  o.argv = {"sh", "-c",
+            "mkdir gone && cd gone && rmdir ../gone && exec " +
+                std::string(kDlaunch) + " --chdir work --no-python true"};
+  CommandResult g = testing::run_command(o, 60s);
+  EXPECT_EQ(g.exit_code, 2) << g.err;
+  EXPECT_THAT(g.err, HasSubstr("--chdir: cannot enter work"));
 }
 
 // A run id used again with the same --log-dir (a rerun; c10d's default id
@@ -872,6 +895,18 @@ TEST(Launch, ARunIdUsedAgainLogsBesideTheEarlierRun) {
   EXPECT_FALSE(std::filesystem::exists(b / "attempt_1"));
   EXPECT_THAT(read_file(b / "summary.json"), HasSubstr("\"exit_code\": 0"));
   EXPECT_TRUE(std::filesystem::exists(b / "job.yaml"));
+  // No room for RUN_ID.1 (a name one past the 255-byte limit): the run is
+  // refused rather than written into the earlier run's folder.
+  const std::string id(254, 'x');
+  ASSERT_EQ(sh(1, "true", {"--log-dir", logs, "--rdzv-id", id}).exit_code, 0);
+  CommandResult full =
+      sh(1, "echo STARTED", {"--log-dir", logs, "--rdzv-id", id});
+  EXPECT_EQ(full.exit_code, 1) << full.err;
+  EXPECT_THAT(full.err, HasSubstr(".1: File name too long; " + logs + "/" + id +
+                                  " holds another run's logs, which this run "
+                                  "must not write over (give another "
+                                  "--rdzv-id or --log-dir)"));
+  EXPECT_THAT(full.out, Not(HasSubstr("STARTED")));
 }
 
 // Counts the agent's open fds from inside each attempt's worker.
