@@ -493,19 +493,12 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
                     o.program.compare(o.program.size() - 3, 3, ".py") == 0));
   std::vector<std::string>& cmd = o.agent.entrypoint;
   if (python) {
-    // Where this machine's workers will look: --chdir's folder (one that
-    // does not exist is refused as such when the job starts).
-    const std::string script =
-        o.remote.chdir.empty() || o.program.starts_with('/')
-            ? o.program
-            : (std::filesystem::path(o.remote.chdir) / o.program).string();
-    std::error_code ec;
-    const bool enterable = o.remote.chdir.empty() ||
-                           std::filesystem::is_directory(o.remote.chdir, ec);
-    if (!o.module && enterable && ::access(script.c_str(), R_OK) != 0) {
-      return UsageError{"dlaunch: '" + script + "': " + std::strerror(errno) +
-                            " (the script to run under " + o.python + ")",
-                        127};
+    // With hosts, checked once it is known whether this machine runs
+    // workers (run_main): the script may live on the hosts only.
+    if (o.hosts.empty() && o.remote.launcher != "slurm") {
+      if (std::string e = missing_script(o); !e.empty()) {
+        return UsageError{e, 127};
+      }
     }
     cmd = {o.python, "-u"};
     if (o.module) cmd.push_back("-m");
@@ -513,6 +506,24 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   cmd.push_back(o.program);
   cmd.insert(cmd.end(), o.program_args.begin(), o.program_args.end());
   return o;
+}
+
+std::string missing_script(const LaunchOptions& o) {
+  const bool python = !o.no_python && !o.module && o.program.size() > 3 &&
+                      o.program.compare(o.program.size() - 3, 3, ".py") == 0;
+  if (!python) return "";
+  // Where this machine's workers will look: --chdir's folder (one that
+  // does not exist is refused as such when the job starts).
+  const std::string script =
+      o.remote.chdir.empty() || o.program.starts_with('/')
+          ? o.program
+          : (std::filesystem::path(o.remote.chdir) / o.program).string();
+  std::error_code ec;
+  const bool enterable = o.remote.chdir.empty() ||
+                         std::filesystem::is_directory(o.remote.chdir, ec);
+  if (!enterable || ::access(script.c_str(), R_OK) == 0) return "";
+  return "dlaunch: '" + script + "': " + std::strerror(errno) +
+         " (the script to run under " + o.python + ")";
 }
 
 }  // namespace dlaunch::launcher

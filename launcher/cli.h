@@ -42,6 +42,11 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
 // flag table (flags.h).
 const std::string& help_text();
 
+// Why the .py program of `options` cannot run on this machine (not found
+// in --chdir's folder, or unreadable), or "" (not a .py, found, or a
+// --chdir that does not exist, which is refused as such).
+std::string missing_script(const LaunchOptions& options);
+
 // Visible CUDA devices (CUDA_VISIBLE_DEVICES honoured); 0 when there is no
 // driver or no device; any other driver error throws, naming it. Asks the
 // dlaunch-cuda-devices helper beside the running program, or at env's

@@ -67,10 +67,14 @@ std::string claim_run_dir(LaunchOptions& o) {
     }
     if (errno != EEXIST) {
       if (n == 0) return "";
-      return "dlaunch: cannot create " + dir.string() + ": " +
-             std::strerror(errno) + "; " + (o.agent.log_dir / id).string() +
-             " holds another run's logs, which this run must not write over "
-             "(give another --rdzv-id or --log-dir)";
+      const int e = errno;
+      return "dlaunch: cannot create the run folder " + dir.string() + ": " +
+             std::strerror(e) + "; " +
+             (e == ENAMETOOLONG ? "give a shorter --rdzv-id or another "
+                                  "--log-dir"
+                                : "check --log-dir") +
+             " (" + (o.agent.log_dir / id).string() +
+             " holds another run's logs, which this run must not write over)";
     }
   }
 }
@@ -317,9 +321,17 @@ int main(int argc, char** argv) {
   }
   // Other hosts: this machine is the head (multi_host.h). This one alone:
   // its slots or GPUs decide its workers, as they would there.
-  if (const HostPlan hosts = plan_hosts(options); hosts.needs_head) {
-    return launch_hosts(options, hosts);
+  const HostPlan hosts = plan_hosts(options);
+  // A .py program where this machine runs workers (one host that is this
+  // machine, or the head's own host); the other hosts' pre-flight looks
+  // there.
+  if (!options.hosts.empty() && (!hosts.needs_head || hosts.in_process)) {
+    if (std::string e = missing_script(options); !e.empty()) {
+      write_stderr(e + "\n");
+      return 127;
+    }
   }
+  if (hosts.needs_head) return launch_hosts(options, hosts);
   // --export, --env-file and --chdir hold for this node as for any host.
   // A relative --chdir is the launch folder's: job.yaml (written from the
   // new folder) names it absolute.

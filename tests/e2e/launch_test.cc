@@ -840,17 +840,24 @@ TEST(Launch, ARelativeChdirHoldsForThePythonCheckAndJobYaml) {
   CommandResult a = testing::run_command(again, 60s);
   EXPECT_EQ(a.exit_code, 0) << a.err;
   EXPECT_THAT(a.out, HasSubstr("[default0]:RAN"));
-  // A script missing there is refused before anything starts, one host
-  // named or none; a --chdir that does not exist is named as such.
+  // A script missing there is refused before anything starts, where this
+  // machine runs workers (no host named, this machine alone, or the head
+  // among the hosts; without it the hosts' pre-flight looks: --dry-run of
+  // hosts elsewhere is no error); a --chdir that does not exist is named
+  // as such.
   for (std::vector<std::string> argv :
        {std::vector<std::string>{kDlaunch, "--chdir", "work", "missing.py"},
-        {kDlaunch, "--hosts", "localhost:1", "--chdir", "work",
-         "missing.py"}}) {
+        {kDlaunch, "--hosts", "localhost:1", "--chdir", "work", "missing.py"},
+        {kDlaunch, "--launcher", "local", "--hosts", "localhost:1,127.0.0.2:1",
+         "--local-addr", "127.0.0.1", "--chdir", "work", "missing.py"}}) {
     o.argv = argv;
     CommandResult m = testing::run_command(o, 60s);
     EXPECT_EQ(m.exit_code, 127) << m.err;
     EXPECT_THAT(m.err, HasSubstr("'work/missing.py': No such file"));
   }
+  o.argv = {kDlaunch, "--hosts", "n1.invalid,n2.invalid", "--dry-run",
+            "missing.py"};
+  EXPECT_EQ(testing::run_command(o, 60s).exit_code, 0);
   o.argv = {kDlaunch, "--chdir", "nowhere", "here.py"};
   CommandResult n = testing::run_command(o, 60s);
   EXPECT_EQ(n.exit_code, 2) << n.err;
@@ -902,10 +909,12 @@ TEST(Launch, ARunIdUsedAgainLogsBesideTheEarlierRun) {
   CommandResult full =
       sh(1, "echo STARTED", {"--log-dir", logs, "--rdzv-id", id});
   EXPECT_EQ(full.exit_code, 1) << full.err;
-  EXPECT_THAT(full.err, HasSubstr(".1: File name too long; " + logs + "/" + id +
-                                  " holds another run's logs, which this run "
-                                  "must not write over (give another "
-                                  "--rdzv-id or --log-dir)"));
+  EXPECT_THAT(full.err,
+              HasSubstr(".1: File name too long; give a shorter --rdzv-id or "
+                        "another --log-dir (" +
+                        logs + "/" + id +
+                        " holds another run's logs, which this run must not "
+                        "write over)"));
   EXPECT_THAT(full.out, Not(HasSubstr("STARTED")));
 }
 
