@@ -375,7 +375,10 @@ std::string settle_host(const std::map<std::string, std::string>& env,
   if (::chdir(where.c_str()) != 0) {
     throw std::runtime_error(cannot_enter(chdir, errno, host));
   }
-  return where.lexically_normal().string();
+  // The folder entered, as the kernel resolved it (link/.. is the link
+  // target's parent, not where a lexical reading puts it).
+  const std::filesystem::path entered = std::filesystem::current_path(ec);
+  return (ec ? where : entered).string();
 }
 
 std::vector<std::string> agent_args(const LaunchOptions& o, const Host& h,

@@ -832,8 +832,10 @@ TEST(Launch, ARelativeChdirHoldsForThePythonCheckAndJobYaml) {
   EXPECT_THAT(r.out, HasSubstr("[default0]:RAN"));
   const std::filesystem::path yaml = dir / "work" / "logs" / "j1" / "job.yaml";
   ASSERT_TRUE(std::filesystem::exists(yaml));
-  EXPECT_THAT(testing::read_file(yaml),
-              HasSubstr("chdir: " + (dir / "work").string() + "\n"));
+  EXPECT_THAT(
+      testing::read_file(yaml),
+      HasSubstr("chdir: " + std::filesystem::canonical(dir / "work").string() +
+                "\n"));
   testing::CommandOptions again;
   again.argv = {kDlaunch, "--config", yaml.string()};
   again.cwd = "/";
