@@ -64,6 +64,7 @@ RunResult Agent::run() {
     result_.error = "dlaunch: nothing to run (no program or no workers)";
     result_.exit_code = 2;
     sink_(result_.error + "\n");
+    write_launcher_error_file();
     return result_;
   }
   // Checked before anything starts: a typo must not cost restarts.
@@ -77,6 +78,7 @@ RunResult Agent::run() {
     result_.error = e.what();
     result_.exit_code = 127;
     sink_(result_.error + "\n");
+    write_launcher_error_file();
     return result_;
   }
   // From here on a signal is served (once the loop runs), whatever the
@@ -94,6 +96,7 @@ RunResult Agent::run() {
                     (options_.log_dir.empty() ? "" : "; check --log-dir");
     result_.exit_code = 1;
     sink_(result_.error + "\n");
+    write_launcher_error_file();
     return result_;
   }
   // Removed at the end (below) unless it holds logs; if the agent is
@@ -120,6 +123,8 @@ RunResult Agent::run() {
     throw;
   }
 
+  // Before the root cause's error file can vanish with the folder.
+  write_launcher_error_file();
   // A temporary run folder that holds no logs is removed, summary and all.
   if (keep_dir) {
     write_summary();
@@ -269,20 +274,21 @@ void Agent::round_formed() {
   }
   // A copy: a restart started from here (a spawn failure) reuses outcome_.
   const rendezvous::RendezvousResult round = *outcome_.round;
+  // Every member of the round got the same count: past the budget, every
+  // node gives up together, whatever each saw end the last round.
+  if (round.restart_count > options_.max_restarts) {
+    give_up(round.restart_cause);
+    return;
+  }
   // A run folder that vanishes at the end (in /dev/shm) keeps no error
-  // records of past attempts: their messages were read at the exits, and
+  // records of past attempts (the last one's stay for the launcher's own
+  // error file): their messages were read at the exits, and
   // a long series of restarts must not fill memory with them.
   if (temp_run_dir_ && !writes_logs() && !result_.attempts.empty()) {
     std::error_code ec;
     for (const WorkerRecord& w : attempt().workers) {
       if (!w.error_file.empty()) std::filesystem::remove(w.error_file, ec);
     }
-  }
-  // Every member of the round got the same count: past the budget, every
-  // node gives up together, whatever each saw end the last round.
-  if (round.restart_count > options_.max_restarts) {
-    give_up(round.restart_cause);
-    return;
   }
   if (!result_.attempts.empty() && round.restart_count > restart_count_) {
     sink_("dlaunch: " + (failure_.empty() ? round.restart_cause : failure_) +
@@ -925,6 +931,26 @@ void Agent::finish(int exit_code) {
   fault_timers_.clear();
   hang_timer_.reset();
   env_.stop();
+}
+
+void Agent::write_launcher_error_file() {
+  if (result_.exit_code == 0) return;
+  auto it = base_env_.find("TORCHELASTIC_ERROR_FILE");
+  if (it == base_env_.end() || it->second.empty()) return;
+  const std::string why =
+      !result_.error.empty() ? result_.error
+      : result_.stop_signal != 0
+          ? "dlaunch: stopped by " + signal_name(result_.stop_signal)
+      : !failure_.empty()
+          ? "dlaunch: " + failure_
+          : "dlaunch: exit " + std::to_string(result_.exit_code);
+  std::ofstream out(it->second, std::ios::trunc);
+  out << launcher_error_json(result_, why);
+  out.close();
+  if (!out) {
+    sink_("dlaunch: warning: cannot write TORCHELASTIC_ERROR_FILE " +
+          it->second + ": " + std::strerror(errno) + "\n");
+  }
 }
 
 void Agent::write_summary() {

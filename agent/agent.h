@@ -95,6 +95,9 @@ class Agent {
   // Whether --redirects or --tee sends any stream to a log file.
   bool writes_logs() const;
   void write_summary();
+  // The run's failure into the launcher's own TORCHELASTIC_ERROR_FILE
+  // (base env), when set and the run failed (launcher_error_json).
+  void write_launcher_error_file();
   AttemptRecord& attempt() { return result_.attempts.back(); }
 
   AgentOptions options_;

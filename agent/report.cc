@@ -45,6 +45,27 @@ std::string read_error_file(const std::filesystem::path& path) {
   return m.dump();
 }
 
+std::string launcher_error_json(const RunResult& result,
+                                const std::string& why) {
+  if (const WorkerRecord* root = result.root_cause();
+      root && !root->error_file.empty()) {
+    std::ifstream in(root->error_file);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+    if (in && !j.is_discarded() && j.is_object() && j.contains("message") &&
+        j["message"].is_object()) {
+      if (root->status) j["message"]["errorCode"] = root->status->shell_code();
+      return j.dump() + "\n";
+    }
+  }
+  nlohmann::json j;
+  j["message"]["message"] = why;
+  j["message"]["extraInfo"]["py_callstack"] = "";
+  j["message"]["extraInfo"]["timestamp"] = std::to_string(std::time(nullptr));
+  return j.dump() + "\n";
+}
+
 namespace {
 
 std::string log_files(const WorkerRecord& w) {

@@ -24,4 +24,12 @@ nlohmann::json summary_json(const RunResult& result);
 // Empty when the file is missing; the raw text when it is not that JSON.
 std::string read_error_file(const std::filesystem::path& path);
 
+// What a failed run leaves in the launcher's own TORCHELASTIC_ERROR_FILE,
+// as torchrun's @record main does (TorchX and the like read it): the
+// root-cause worker's error file with "errorCode" set to its status when
+// that is torch's JSON, else {"message": {"message": WHY, "extraInfo":
+// {"py_callstack": "", "timestamp": "SECONDS"}}}.
+std::string launcher_error_json(const RunResult& result,
+                                const std::string& why);
+
 }  // namespace dlaunch::agent

@@ -209,6 +209,8 @@ int remote_agent_main(const std::vector<std::string>& args) {
   // inherited (the head's own, with local, pdsh's exec module or srun)
   // would be given twice.
   ::unsetenv("DLAUNCH_FAULTS");
+  // The head's own error file (TORCH* travels): the head writes it.
+  ::unsetenv("TORCHELASTIC_ERROR_FILE");
   ::unsetenv("PET_FAULTS");
   try {
     settle_host(job.env, job.chdir, job.host);

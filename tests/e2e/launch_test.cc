@@ -920,6 +920,47 @@ TEST(Launch, ARunIdUsedAgainLogsBesideTheEarlierRun) {
   EXPECT_THAT(full.out, Not(HasSubstr("STARTED")));
 }
 
+// Started with its own TORCHELASTIC_ERROR_FILE (as torchrun's @record
+// main is, by TorchX and the like), a failed run leaves its root cause
+// there: the failing worker's error file with "errorCode" set, else a
+// message naming the failure; a run that succeeds leaves nothing.
+TEST(Launch, AFailedRunLeavesItsRootCauseInTheLaunchersErrorFile) {
+  TempDir dir;
+  const std::string file = (dir / "parent.json").string();
+  CommandResult r =
+      sh(2,
+         "if [ $LOCAL_RANK = 1 ]; then printf '%s' '{\"message\": "
+         "{\"message\": \"boom\", \"extraInfo\": {\"py_callstack\": "
+         "\"tb\", \"timestamp\": \"1\"}}}' > $TORCHELASTIC_ERROR_FILE; "
+         "exit 3; fi; sleep 30",
+         {}, {{"TORCHELASTIC_ERROR_FILE", file}});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  nlohmann::json j = nlohmann::json::parse(read_file(file), nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << read_file(file);
+  EXPECT_EQ(j["message"]["message"], "boom");
+  EXPECT_EQ(j["message"]["extraInfo"]["py_callstack"], "tb");
+  EXPECT_EQ(j["message"]["errorCode"], 3);
+  // No worker error file: the failure, named.
+  r = sh(1, "exit 4", {}, {{"TORCHELASTIC_ERROR_FILE", file}});
+  EXPECT_EQ(r.exit_code, 4);
+  j = nlohmann::json::parse(read_file(file), nullptr, false);
+  EXPECT_THAT(j["message"]["message"].get<std::string>(),
+              ::testing::MatchesRegex(
+                  "dlaunch: local rank 0 \\(pid [0-9]+\\) failed with exit "
+                  "code 4"));
+  // A program that does not exist: its error.
+  r = dlaunch({"no-such-program-xyz"}, {{"TORCHELASTIC_ERROR_FILE", file}});
+  EXPECT_EQ(r.exit_code, 127);
+  j = nlohmann::json::parse(read_file(file), nullptr, false);
+  EXPECT_THAT(j["message"]["message"].get<std::string>(),
+              HasSubstr("no-such-program-xyz"));
+  // Success writes nothing.
+  std::filesystem::remove(file);
+  EXPECT_EQ(sh(1, "true", {}, {{"TORCHELASTIC_ERROR_FILE", file}}).exit_code,
+            0);
+  EXPECT_FALSE(std::filesystem::exists(file));
+}
+
 // Counts the agent's open fds from inside each attempt's worker.
 TEST(Launch, RestartsLeakNoFileDescriptors) {
   // The last rank measures once the agent's count has settled (every
