@@ -55,7 +55,12 @@ std::string launcher_error_json(const RunResult& result,
     nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
     if (in && !j.is_discarded() && j.is_object() && j.contains("message") &&
         j["message"].is_object()) {
-      if (root->status) j["message"]["errorCode"] = root->status->shell_code();
+      // torch's: the exit code, or minus the signal.
+      if (root->status) {
+        j["message"]["errorCode"] = root->status->signal != 0
+                                        ? -root->status->signal
+                                        : root->status->code;
+      }
       return j.dump() + "\n";
     }
   }

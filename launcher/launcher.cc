@@ -239,6 +239,11 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   for (const auto& [name, value] : options.env) base[name] = value;
   // The workers' env:// store (served by rank 0) takes only this token.
   if (!token.workers.empty()) base[comm::store::kTokenEnv] = token.workers;
+  // A drill's failures are its point, not the job's: its verdict is the
+  // exit status, and no error file is left for the launcher.
+  if (options.mode == LaunchOptions::Mode::kDrill) {
+    base.erase("TORCHELASTIC_ERROR_FILE");
+  }
   agent::RunResult result;
   {
     // The agent's messages queue behind the workers' lines: a stalled or

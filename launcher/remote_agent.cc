@@ -209,8 +209,6 @@ int remote_agent_main(const std::vector<std::string>& args) {
   // inherited (the head's own, with local, pdsh's exec module or srun)
   // would be given twice.
   ::unsetenv("DLAUNCH_FAULTS");
-  // The head's own error file (TORCH* travels): the head writes it.
-  ::unsetenv("TORCHELASTIC_ERROR_FILE");
   ::unsetenv("PET_FAULTS");
   try {
     settle_host(job.env, job.chdir, job.host);
@@ -218,6 +216,9 @@ int remote_agent_main(const std::vector<std::string>& args) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
     return 1;
   }
+  // The head's own error file (TORCH* travels, and settle_host set it):
+  // the head writes it.
+  ::unsetenv("TORCHELASTIC_ERROR_FILE");
   ParseResult parsed =
       parse_command_line(job.args, agent::current_environment(), write_stderr);
   if (auto* e = std::get_if<UsageError>(&parsed)) {

@@ -939,7 +939,7 @@ TEST(Launch, AFailedRunLeavesItsRootCauseInTheLaunchersErrorFile) {
   ASSERT_FALSE(j.is_discarded()) << read_file(file);
   EXPECT_EQ(j["message"]["message"], "boom");
   EXPECT_EQ(j["message"]["extraInfo"]["py_callstack"], "tb");
-  EXPECT_EQ(j["message"]["errorCode"], 3);
+  EXPECT_EQ(j["message"]["errorCode"], 3);  // torch's: -N for signal N
   // No worker error file: the failure, named.
   r = sh(1, "exit 4", {}, {{"TORCHELASTIC_ERROR_FILE", file}});
   EXPECT_EQ(r.exit_code, 4);
@@ -954,6 +954,16 @@ TEST(Launch, AFailedRunLeavesItsRootCauseInTheLaunchersErrorFile) {
   j = nlohmann::json::parse(read_file(file), nullptr, false);
   EXPECT_THAT(j["message"]["message"].get<std::string>(),
               HasSubstr("no-such-program-xyz"));
+  // The head writes it, not the hosts' agents (the variable travels to
+  // them, as TORCH* does): one writer, here an unwritable path, one warning.
+  r = dlaunch({"--launcher", "local", "--hosts", "localhost,127.0.0.1",
+               "--local-addr", "127.0.0.1", "sh", "-c", "exit 5"},
+              {{"TORCHELASTIC_ERROR_FILE", (dir / "no" / "x.json").string()}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("\ndlaunch: warning: cannot write "
+                               "TORCHELASTIC_ERROR_FILE"));
+  EXPECT_THAT(r.err,
+              Not(HasSubstr("127.0.0.1 dlaunch: warning: cannot write")));
   // Success writes nothing.
   std::filesystem::remove(file);
   EXPECT_EQ(sh(1, "true", {}, {{"TORCHELASTIC_ERROR_FILE", file}}).exit_code,
