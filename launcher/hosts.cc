@@ -10,13 +10,6 @@
 namespace dlaunch::launcher {
 namespace {
 
-// "0,2": indices as --include/--exclude write them.
-std::string gpu_text(const std::vector<int>& gpus) {
-  std::string out;
-  for (int g : gpus) out += (out.empty() ? "" : ",") + std::to_string(g);
-  return out;
-}
-
 std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 // `name` expanded, `so_far` hosts having come before it: each item is
@@ -116,6 +109,12 @@ std::vector<HostFilter> parse_host_filter(std::string_view text) {
   return out;
 }
 
+std::string gpu_list(const std::vector<int>& gpus) {
+  std::string out;
+  for (int g : gpus) out += (out.empty() ? "" : ",") + std::to_string(g);
+  return out;
+}
+
 std::vector<Host> select_hosts(std::vector<Host> hosts,
                                const std::vector<HostFilter>& include,
                                const std::vector<HostFilter>& exclude,
@@ -143,7 +142,7 @@ std::vector<Host> select_hosts(std::vector<Host> hosts,
     const int slots = it->slots > 0 ? it->slots : default_slots;
     if (slots <= 0 && !f.gpus.empty()) {
       throw HostsError(
-          std::string(flag) + ": " + f.name + ":" + gpu_text(f.gpus) + ": " +
+          std::string(flag) + ": " + f.name + ":" + gpu_list(f.gpus) + ": " +
           f.name +
           " has no slots given and --nproc-per-node gives no GPU count here "
           "(auto or cpu, or gpu on a machine without GPUs), so its GPU "

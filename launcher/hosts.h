@@ -1,5 +1,6 @@
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -20,6 +21,10 @@ struct HostFilter {
   std::vector<int> gpus;
   bool operator==(const HostFilter&) const = default;
 };
+
+// GPU indices as CUDA_VISIBLE_DEVICES and --include/--exclude write them:
+// "0,2".
+std::string gpu_list(const std::vector<int>& gpus);
 
 // deepspeed's --include/--exclude syntax: entries separated by '@', each
 // NAME or NAME:I,J,... (GPU indices); NAME may be a hostlist

@@ -6,6 +6,7 @@
 
 #include "agent/worker_env.h"
 #include "launcher/flags.h"
+#include "launcher/hosts.h"
 #include "launcher/job_file.h"
 
 namespace dlaunch::launcher {
@@ -47,12 +48,9 @@ std::string env_value(const std::string& name, const std::string& value) {
 }
 
 std::string host_text(const Host& h) {
-  std::string out =
+  const std::string out =
       h.slots > 0 ? h.name + ":" + std::to_string(h.slots) : h.name;
-  for (size_t i = 0; i < h.gpus.size(); ++i) {
-    out += (i == 0 ? " (GPUs " : ",") + std::to_string(h.gpus[i]);
-  }
-  return h.gpus.empty() ? out : out + ")";
+  return h.gpus.empty() ? out : out + " (GPUs " + gpu_list(h.gpus) + ")";
 }
 
 // One argument as a shell would need it written.

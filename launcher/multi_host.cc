@@ -23,6 +23,7 @@
 #include "launcher/command_runner.h"
 #include "launcher/drill.h"
 #include "launcher/flags.h"
+#include "launcher/hosts.h"
 #include "launcher/launcher.h"
 #include "launcher/read_text.h"
 #include "launcher/ship.h"
@@ -75,12 +76,6 @@ bool head_decides(std::string_view name) {
     if (name == n) return true;
   }
   return false;
-}
-
-std::string gpu_list(const std::vector<int>& gpus) {
-  std::string out;
-  for (int g : gpus) out += (out.empty() ? "" : ",") + std::to_string(g);
-  return out;
 }
 
 // Whether `program` is a path or a name found in `env`'s PATH.
