@@ -379,6 +379,18 @@ std::vector<CommandResult> CommandRunner::results() const {
   return out;
 }
 
+std::vector<std::pair<std::string, int>> lost_hosts(
+    const AgentCommand& command, const CommandResult& result) {
+  if (!result.failed_hosts.empty()) return result.failed_hosts;
+  std::vector<std::pair<std::string, int>> out;
+  if (result.exited && result.exit_code != 0) {
+    for (const std::string& h : command.hosts) {
+      out.emplace_back(h, result.exit_code);
+    }
+  }
+  return out;
+}
+
 std::string pdsh_short_name(const std::string& host) {
   const size_t dot = host.find('.');
   if (dot == std::string::npos || host.empty() ||

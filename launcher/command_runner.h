@@ -74,6 +74,12 @@ class CommandRunner {
 // `line` whole.
 std::string_view task_label(std::string_view line, int& task);
 
+// The hosts `command` lost so far, with their status, as `result` says:
+// those a command for many hosts (pdsh) reported failed; else, once it
+// ended in failure, all of its hosts.
+std::vector<std::pair<std::string, int>> lost_hosts(
+    const AgentCommand& command, const CommandResult& result);
+
 // The name pdsh writes for `host` when it serves several hosts of one
 // domain: cut at its first dot, unless it starts with a digit (an
 // address).

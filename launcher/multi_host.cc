@@ -661,17 +661,10 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
               if (ended) return;
               continue;
             }
-            // A command for many hosts (pdsh) loses those it reported
-            // failed; one that ended in failure without such reports, all
-            // its hosts.
             const std::vector<CommandResult> rs = remote->results();
             for (size_t i = 0; i < rs.size(); ++i) {
-              for (const auto& [h, c] : rs[i].failed_hosts) lose(h, c);
-              if (rs[i].failed_hosts.empty() && rs[i].exited &&
-                  rs[i].exit_code != 0) {
-                for (const std::string& h : starts[i].hosts) {
-                  lose(h, rs[i].exit_code);
-                }
+              for (const auto& [h, c] : lost_hosts(starts[i], rs[i])) {
+                lose(h, c);
               }
             }
             const int left = static_cast<int>(o.hosts.size() - gone.size());
@@ -776,12 +769,8 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     // (pdsh: the first host it reported failed; its own status can be 0
     // for a host killed by a signal.)
     if (code == 0 && failed >= 0) {
-      const CommandResult& r = results[failed];
-      if (!r.failed_hosts.empty()) {
-        code = r.failed_hosts.front().second;
-      } else if (r.exited) {
-        code = r.exit_code;
-      }
+      const auto lost = lost_hosts(starts[failed], results[failed]);
+      if (!lost.empty()) code = lost.front().second;
     }
     int largest = 0;
     for (const CommandResult& r : results) {
