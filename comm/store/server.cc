@@ -77,11 +77,8 @@ void StoreServer::Impl::on_closed(Connection& c) {
   // A peer that died (or went silent) is announced to whoever waits on the
   // keys it named; a server shutting down announces nothing.
   if (!shutting_down_) {
-    const size_t max = options_.max_value_bytes;
     for (const auto& [key, value] : c.on_close()) {
-      const std::string* v = find(key);
-      if (std::string e = too_big("append_on_close", key,
-                                  (v ? v->size() : 0) + value.size(), max);
+      if (std::string e = append_refused("append_on_close", key, value);
           !e.empty()) {
         spdlog::warn("store: a closed connection's {}", e);
         continue;
@@ -226,10 +223,7 @@ void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
       out.type = MsgType::kOk;
       break;
     case MsgType::kAppend: {
-      const std::string* v = find(r.keys[0]);
-      if (std::string e =
-              too_big("append", r.keys[0],
-                      (v ? v->size() : 0) + r.values[0].size(), max);
+      if (std::string e = append_refused("append", r.keys[0], r.values[0]);
           !e.empty()) {
         return respond_error(c, std::move(e));
       }
@@ -247,6 +241,14 @@ void StoreServer::Impl::handle(Connection& c, const wire::Request& r) {
       DLAUNCH_CHECK(false, "decode_request let a non-request type through");
   }
   wire::encode_response(out, c.out());
+}
+
+std::string StoreServer::Impl::append_refused(const char* op,
+                                              std::string_view key,
+                                              std::string_view value) {
+  const std::string* v = find(key);
+  return too_big(op, key, (v ? v->size() : 0) + value.size(),
+                 options_.max_value_bytes);
 }
 
 std::string& StoreServer::Impl::append(std::string_view key,

@@ -138,6 +138,10 @@ class StoreServer::Impl {
   // Appends `value` to `key` (created when missing, waking its waiters);
   // returns the new value.
   std::string& append(std::string_view key, std::string_view value);
+  // Why appending `value` to `key` (by `op`) is refused: the value would
+  // outgrow max_value_bytes. "" when it fits.
+  std::string append_refused(const char* op, std::string_view key,
+                             std::string_view value);
   std::string* find(std::string_view key) {
     auto it = data_.find(key);
     return it == data_.end() ? nullptr : &it->second;
