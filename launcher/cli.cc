@@ -35,6 +35,11 @@
 namespace dlaunch::launcher {
 namespace {
 
+// A program dlaunch runs under the interpreter: NAME.py.
+bool python_script(const std::string& program) {
+  return program.size() > 3 && program.ends_with(".py");
+}
+
 // Boost.Process initializer: the child dies with dlaunch (a driver wedged
 // in cuInit must not keep the GPU-count helper alive after a killed launch).
 struct DieWithParent {
@@ -487,10 +492,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   }
 
   // The worker command.
-  bool python =
-      !o.no_python &&
-      (o.module || (o.program.size() > 3 &&
-                    o.program.compare(o.program.size() - 3, 3, ".py") == 0));
+  bool python = !o.no_python && (o.module || python_script(o.program));
   std::vector<std::string>& cmd = o.agent.entrypoint;
   if (python) {
     // With hosts, checked once it is known whether this machine runs
@@ -509,9 +511,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
 }
 
 std::string missing_script(const LaunchOptions& o) {
-  const bool python = !o.no_python && !o.module && o.program.size() > 3 &&
-                      o.program.compare(o.program.size() - 3, 3, ".py") == 0;
-  if (!python) return "";
+  if (o.no_python || o.module || !python_script(o.program)) return "";
   // Where this machine's workers will look: --chdir's folder (one that
   // does not exist is refused as such when the job starts).
   const std::string script =
