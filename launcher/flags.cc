@@ -1340,28 +1340,26 @@ void check_rendezvous(LaunchOptions& o) {
   // port when given, else a free one) and numbers the hosts' agents
   // itself; check_hosts() holds --nnodes to its hosts.
   if (!o.hosts.empty() || o.remote.launcher == "slurm") {
+    const std::string head =
+        "a multi-host head (--hosts, --hostfile, --launcher slurm)";
     if (r.backend == "etcd") {
-      throw BadValue{
-          "--rdzv-backend etcd: a multi-host head (--hosts, --hostfile, "
-          "--launcher slurm) meets its agents in a store of its own; drop "
-          "--rdzv-backend, or start each host's dlaunch yourself with the "
-          "etcd endpoints"};
+      throw BadValue{"--rdzv-backend etcd: " + head +
+                     " meets its agents in a store of its own; drop "
+                     "--rdzv-backend, or start each host's dlaunch yourself "
+                     "with the etcd endpoints"};
     }
     if (r.node_rank >= 0) {
-      throw BadValue{
-          "--node-rank: a multi-host head (--hosts, --hostfile, --launcher "
-          "slurm) numbers its hosts' agents itself; drop --node-rank"};
+      throw BadValue{"--node-rank: " + head +
+                     " numbers its hosts' agents itself; drop --node-rank"};
     }
     if (o.agent.master_addr != AgentDefaults().master_addr) {
-      throw BadValue{
-          "--master-addr: with a multi-host head (--hosts, --hostfile, "
-          "--launcher slurm) MASTER_ADDR is group rank 0's address; drop "
-          "--master-addr"};
+      throw BadValue{"--master-addr: with " + head +
+                     " MASTER_ADDR is group rank 0's address; drop "
+                     "--master-addr"};
     }
     if (o.standalone) {
-      throw BadValue{
-          "--standalone runs one node, and a multi-host head (--hosts, "
-          "--hostfile, --launcher slurm) runs one agent per host; keep one"};
+      throw BadValue{"--standalone runs one node, and " + head +
+                     " runs one agent per host; keep one"};
     }
     check_etcd(o);
     check_store_port(o);
