@@ -20,6 +20,7 @@
 #include <csignal>
 #include <cstring>
 #include <functional>
+#include <optional>
 
 #include "agent/line_buffer.h"
 #include "agent/posix_env.h"
@@ -85,7 +86,9 @@ struct CommandRunner::Impl {
     std::unique_ptr<bp::process> proc;
     std::unique_ptr<asio::writable_pipe> in;
     std::unique_ptr<asio::readable_pipe> out, err;
-    agent::LineBuffer out_lines{""}, err_lines{""};
+    // Live redraws only where one host's lines come as they are (pdsh and
+    // srun label whole lines: a redraw would lose its host).
+    std::optional<agent::LineBuffer> out_lines, err_lines;
     std::array<char, 65536> out_buf{}, err_buf{};
     int open_streams = 0;
     bool reaped = false;
@@ -106,15 +109,17 @@ struct CommandRunner::Impl {
   bool interrupted = false;  // interrupt() was called
   std::thread thread;
 
-  // `text` (whole lines) of `c` to the head's fd, each line with its host.
-  void show(Child& c, int fd, const std::string& text) {
+  // `text` (whole lines and redraws, from `lines`) of `c` to the head's fd,
+  // each with its host.
+  void show(Child& c, int fd, const agent::LineBuffer& lines,
+            const std::string& text) {
     if (text.empty()) return;
     std::string out;
     size_t pos = 0;
     while (pos < text.size()) {
-      size_t nl = text.find('\n', pos);
-      std::string_view line(text.data() + pos, nl - pos);
-      pos = nl + 1;
+      const size_t end = lines.unit_end(text, pos);
+      std::string_view line(text.data() + pos, end - pos);
+      pos = end + 1;
       if (c.cmd->task_labelled_lines) {
         // srun's "N: line" (or "  N: line") becomes "HOST line".
         int task = -1;
@@ -147,7 +152,7 @@ struct CommandRunner::Impl {
         out += c.cmd->hosts.empty() ? "" : c.cmd->hosts[0] + " ";
         out += line;
       }
-      out += '\n';
+      out += text[end];
     }
     agent::write_all(fd, out);
   }
@@ -166,11 +171,11 @@ struct CommandRunner::Impl {
                            if (ec) {
                              if (output == CommandOutput::kShow)
                                lines.flush(whole);
-                             show(c, fd, whole);
+                             show(c, fd, lines, whole);
                              if (--c.open_streams == 0) reap(c);
                              return;
                            }
-                           show(c, fd, whole);
+                           show(c, fd, lines, whole);
                            read(c, pipe, buf, lines, captured, fd);
                          });
   }
@@ -269,8 +274,12 @@ struct CommandRunner::Impl {
     }
     c.result.started = true;
     c.open_streams = 2;
-    read(c, *c.out, c.out_buf, c.out_lines, c.result.out, STDOUT_FILENO);
-    read(c, *c.err, c.err_buf, c.err_lines, c.result.err, STDERR_FILENO);
+    const bool live =
+        !c.cmd->task_labelled_lines && !c.cmd->host_prefixed_lines;
+    c.out_lines.emplace("", live);
+    c.err_lines.emplace("", live);
+    read(c, *c.out, c.out_buf, *c.out_lines, c.result.out, STDOUT_FILENO);
+    read(c, *c.err, c.err_buf, *c.err_lines, c.result.err, STDERR_FILENO);
     if (c.in) {
       asio::async_write(*c.in, asio::buffer(cmd.stdin_data),
                         [](const boost::system::error_code&, size_t) {});

@@ -69,6 +69,54 @@ TEST(LineBuffer, PassesOnOverlongLines) {
   EXPECT_EQ(out.back(), '\n');
 }
 
+// What one feed() of `bytes` passes on.
+std::string fed(LineBuffer& lb, std::string_view bytes) {
+  std::string out;
+  lb.feed(bytes, out);
+  return out;
+}
+
+// tqdm's way: each update starts with '\r'; the bar moves before its line
+// ends, each redraw prefixed, nothing shown twice.
+TEST(LineBuffer, ShowsRedrawsAsTheyCome) {
+  LineBuffer lb("[w0]:");
+  EXPECT_EQ(fed(lb, "\r  0%|"), "[w0]:  0%|\r");
+  EXPECT_EQ(fed(lb, "\r 50%|#"), "[w0]: 50%|#\r");
+  // More of the same redraw: shown again, whole.
+  EXPECT_EQ(fed(lb, "#"), "[w0]: 50%|##\r");
+  EXPECT_EQ(fed(lb, "\r100%|###|\nnext"), "[w0]:100%|###|\n");
+  EXPECT_EQ(fed(lb, " line"), "");  // plain text again: waits for its '\n'
+  std::string out;
+  lb.flush(out);
+  EXPECT_EQ(out, "[w0]:next line\n");
+}
+
+// print(..., end="\r"): the '\r' may end a redraw or start "\r\n".
+TEST(LineBuffer, TellsARedrawFromACrLfSplitBetweenReads) {
+  LineBuffer lb("p:");
+  EXPECT_EQ(fed(lb, "1/3\r"), "p:1/3\r");
+  EXPECT_EQ(fed(lb, "2/3\r"), "p:2/3\r");
+  // A "\r\n" line after all: shown whole, ended.
+  EXPECT_EQ(fed(lb, "\n"), "p:2/3\r\n");
+  const std::string out = fed(lb, "a\r\nb\rc\r\n");
+  EXPECT_EQ(out, "p:a\r\np:b\rp:c\r\n");
+  EXPECT_EQ(lb.unit_end(out, 0), 4u);   // "p:a\r\n": its '\n'
+  EXPECT_EQ(lb.unit_end(out, 5), 8u);   // "p:b\r"
+  EXPECT_EQ(lb.unit_end(out, 9), 13u);  // "p:c\r\n"
+  EXPECT_EQ(lb.unit_end(out, 14), std::string::npos);
+}
+
+// pdsh and srun label whole lines: there '\r' is text.
+TEST(LineBuffer, WithoutRedrawsCarriageReturnsAreText) {
+  LineBuffer lb("", false);
+  std::string out;
+  lb.feed("h: 1%\r2%", out);
+  EXPECT_EQ(out, "");
+  lb.feed("\r3%\n", out);
+  EXPECT_EQ(out, "h: 1%\r2%\r3%\n");
+  EXPECT_EQ(lb.unit_end(out, 0), out.size() - 1);
+}
+
 TEST(WorkerEnv, OverridesContractKeysAndKeepsTheRest) {
   EnvMap base{{"RANK", "99"}, {"FOO", "bar"}};
   WorkerIdentity id{1, 5, 8, 4, 1, 2, 5, 8};

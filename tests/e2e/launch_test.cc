@@ -329,6 +329,26 @@ TEST(Launch, TeedLinesReachTheFileAsTheyArrive) {
   EXPECT_EQ(p.wait(60s).exit_code, 0);
 }
 
+// A progress bar (tqdm redraws its line with '\r') moves on the console
+// while its line runs, each redraw with the worker's prefix; the log file
+// gets the bytes as written.
+TEST(Launch, ProgressRedrawsReachTheConsoleBeforeTheLineEnds) {
+  TempDir dir;
+  std::string go = (dir / "go").string();
+  Subprocess p({{kDlaunch, "--log-dir", dir.path().string(), "--run-id", "t",
+                 "-t", "1", "sh", "-c",
+                 "printf '\\r 10%%'; while [ ! -e " + go +
+                     " ]; do sleep 0.02; done; printf '\\r100%%\\n'"},
+                {},
+                {},
+                ""});
+  ASSERT_TRUE(p.wait_for_output("[default0]: 10%\r", 60s)) << p.err();
+  testing::write_file(go, "");
+  EXPECT_EQ(p.wait(60s).exit_code, 0);
+  EXPECT_THAT(p.out(), HasSubstr("[default0]: 10%\r[default0]:100%\n"));
+  EXPECT_EQ(read_file(dir / "t/attempt_0/0/stdout.log"), "\r 10%\r100%\n");
+}
+
 TEST(Launch, PropagatesTheRootCauseExitCode) {
   CommandResult r = sh(3, "[ $LOCAL_RANK = 1 ] && exit 7; sleep 300");
   EXPECT_EQ(r.exit_code, 7);

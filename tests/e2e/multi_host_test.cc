@@ -189,6 +189,30 @@ TEST_P(MultiHost, ARelativeProgramIsFoundFromTheHeadsFolder) {
   run_script_on_two_hosts(dir / "prog.sh", "./prog.sh", dir.path().string());
 }
 
+// A progress bar (tqdm redraws with '\r') on a remote host moves on the
+// head's console before its line ends: the agent there shows redraws as
+// they come and the head passes them on with their host.
+TEST_P(MultiHost, AProgressRedrawReachesTheHeadBeforeItsLineEnds) {
+  if (GetParam().starts_with("pdsh")) {
+    GTEST_SKIP() << "pdsh passes on whole lines only";
+  }
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  const std::string go = (dir / "go").string();
+  Subprocess p(cmd(head("127.0.0.2", mark,
+                        {"sh", "-c",
+                         "printf '\\r 10%%'; while [ ! -e " + go +
+                             " ]; do sleep 0.02; done; printf '\\r100%%\\n'"}),
+                   env()));
+  ASSERT_TRUE(p.wait_for_output("127.0.0.2 [default0]: 10%\r", 60s))
+      << p.out() << p.err();
+  testing::write_file(go, "");
+  CommandResult r = p.wait(60s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(p.out(), HasSubstr("127.0.0.2 [default0]:100%\n"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 // A program whose path has a space reaches every host whole (pdsh over
 // ssh once passed the check's words unquoted to the remote shell).
 TEST_P(MultiHost, AProgramPathWithASpaceReachesEveryHost) {
