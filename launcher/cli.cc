@@ -97,11 +97,14 @@ bool starts_name(char c) {
 
 // Splits off the flags before the program, with the rules dlaunch has always
 // had (those of CLI11, which it used before; kept so that command lines keep
-// their meaning): --NAME VALUE, --NAME=VALUE (an empty one takes the next
-// argument), -X VALUE, -XVALUE, -XY for switches X and Y; a value is the
-// next argument whatever it looks like. Unknown options are set aside and
-// scanning goes on (so --help after one still answers); the first argument
-// that is not an option (a bare "-", "-1", "") and everything after it, or
+// their meaning): --NAME VALUE, --NAME=VALUE, -X VALUE, -XVALUE, -XY for
+// switches X and Y; a value is the next argument whatever it looks like.
+// --NAME= is an empty value, as torchrun's argparse reads it (CLI11 took the
+// next argument: `--rdzv_id=$UNSET --dry-run prog` ran the job, named
+// "--dry-run"); flags that need a value refuse it. Unknown options are set
+// aside and scanning goes on (so --help after one still answers); the first
+// argument that is not an option (a bare "-", "-1", "") and everything after
+// it, or
 // "--" and everything after it, is the rest. A value flag without its
 // value, or given twice (unless repeatable), throws UsageError.
 ScannedArgs scan_flags(const std::vector<std::string>& args) {
@@ -115,10 +118,14 @@ ScannedArgs scan_flags(const std::vector<std::string>& args) {
     pushed.reset();
     std::string spelling, value;
     bool is_short = false;
+    bool given = false;  // --NAME=VALUE, VALUE maybe empty
     if (cur.size() > 2 && cur.starts_with("--") && starts_name(cur[2])) {
       size_t eq = cur.find('=');
       spelling = cur.substr(0, eq);
-      if (eq != std::string::npos) value = cur.substr(eq + 1);
+      if (eq != std::string::npos) {
+        value = cur.substr(eq + 1);
+        given = true;
+      }
     } else if (cur.size() > 1 && cur[0] == '-' && starts_name(cur[1])) {
       is_short = true;
       spelling = cur.substr(0, 2);
@@ -144,13 +151,24 @@ ScannedArgs scan_flags(const std::vector<std::string>& args) {
       if (is_short && !value.empty()) pushed = "-" + value;
       continue;
     }
-    if (value.empty()) {
+    if (value.empty() && !given) {
       if (next == args.size()) {
         throw UsageError{"dlaunch: --" + std::string(f.name) +
                          ": the value is missing; give one after it (run "
                          "'dlaunch --help' for the valid forms)"};
       }
       value = args[next++];
+      // `--rdzv-endpoint $EP --dry-run prog` with EP unset: the value would
+      // be the next option, and the job would run.
+      // (Long options only: "-p 2222" is a fine --ssh-args.)
+      if (value.starts_with("--") &&
+          flag_index(std::string_view(value).substr(0, value.find('=')))) {
+        throw UsageError{"dlaunch: --" + std::string(f.name) + ": the value '" +
+                         value +
+                         "' is an option; give the value first (an unset "
+                         "variable?), or write --" +
+                         std::string(f.name) + "=" + value + " if it is one"};
+      }
     }
     out.values[*i].push_back(std::move(value));
   }

@@ -110,18 +110,33 @@ TEST(Cli, EverythingAfterTheProgramBelongsToIt) {
 // The flag syntax dlaunch has always accepted (CLI11's, before the table
 // parser replaced it), spelled out so that a rewrite cannot drift.
 TEST(Cli, FlagSyntaxKeepsItsMeaning) {
-  // --NAME=VALUE; an empty one takes the next argument.
+  // --NAME=VALUE; --NAME= is an empty value, as argparse has it (it once
+  // took the next argument: an unset variable ran a --dry-run for real).
   EXPECT_EQ(ok({"--nproc_per_node=3", "true"}).agent.nproc_per_node, 3);
   EXPECT_EQ(ok({"--role=a=b", "true"}).agent.role, "a=b");
-  EXPECT_EQ(ok({"--role=", "x", "true"}).agent.role, "x");
+  EXPECT_THAT(bad({"--role=", "x", "true"}).message,
+              HasSubstr("--role: must not be empty"));
+  EXPECT_THAT(bad({"--rdzv_id=", "--dry-run", "true"}).message,
+              HasSubstr("--rdzv-id: must not be empty"));
+  EXPECT_EQ(ok({"--rdzv-endpoint=", "true"}).agent.entrypoint,
+            (std::vector<std::string>{"true"}));
   // -XVALUE, and -XY for switches X and Y.
   EXPECT_EQ(ok({"-r0:1", "true"}).agent.redirects.for_rank(0),
             agent::Streams::kOut);
   LaunchOptions mr = ok({"-mr", "3", "mod"});
   EXPECT_TRUE(mr.module);
   EXPECT_EQ(mr.agent.redirects.all, agent::Streams::kBoth);
-  // A value is the next argument whatever it looks like.
+  // A value is the next argument whatever it looks like, but for one of
+  // dlaunch's long options (`--rdzv-id $UNSET --dry-run prog`).
   EXPECT_EQ(ok({"--role", "--x", "true"}).agent.role, "--x");
+  EXPECT_THAT(bad({"--rdzv-id", "--dry-run", "true"}).message,
+              HasSubstr("--rdzv-id: the value '--dry-run' is an option; give "
+                        "the value first"));
+  EXPECT_THAT(bad({"--role", "--nnodes=2", "true"}).message,
+              HasSubstr("write --role=--nnodes=2 if it is one"));
+  EXPECT_EQ(ok({"--role=--dry-run", "true"}).agent.role, "--dry-run");
+  EXPECT_EQ(ok({"--ssh-args", "-p 2222", "true"}).remote.ssh_args,
+            (std::vector<std::string>{"-p", "2222"}));
   // Switches may repeat; value flags may not.
   EXPECT_TRUE(ok({"-m", "--module", "mod"}).module);
   EXPECT_THAT(bad({"--role", "a", "--role", "b", "true"}).message,
