@@ -89,6 +89,13 @@ size_t Console::write_now(std::string_view text) {
   return text.size();
 }
 
+bool Console::same_file(int a, int b) {
+  struct stat sa {
+  }, sb{};
+  return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 &&
+         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 namespace {
 
 // Uncharges a chunk written (or discarded) from its backlog; wakes a
@@ -124,6 +131,7 @@ void Console::writer(int fd, std::shared_ptr<State> state) {
       state->queue.clear();
     } else {
       release(c);
+      ++state->written;
     }
     if (state->queue.empty()) {
       state->idle = true;
@@ -139,8 +147,13 @@ size_t Console::finish(std::chrono::milliseconds timeout) {
   size_t dropped = 0;
   {
     std::unique_lock<std::mutex> lock(state_->mu);
-    state_->cv.wait_for(lock, timeout, [&] { return state_->idle; });
-    if (state_->idle) return 0;
+    for (uint64_t seen = state_->written - 1; seen != state_->written;) {
+      seen = state_->written;
+      state_->cv.wait_for(lock, timeout, [&] {
+        return state_->idle || state_->written != seen;
+      });
+      if (state_->idle) return 0;
+    }
     state_->dropped = true;
     for (Chunk& c : state_->queue) {
       dropped += c.text.size();

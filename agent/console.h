@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -50,10 +51,16 @@ class Console {
   // given. Never blocks.
   void write(std::string_view text, std::shared_ptr<Backlog> backlog = {});
 
-  // Waits at most `timeout` for everything queued to be written, then drops
-  // what is left, appending a note to the log file of each source that lost
-  // output. Returns the bytes dropped. Later writes are discarded.
+  // Waits for everything queued to be written while the console takes some
+  // of it every `timeout` (a slow reader gets all; one that stopped, at most
+  // `timeout`), then drops what is left, appending a note to the log file of
+  // each source that lost output. Returns the bytes dropped. Later writes
+  // are discarded.
   size_t finish(std::chrono::milliseconds timeout);
+
+  // Whether fds `a` and `b` are one file (`2>&1`, one terminal): they must
+  // share one Console, or their lines could be cut into each other.
+  static bool same_file(int a, int b);
 
  private:
   struct Chunk {
@@ -68,6 +75,7 @@ class Console {
     bool dropped = false;  // finish() gave up: nothing more is written
     bool gone = false;     // the console failed: discard everything
     bool idle = true;      // nothing queued and no write in progress
+    uint64_t written = 0;  // chunks written: finish() sees progress
   };
   static void writer(int fd, std::shared_ptr<State> state);
   // Writes what of `text` the console takes without blocking; the bytes

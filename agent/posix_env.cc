@@ -251,7 +251,12 @@ struct PosixEnv::Impl {
   std::thread background;  // run_in_background()'s, joined before reuse
   // Declared last: destroyed (their writers stopped) before the loop.
   Console console_out{STDOUT_FILENO};
-  Console console_err{STDERR_FILENO};
+  // Null when stderr is stdout's file (`2>&1 | tee`): one queue for both.
+  std::unique_ptr<Console> own_err =
+      Console::same_file(STDOUT_FILENO, STDERR_FILENO)
+          ? nullptr
+          : std::make_unique<Console>(STDERR_FILENO);
+  Console& console_err = own_err ? *own_err : console_out;
 
   Console& console(int fd) {
     return fd == STDERR_FILENO ? console_err : console_out;
@@ -731,7 +736,7 @@ PosixEnv::~PosixEnv() {
   // Whatever the console has not taken by now is dropped after the bound,
   // so dlaunch exits even when nobody reads its output.
   impl_->console_out.finish(impl_->drain_timeout);
-  impl_->console_err.finish(impl_->drain_timeout);
+  impl_->console_err.finish(impl_->drain_timeout);  // a no-op when shared
 }
 
 void PosixEnv::set_drain_timeout(std::chrono::milliseconds t) {

@@ -5,10 +5,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <string>
+#include <thread>
 
 namespace dlaunch::agent {
 namespace {
@@ -57,6 +59,56 @@ TEST(Console, WhatAFullPipeRefusesFollowsInOrderWithoutBlocking) {
   }
   EXPECT_EQ(got, expect);
   EXPECT_EQ(console.finish(5s), 0u);
+}
+
+// A reader slower than the job but reading gets everything at the end:
+// finish()'s bound is on a console that takes nothing, not on the whole
+// drain (with 2 s in all, a slow `| tee` lost the tail and the report).
+TEST(Console, FinishWaitsForASlowReaderThatKeepsReading) {
+  Pipe p;
+  ASSERT_GT(::fcntl(p.fd[1], F_SETPIPE_SZ, 4096), 0);
+  std::string expect, got;
+  std::thread reader;
+  {
+    Console console(p.fd[1]);
+    for (int i = 0; i < 40; ++i) {
+      std::string chunk(4000, static_cast<char>('a' + i % 26));
+      chunk.back() = '\n';
+      console.write(chunk);
+      expect += chunk;
+    }
+    reader = std::thread([&] {
+      char buf[4096];
+      for (ssize_t n; (n = ::read(p.fd[0], buf, sizeof buf)) > 0;) {
+        got.append(buf, static_cast<size_t>(n));
+        std::this_thread::sleep_for(25ms);  // 40 reads: 1 s, over the bound
+      }
+    });
+    EXPECT_EQ(console.finish(200ms), 0u);
+  }
+  ::close(p.fd[1]);  // the reader ends at EOF, all taken or not
+  p.fd[1] = -1;
+  reader.join();
+  EXPECT_EQ(got, expect);
+}
+
+// One that stops reading loses what it did not take after the bound.
+TEST(Console, FinishDropsWhatAStoppedReaderLeaves) {
+  Pipe p;
+  ASSERT_GT(::fcntl(p.fd[1], F_SETPIPE_SZ, 4096), 0);
+  ::signal(SIGPIPE, SIG_IGN);  // the writer left blocked meets a closed pipe
+  Console console(p.fd[1]);
+  console.write(std::string(20000, 'x') + "\n");  // the writer's, blocked
+  console.write(std::string(20000, 'y') + "\n");  // queued behind it
+  EXPECT_EQ(console.finish(200ms), 20001u);
+}
+
+TEST(Console, OneFileTwiceIsTheSameFile) {
+  Pipe p, q;
+  const int dup = ::dup(p.fd[1]);
+  EXPECT_TRUE(Console::same_file(p.fd[1], dup));
+  EXPECT_FALSE(Console::same_file(p.fd[1], q.fd[1]));
+  ::close(dup);
 }
 
 }  // namespace

@@ -349,6 +349,38 @@ TEST(Launch, ProgressRedrawsReachTheConsoleBeforeTheLineEnds) {
   EXPECT_EQ(read_file(dir / "t/attempt_0/0/stdout.log"), "\r 10%\r100%\n");
 }
 
+// `dlaunch ... 2>&1 | tee log`: stdout and stderr are one pipe, which a
+// slow reader fills; lines from both streams stay whole (two queues wrote
+// into it, and one's partial write was finished after the other's line).
+TEST(Launch, StdoutAndStderrIntoOnePipeKeepTheirLinesWhole) {
+  const std::string worker =
+      "i=0; while [ $i -lt 20000 ]; do echo out $i "
+      "oooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooooo;"
+      " echo err $i "
+      "eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee"
+      " >&2; i=$((i+1)); done";
+  CommandResult r =
+      testing::run_command({{"sh", "-c",
+                             kDlaunch + " --nproc-per-node 2 sh -c '" + worker +
+                                 "' 2>&1 | (sleep 0.3; cat)"},
+                            {},
+                            {},
+                            ""},
+                           120s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream in(r.out);
+  const std::regex whole(
+      R"(\[default[01]\]:(out [0-9]+ o{70}|err [0-9]+ e{70}))");
+  size_t lines = 0, broken = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    if (!line.starts_with("dlaunch: ") && !std::regex_match(line, whole)) {
+      ADD_FAILURE_AT(__FILE__, __LINE__) << "cut line: " << line.substr(0, 200);
+      if (++broken == 3) break;
+    }
+  }
+  EXPECT_GE(lines, 80000u);
+}
+
 TEST(Launch, PropagatesTheRootCauseExitCode) {
   CommandResult r = sh(3, "[ $LOCAL_RANK = 1 ] && exit 7; sleep 300");
   EXPECT_EQ(r.exit_code, 7);
