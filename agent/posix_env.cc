@@ -715,6 +715,13 @@ class AsioTimer : public Timer {
 
 PosixEnv::PosixEnv() : impl_(std::make_unique<Impl>()) {
   ::getrlimit(RLIMIT_NOFILE, &impl_->nofile);
+  // Three to five fds a worker (pipes, pidfd, log files): at the common
+  // soft limit of 1024 about 200 workers with logs would not start. The
+  // agent takes the hard limit; workers get the user's back (spawn).
+  if (rlimit raised = impl_->nofile; raised.rlim_cur < raised.rlim_max) {
+    raised.rlim_cur = raised.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &raised);  // failing, the user's limit holds
+  }
   // A console that went away (`dlaunch ... | head`) must end console
   // output, not the agent: writes fail with EPIPE instead.
   ::signal(SIGPIPE, SIG_IGN);

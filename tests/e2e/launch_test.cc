@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -177,6 +178,30 @@ TEST(Launch, WorkersKeepTheUsersOpenFileLimit) {
                             ""});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "[default0]:512\n");
+}
+
+// The agent's fds grow with the workers (pipes, pidfds, log files): at a
+// soft limit of 1024, 210 workers with log files once failed to start
+// ("pipe: Too many open files"). The agent takes the hard limit.
+TEST(Launch, ManyWorkersStartUnderTheCommonSoftFdLimit) {
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  if (lim.rlim_max < 4096) {
+    GTEST_SKIP() << "the hard open-file limit " << lim.rlim_max
+                 << " is below 4096: nothing to raise to";
+  }
+  TempDir dir;
+  CommandResult r = testing::run_command(
+      {{"sh", "-c",
+        "ulimit -Sn 1024 && exec " + kDlaunch +
+            " --nproc-per-node 300 --log-dir " + dir.path().string() +
+            " -t 3 sh -c 'ulimit -Sn'"},
+       {},
+       {},
+       ""},
+      120s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("[default299]:1024\n"));
 }
 
 TEST(Launch, ReplacesLocalRankInArguments) {
