@@ -25,10 +25,12 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "agent/console.h"
@@ -244,6 +246,11 @@ struct PosixEnv::Impl {
   std::set<pid_t> workers;                  // spawned, not yet reaped
   size_t running = 0;      // workers neither reaped nor abandoned
   std::set<pid_t> strays;  // children of ours seen carrying the tag
+  // The process groups of the workers spawned (each leads its own), the
+  // latest kWorkerGroupsKept: an adopted child still in one is a worker's,
+  // even dead (a zombie's environment reads empty, so no tag is seen).
+  std::deque<pid_t> worker_groups;
+  static constexpr size_t kWorkerGroupsKept = 4096;
   // Adopted children whose environment read empty for all of
   // kUnreadableFor (end_strays()).
   std::set<pid_t> unreadable;
@@ -404,8 +411,23 @@ struct PosixEnv::Impl {
     for (pid_t c : tagged_children()) strays.insert(c);
   }
 
-  // Reaps the strays that have exited (never a worker or another child).
+  // Reaps the strays that have exited (never a worker or another child),
+  // and the workers' descendants adopted dead, before their tag was seen:
+  // children killed with their worker's group would stay zombies.
   void reap_strays() {
+    if (!worker_groups.empty()) {
+      for (pid_t c : adopted_children()) {
+        if (c == watchdog.pid() || workers.contains(c) || strays.contains(c)) {
+          continue;
+        }
+        pid_t group = 0;
+        if (zombie_in_group(c, group) &&
+            std::find(worker_groups.begin(), worker_groups.end(), group) !=
+                worker_groups.end()) {
+          strays.insert(c);  // reaped below
+        }
+      }
+    }
     for (auto it = strays.begin(); it != strays.end();) {
       pid_t r;
       do {
@@ -456,12 +478,29 @@ struct PosixEnv::Impl {
     reap_strays();
   }
 
-  // Whether `pid` runs (a zombie does not).
-  static bool alive(pid_t pid) {
+  // Whether `pid` is a zombie; its process group in `group`.
+  static bool zombie_in_group(pid_t pid, pid_t& group) {
+    const std::string stat = read_proc_stat(pid);
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos || close + 2 >= stat.size()) return false;
+    // ") S PPID PGRP ...": state, parent, group.
+    std::istringstream in(stat.substr(close + 2));
+    char state = 0;
+    pid_t parent = 0;
+    return (in >> state >> parent >> group) && state == 'Z';
+  }
+
+  static std::string read_proc_stat(pid_t pid) {
     std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
     std::string line;
-    if (!std::getline(in, line)) return false;
-    size_t close = line.rfind(')');
+    std::getline(in, line);
+    return line;
+  }
+
+  // Whether `pid` runs (a zombie does not).
+  static bool alive(pid_t pid) {
+    const std::string line = read_proc_stat(pid);
+    const size_t close = line.rfind(')');
     return close != std::string::npos && close + 2 < line.size() &&
            line[close + 2] != 'Z' && line[close + 2] != 'X';
   }
@@ -855,6 +894,10 @@ std::unique_ptr<Process> PosixEnv::spawn(const ProcessSpec& spec,
   proc.detach();
   w->pid = pid;
   env.workers.insert(w->pid);
+  env.worker_groups.push_back(w->pid);
+  if (env.worker_groups.size() > Impl::kWorkerGroupsKept) {
+    env.worker_groups.pop_front();
+  }
   ++env.running;
   // Our own pidfd, so that we can kill the group between exit and reaping.
   int pidfd = dlaunch::pidfd_open(w->pid);

@@ -159,6 +159,47 @@ TEST(Reliability, FiftyRestartsLeakNothing) {
   EXPECT_EQ(shm_entries(id), 0);
 }
 
+// The zombies among `pid`'s children.
+int zombie_children(pid_t pid) {
+  std::istringstream in(testing::read_proc_file("/proc/" + std::to_string(pid) +
+                                                "/task/" + std::to_string(pid) +
+                                                "/children"));
+  int n = 0;
+  for (pid_t c; in >> c;) n += testing::process_state(c) == 'Z' ? 1 : 0;
+  return n;
+}
+
+// A worker's background children die with its group when it exits; the
+// agent, their reaper, must reap them although they died before it could
+// see their tag (a dead child's environment reads empty): every restart
+// of a job whose rank 0 leaves children behind piled up zombies.
+TEST(Reliability, ChildrenKilledWithTheirWorkerLeaveNoZombies) {
+  TempDir dir;
+  testing::Gate gate((dir / "go").string());
+  Subprocess p(
+      {{kDlaunch, "--nproc-per-node", "2", "--max-restarts", "3", "sh", "-c",
+        "if [ $LOCAL_RANK = 0 ]; then for i in 1 2 3 4 5; do "
+        "sleep 100 & done; exit 0; fi; "
+        "if [ $TORCHELASTIC_RESTART_COUNT = 3 ]; then echo LAST; read "
+        "x < " +
+            gate.path() + "; exit 0; fi; sleep 0.3; exit 1"},
+       {},
+       {},
+       ""});
+  ASSERT_TRUE(p.wait_for_output("[default1]:LAST", 60s)) << p.err();
+  // Rank 0 of the last attempt ends about now; its children's zombies, and
+  // those of the three attempts before, must all be reaped.
+  int zombies = -1;
+  for (auto until = std::chrono::steady_clock::now() + 10s;
+       std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(200ms);
+    if ((zombies = zombie_children(p.pid())) == 0) break;
+  }
+  EXPECT_EQ(zombies, 0);
+  gate.open_once();
+  EXPECT_EQ(p.wait(60s).exit_code, 0) << p.err();
+}
+
 // Whether this process may make a private mount namespace (not in a
 // chroot, not without CAP_SYS_ADMIN).
 bool can_unshare_mounts() {
