@@ -59,11 +59,29 @@ bool outsider_loss(const std::pair<std::string, std::string>& e,
          std::find(members.begin(), members.end(), e.second) == members.end();
 }
 
-// Whether `text` holds an entry other than outsiders' losses.
-bool concerns_members(const std::string& text,
-                      const std::vector<std::string>& members) {
+// The entries of `text` but outsiders' losses and those of members in
+// `done` (finished: their agents leave after the exit barrier, which must
+// not end the round of those still running), as event text.
+std::string concerning(const std::string& text,
+                       const std::vector<std::string>& members,
+                       const std::set<std::string>& done) {
+  std::string out;
   for (const auto& e : entries(text)) {
-    if (!outsider_loss(e, members)) return true;
+    if (outsider_loss(e, members) ||
+        ((e.first == "lost" || e.first == "left") && done.contains(e.second))) {
+      continue;
+    }
+    out += e.first + (e.second.empty() ? "" : " " + e.second) + ";";
+  }
+  return out;
+}
+
+// Whether `text` holds a member's loss (outsiders' aside).
+bool member_loss(const std::string& text,
+                 const std::vector<std::string>& members) {
+  for (const auto& e : entries(text)) {
+    if ((e.first == "lost" || e.first == "left") && !outsider_loss(e, members))
+      return true;
   }
   return false;
 }
@@ -564,7 +582,7 @@ std::string C10dRendezvous::wait_for_members(
     comm::store::TcpStore& s, int round,
     const std::vector<std::string>& members,
     std::optional<Clock::time_point> deadline) {
-  // Once the key holds only outsiders' losses, appends to it are looked
+  // Once the key holds only losses left out, appends to it are looked
   // for every kOutsiderPoll (the store wakes a wait only when a key
   // appears). A sleep, not a short store wait: a wait whose answer comes
   // late closes the connection. interrupt() fails the next get.
@@ -587,12 +605,22 @@ std::string C10dRendezvous::wait_for_members(
       if (deadline && Clock::now() >= *deadline) {
         throw StoreTimeoutError("timed out waiting for an event of round " +
                                 std::to_string(round) +
-                                " other than outsiders' losses");
+                                " other than losses left out");
       }
       std::this_thread::sleep_for(kOutsiderPoll);
     }
     std::string text = s.get(key(round, "ev"));
-    if (text.size() != seen && concerns_members(text, members)) return text;
+    if (text.size() != seen) {
+      std::set<std::string> done;
+      if (member_loss(text, members) && s.check({key(round, "done_by")})) {
+        for (std::string& id : split_list(s.get(key(round, "done_by")), ';')) {
+          done.insert(std::move(id));
+        }
+      }
+      if (std::string left = concerning(text, members, done); !left.empty()) {
+        return left;
+      }
+    }
     seen = text.size();
   }
 }

@@ -72,9 +72,9 @@ class C10dRendezvous : public Rendezvous {
   // Waits until round `r`'s event key exists; returns its text.
   // The nodes round `r`'s event key names lost or left.
   std::set<std::string> lost_in(comm::store::TcpStore& s, int r) const;
-  // The text of round `round`'s event key once it holds an entry other
-  // than a loss of a node outside `members`; StoreTimeoutError at
-  // `deadline` (none: waits on).
+  // Round `round`'s events once its key holds one other than a loss of a
+  // node outside `members` or of a member that finished (in done_by), those
+  // left out; StoreTimeoutError at `deadline` (none: waits on).
   std::string wait_for_members(
       comm::store::TcpStore& s, int round,
       const std::vector<std::string>& members,

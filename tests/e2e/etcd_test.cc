@@ -685,6 +685,34 @@ TEST_F(EtcdRendezvous, TheExitBarrierHoldsUntilEveryNodeIsDone) {
   expect_told_finished(etcd);
 }
 
+// A node whose workers finished leaves after its exit barrier's timeout
+// (its keys vanish with its lease): the other node's workers go on, and
+// its barrier completes at once when they finish, counting the node gone
+// after its "done" (it re-formed the round and failed the job).
+TEST_F(EtcdRendezvous, ANodeLeavingAfterItsExitBarrierLeavesTheOthersRunning) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  testing::TempDir dir;
+  testing::Gate gate((dir / "go").string());
+  const std::string script = testing::restart_count_then_node0_waits(gate);
+  for (int i = 0; i < 2; ++i) {
+    start(i, etcd.endpoint(0),
+          {"--nnodes", "2", "--exit-barrier-timeout", i == 0 ? "3600" : "1"},
+          script);
+  }
+  CommandResult r1 = agents_[1]->wait(60s);
+  EXPECT_EQ(r1.exit_code, 0) << r1.err;
+  EXPECT_THAT(r1.err, HasSubstr("did not finish within 1 s"));
+  std::this_thread::sleep_for(500ms);  // the watch has seen it go
+  gate.open_once();
+  CommandResult r0 = agents_[0]->wait(60s);
+  ASSERT_FALSE(r0.timed_out) << r0.err;
+  EXPECT_EQ(r0.exit_code, 0) << r0.err;
+  EXPECT_THAT(r0.err, ::testing::Not(HasSubstr("left")));
+  EXPECT_THAT(r0.err, ::testing::Not(HasSubstr("did not finish within")));
+  EXPECT_EQ(r0.out, "[default0]:RC=0\n") << r0.err;
+}
+
 // The node whose "done" completes the exit barrier's set dies (SIGKILL,
 // agent and helper, through the helper's test hook) before it puts the
 // round's "end": the others end the barrier once its lease expires (TTL

@@ -456,6 +456,30 @@ TEST_F(Rendezvous, TheExitBarrierTimeoutNamesWhoItWaitedFor) {
   EXPECT_FALSE(r1.timed_out);
 }
 
+// A node whose workers finished leaves after its exit barrier's timeout;
+// the others' workers, still running, go on to the end: its going is no
+// loss (it re-formed the round, killing healthy workers, and failed the
+// job with "1/2 nodes joined").
+TEST_F(Rendezvous, ANodeLeavingAfterItsExitBarrierLeavesTheOthersRunning) {
+  testing::TempDir dir;
+  testing::Gate gate((dir / "go").string());
+  const std::string script = testing::restart_count_then_node0_waits(gate);
+  for (int i = 0; i < 2; ++i) {
+    start(i, {"--nnodes", "2", "--exit-barrier-timeout", "1"}, script);
+  }
+  CommandResult r1 = finish(1);
+  EXPECT_EQ(r1.exit_code, 0) << r1.err;
+  EXPECT_THAT(r1.err, HasSubstr("did not finish within 1 s"));
+  // The loss is in the store by now; give the watcher a moment to act on
+  // it, as it did before.
+  std::this_thread::sleep_for(500ms);
+  gate.open_once();
+  CommandResult r0 = finish(0);
+  EXPECT_EQ(r0.exit_code, 0) << r0.err;
+  EXPECT_THAT(r0.err, ::testing::Not(HasSubstr("is gone")));
+  EXPECT_EQ(r0.out, "[default0]:RC=0\n") << r0.err;
+}
+
 // A node that arrives after the job finished has nothing to do: exit 0,
 // saying so. The store is a dl-store no agent hosts, so it outlives the job.
 TEST_F(Rendezvous, ANodeArrivingAfterTheJobFinishedExitsZero) {

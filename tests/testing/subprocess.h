@@ -149,4 +149,13 @@ class Gate {
   int fd_ = -1;
 };
 
+// A worker script for multi-node tests (NODE=i in each agent's
+// environment): prints RC=$TORCHELASTIC_RESTART_COUNT; node 0's worker then
+// waits at `gate`, the others end at once.
+inline std::string restart_count_then_node0_waits(const Gate& gate) {
+  return "echo RC=$TORCHELASTIC_RESTART_COUNT; if [ $NODE = 0 ]; then read x "
+         "< " +
+         gate.path() + "; fi";
+}
+
 }  // namespace dlaunch::testing

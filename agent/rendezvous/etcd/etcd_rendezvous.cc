@@ -664,6 +664,7 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
           st.closed_rev == read_rev + 1 ? st.closed_rev + 1 : read_rev + 1;
       reported_ = false;
       done_reported_ = false;
+      gone_done_ = 0;
       p_.log(round_line(res));
       return res;
     }
@@ -696,8 +697,46 @@ RoundEvent EtcdRendezvous::wait_round_end() {
   // as a success, as it would have with "end".
   auto all_done_before = [&](int64_t revision) {
     try {
-      return client_->range(done_count(r, revision - 1)).count() >=
+      return client_->range(done_count(r, revision - 1)).count() + gone_done_ >=
              static_cast<int64_t>(members_.size());
+    } catch (const EtcdError&) {
+      return false;  // compacted or unreachable: the node is lost
+    }
+  };
+  // Whether every member is done now, `gone` of them gone since.
+  auto all_done_now = [&](int gone) {
+    try {
+      return client_->range(done_count(r)).count() + gone >=
+             static_cast<int64_t>(members_.size());
+    } catch (const EtcdError&) {
+      return false;
+    }
+  };
+  // Every member was done when `id` went: the barrier ends here, and for
+  // nodes that come late too.
+  auto end_barrier = [&](const std::string& id) {
+    p_.log("dlaunch: node " + id +
+           " is gone after every node was done; the exit barrier is "
+           "complete\n");
+    try {
+      put_end(r);
+    } catch (const EtcdError& e) {
+      p_.log(std::string("dlaunch: cannot mark the job finished for "
+                         "nodes that come late: ") +
+             e.what() + "\n");
+    }
+    return succeeded;
+  };
+  // Whether member `id` had put its "done" before `revision`: it finished
+  // and leaves after its exit barrier, which must not end the round of
+  // those still running (as the c10d backend).
+  auto done_before = [&](const std::string& id, int64_t revision) {
+    etcdserverpb::RangeRequest req;
+    req.set_key(rp + "done/" + id);
+    req.set_revision(revision - 1);
+    req.set_count_only(true);
+    try {
+      return client_->range(req).count() > 0;
     } catch (const EtcdError&) {
       return false;  // compacted or unreachable: the node is lost
     }
@@ -712,19 +751,15 @@ RoundEvent EtcdRendezvous::wait_round_end() {
         // This node's own "done" is one of the set: without it, the set
         // is not complete.
         if (done_reported_ && all_done_before(ev.kv().mod_revision())) {
-          // It died between its "done" and the "end" it was to put: the
-          // barrier ends here, and for nodes that come late too.
-          p_.log("dlaunch: node " + id +
-                 " is gone after every node was done; the exit barrier "
-                 "is complete\n");
-          try {
-            put_end(r);
-          } catch (const EtcdError& e) {
-            p_.log(std::string("dlaunch: cannot mark the job finished for "
-                               "nodes that come late: ") +
-                   e.what() + "\n");
-          }
-          return succeeded;
+          // It died between its "done" and the "end" it was to put.
+          return end_barrier(id);
+        }
+        if (done_before(id, ev.kv().mod_revision())) {
+          // Counted before this node looks (report() reads it after its
+          // own "done"): one of the two sees the set complete.
+          const int gone = ++gone_done_;
+          if (done_reported_ && all_done_now(gone)) return end_barrier(id);
+          return std::nullopt;
         }
         return lost(id, false);
       }
@@ -831,7 +866,7 @@ void EtcdRendezvous::report(NodeOutcome outcome) {
         put->set_lease(lease_);
         *t.add_success()->mutable_request_range() = done_count(round_);
         auto resp = client_->txn(t);
-        if (resp.responses(1).response_range().count() >=
+        if (resp.responses(1).response_range().count() + gone_done_ >=
             static_cast<int64_t>(members_.size())) {
           if (p_.before_end) p_.before_end();
           put_end(round_);

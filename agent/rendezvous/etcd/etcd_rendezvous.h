@@ -134,6 +134,9 @@ class EtcdRendezvous : public Rendezvous {
   bool reported_ = false;
   // This node put its "done" in round_ (read by the watcher thread).
   std::atomic<bool> done_reported_{false};
+  // Members of round_ gone after their "done" (their keys vanished with
+  // their leases): counted with the "done" keys to end the exit barrier.
+  std::atomic<int> gone_done_{0};
 
   std::thread watcher_thread_;
   std::thread alive_thread_;
