@@ -1,5 +1,7 @@
 #include "launcher/flags.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -188,6 +190,29 @@ void check_host(const std::string& v) {
   }
 }
 
+// A host as given, an IPv6 address unbracketed ([::1], as torchrun's help
+// writes it, is ::1) and in its short form (0:0:0:0:0:0:0:1 is ::1): the
+// store binds, connects and tells loopback by that text.
+std::string host_arg(const std::string& v) {
+  std::string host = v;
+  if (!v.empty() && v.front() == '[') {
+    if (v.size() < 3 || v.back() != ']') {
+      throw BadValue{"'" + v +
+                     "' is not valid; write an IPv6 address as [::1] or ::1, "
+                     "without a port"};
+    }
+    host = v.substr(1, v.size() - 2);
+  }
+  check_host(host);
+  in6_addr a{};
+  char text[INET6_ADDRSTRLEN];
+  if (::inet_pton(AF_INET6, host.c_str(), &a) == 1 &&
+      ::inet_ntop(AF_INET6, &a, text, sizeof text) != nullptr) {
+    host = text;
+  }
+  return host;
+}
+
 // HOST[:PORT] of the agents' store ([V6]:PORT for IPv6); port 29400 unless
 // given.
 void parse_endpoint(const std::string& v,
@@ -211,8 +236,7 @@ void parse_endpoint(const std::string& v,
     port = v.substr(colon + 1);
   }
   if (host.empty()) throw BadValue{forms};
-  check_host(host);
-  r.endpoint_host = host;
+  r.endpoint_host = host_arg(host);
   r.endpoint_port = 29400;
   if (!port.empty() || v.back() == ':') {
     // The message quotes all of `v`: a bare '' or 'x' names nothing.
@@ -430,14 +454,10 @@ std::vector<FlagSpec> make_table() {
        .key = "master_addr",
        .default_text = "127.0.0.1",
        .help = "MASTER_ADDR given to workers (static backend; c10d uses "
-               "group rank 0's --local-addr).",
+               "group rank 0's --local-addr). IPv6 as ::1 or [::1].",
        .section = "WORKERS",
-       .apply =
-           [](const FlagSpec&, const std::string& v, Options& o,
-              const agent::EnvMap&) {
-             check_host(v);
-             o.agent.master_addr = v;
-           },
+       .apply = [](const FlagSpec&, const std::string& v, Options& o,
+                   const agent::EnvMap&) { o.agent.master_addr = host_arg(v); },
        .print = [](const Options& o) -> std::optional<std::string> {
          return o.agent.master_addr;
        }},
@@ -763,12 +783,8 @@ std::vector<FlagSpec> make_table() {
        .help = "The address other nodes reach this one at; with c10d, "
                "group rank 0's is MASTER_ADDR.",
        .section = "RENDEZVOUS",
-       .apply =
-           [](const FlagSpec&, const std::string& v, Options& o,
-              const agent::EnvMap&) {
-             check_host(v);
-             o.rdzv.local_addr = v;
-           },
+       .apply = [](const FlagSpec&, const std::string& v, Options& o,
+                   const agent::EnvMap&) { o.rdzv.local_addr = host_arg(v); },
        .print = [](const Options& o) -> std::optional<std::string> {
          if (o.rdzv.local_addr.empty()) return std::nullopt;
          return o.rdzv.local_addr;

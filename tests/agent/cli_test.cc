@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "launcher/flags.h"
+#include "launcher/job_token.h"
 #include "launcher/read_text.h"
 #include "tests/testing/bin.h"
 #include "tests/testing/temp_dir.h"
@@ -570,6 +571,28 @@ TEST(Cli, RendezvousFlagsAreHonoured) {
   EXPECT_EQ(st.rdzv.node_rank, 2);
   EXPECT_EQ(st.rdzv.endpoint_host, "127.0.0.2");
   EXPECT_EQ(st.rdzv.endpoint_port, 29400);
+}
+
+// torchrun's help writes IPv6 as [0:0:0:0:0:0:0:1]: taken as ::1, as
+// --rdzv-endpoint takes it (the nodes once waited at "[::1]" forever), and
+// loopback needs no token.
+TEST(Cli, AnIpv6HostMayBeBracketed) {
+  for (const char* addr : {"[::1]", "::1", "[0:0:0:0:0:0:0:1]"}) {
+    SCOPED_TRACE(addr);
+    LaunchOptions o = ok({"--nnodes", "2", "--node-rank", "1", "--master-addr",
+                          addr, "--local-addr", addr, "true"});
+    EXPECT_EQ(o.agent.master_addr, "::1");
+    EXPECT_EQ(o.rdzv.local_addr, "::1");
+    EXPECT_EQ(o.rdzv.endpoint_host, "::1");
+    EXPECT_EQ(tokenless_warning(o.rdzv, JobToken{}), std::nullopt);
+  }
+  EXPECT_EQ(ok({"--rdzv-endpoint", "[0:0:0:0:0:0:0:1]:29500", "true"})
+                .rdzv.endpoint_host,
+            "::1");
+  for (const char* addr : {"[::1", "[]", "[::1]:29500"}) {
+    EXPECT_THAT(bad({"--master-addr", addr, "true"}).message,
+                HasSubstr("write an IPv6 address as [::1] or ::1"));
+  }
 }
 
 TEST(Cli, EtcdTakesAListOfMembersAndItsTlsAndLogin) {
