@@ -1540,6 +1540,11 @@ std::string format_seconds(std::chrono::milliseconds d) {
   return s;
 }
 
+bool is_rdzv_conf_path(std::string_view key) {
+  return key == "token_file" || key == "cacert" || key == "cert" ||
+         key == "key" || key == "password_file";
+}
+
 bool is_variable_name(std::string_view name) {
   return !name.empty() && !std::isdigit(static_cast<unsigned char>(name[0])) &&
          std::all_of(name.begin(), name.end(), [](char c) {

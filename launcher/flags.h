@@ -160,6 +160,11 @@ std::vector<std::string> split_words(const std::string& text);
 // "0.5", "30": seconds as the shortest text that reads back the same.
 std::string format_seconds(std::chrono::milliseconds d);
 
+// Whether the --rdzv-conf key `key` names a file (token_file, cacert, cert,
+// key, password_file): a job file resolves it against its folder, and a
+// printed job writes it absolute.
+bool is_rdzv_conf_path(std::string_view key);
+
 // Whether `name` is a shell variable name: letters, digits and _, not
 // starting with a digit (what --export, --env-file and a job file's env
 // and ${NAME} accept).

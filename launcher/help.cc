@@ -41,7 +41,8 @@ JOB FILE FORMAT
     up from all of them); a program on the command line replaces program
     and args.
     ${VAR} and ${VAR:-default} expand from the environment ($${ is a
-    literal ${); relative paths resolve against the file's folder. A bad
+    literal ${); relative paths resolve against the file's folder
+    (rdzv_conf's token_file, cacert, cert, key, password_file too). A bad
     file is reported as FILE:LINE:COLUMN and nothing starts (exit 2).
     Secret-looking env names (TOKEN, SECRET, PASSWORD, API_KEY, ...) are
     written as ${NAME} by --print-config and job.yaml. Examples: configs/.

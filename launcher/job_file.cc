@@ -215,6 +215,13 @@ class Loader {
     }
   }
 
+  // A --rdzv-conf value: a file's path (token_file, cacert, ...) is the
+  // job file's folder's, as log_dir is.
+  std::string map_value(const std::string& name,
+                        const std::string& value) const {
+    return is_rdzv_conf_path(name) ? resolve(value) : value;
+  }
+
   // The node as its flag's command-line text, after a type check.
   std::string flag_value(const FlagSpec& f, const std::string& key,
                          const YAML::Node& v) {
@@ -230,8 +237,9 @@ class Loader {
     if (f.type == T::kMap && v.IsMap()) {
       std::string out;
       for (const auto& e : v) {
-        out += (out.empty() ? "" : ",") + scalar(e.first, key, "a name") + "=" +
-               scalar(e.second, key, "a value");
+        const std::string name = scalar(e.first, key, "a name");
+        out += (out.empty() ? "" : ",") + name + "=" +
+               map_value(name, scalar(e.second, key, "a value"));
       }
       return out;
     }
@@ -282,6 +290,20 @@ class Loader {
       s = resolve(s);
     } else if (f.type == T::kCommand && s.find('/') != std::string::npos) {
       s = resolve(s);
+    } else if (f.type == T::kMap) {
+      // K=V,... written as one string.
+      std::string out;
+      for (size_t start = 0; start <= s.size();) {
+        size_t end = std::min(s.find(',', start), s.size());
+        std::string kv = s.substr(start, end - start);
+        if (size_t eq = kv.find('='); eq != std::string::npos) {
+          kv = kv.substr(0, eq + 1) +
+               map_value(kv.substr(0, eq), kv.substr(eq + 1));
+        }
+        out += (start == 0 ? "" : ",") + kv;
+        start = end + 1;
+      }
+      s = out;
     }
     if (!ok) fail(v, key + ": expected " + want + ", got '" + s + "'");
     return s;

@@ -98,8 +98,11 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
         out << YAML::Flow << YAML::BeginMap;
         for (const std::string& kv : split(*text, ',')) {
           size_t eq = kv.find('=');
-          out << YAML::Key << kv.substr(0, eq) << YAML::Value
-              << literal(kv.substr(eq + 1));
+          const std::string key = kv.substr(0, eq);
+          const std::string value = kv.substr(eq + 1);
+          out << YAML::Key << key << YAML::Value
+              << literal(is_rdzv_conf_path(key) ? absolute(value, false)
+                                                : value);
         }
         out << YAML::EndMap;
         break;

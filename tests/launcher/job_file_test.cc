@@ -332,6 +332,39 @@ TEST_F(JobFileTest, VariablesExpandAndRelativePathsFollowTheFile) {
   EXPECT_EQ(bare.python, "python3");
 }
 
+// The files rdzv_conf names are the job file's folder's, as log_dir is
+// (they were the launch folder's), and a printed job names them absolute.
+TEST_F(JobFileTest, RdzvConfFilesFollowTheFile) {
+  fs::path sub = dir_.path() / "sub";
+  std::string f = write(
+      "program: true\nnnodes: 2\nrdzv_backend: etcd\nrdzv_endpoint: e1\n"
+      "rdzv_conf: {token_file: tok, cacert: ca.pem, cert: /abs/c.pem, key: "
+      "k/k.pem, user: ./u, password_file: pw, join_timeout: 5}\n",
+      "sub/job.yaml");
+  LaunchOptions o = ok({"--config", f});
+  EXPECT_EQ(o.rdzv.token_file, (sub / "tok").string());
+  EXPECT_EQ(o.rdzv.cacert, (sub / "ca.pem").string());
+  EXPECT_EQ(o.rdzv.cert, "/abs/c.pem");
+  EXPECT_EQ(o.rdzv.key, (sub / "k/k.pem").string());
+  EXPECT_EQ(o.rdzv.password_file, (sub / "pw").string());
+  EXPECT_EQ(o.rdzv.user, "./u");  // a name, not a path
+  EXPECT_EQ(o.rdzv.join_timeout, std::chrono::seconds(5));
+  // Written as one K=V,... string, the same.
+  EXPECT_EQ(ok({"--config", write("program: true\nrdzv_conf: "
+                                  "'join_timeout=5,token_file=tok'\n",
+                                  "sub/s.yaml")})
+                .rdzv.token_file,
+            (sub / "tok").string());
+  // Printed and loaded from another folder: the same files.
+  LaunchOptions again =
+      ok({"--config", write(job_yaml(o, true), "other/printed.yaml")});
+  EXPECT_EQ(again.rdzv.token_file, o.rdzv.token_file);
+  EXPECT_EQ(again.rdzv.key, o.rdzv.key);
+  LaunchOptions cli = ok({"--rdzv-conf", "token_file=t", "true"});
+  EXPECT_THAT(job_yaml(cli, true),
+              HasSubstr("token_file: " + fs::absolute("t").string()));
+}
+
 TEST_F(JobFileTest, PrintConfigRoundTrips) {
   std::string f = write(
       "program: ./prog\n"
