@@ -214,6 +214,10 @@ void Agent::make_run_dir() {
   // it is removed even if the agent is killed as it is made.
   if (writes_logs()) {
     result_.run_dir = make_temp_dir(std::move(templates));
+    // As torchrun's "log directory set to": otherwise only a failure
+    // report would name it.
+    sink_("dlaunch: no --log-dir given; the logs go to " +
+          result_.run_dir.string() + "\n");
   } else {
     result_.run_dir = env_.make_temp_dir(std::move(templates));
   }

@@ -19,6 +19,7 @@ using testing::Behaviour;
 using testing::env_value;
 using testing::FakeEnv;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using ms = std::chrono::milliseconds;
 
 class AgentTest : public ::testing::Test {
@@ -394,6 +395,34 @@ TEST_F(AgentTest, WithoutLogDirTheTemporaryFolderIsRemoved) {
   EXPECT_TRUE(r.summary_file.empty());
   // Should the agent be killed, its watchdog removes the folder instead.
   EXPECT_EQ(env.orphan_dir, r.run_dir);
+}
+
+// Logs without --log-dir go to a temporary folder, named once at the
+// start (it was named only when a worker failed).
+TEST_F(AgentTest, ATemporaryLogFolderIsNamedAtTheStart) {
+  options.log_dir.clear();
+  base_env["TMPDIR"] = dir.path().string();
+  for (const char* flag : {"redirects", "tee"}) {
+    SCOPED_TRACE(flag);
+    options.redirects = parse_streams(flag == std::string("tee") ? "0" : "3");
+    options.tee = parse_streams(flag == std::string("tee") ? "0:1" : "0");
+    messages.clear();
+    RunResult r = run();
+    EXPECT_EQ(r.exit_code, 0);
+    const std::string line = "dlaunch: no --log-dir given; the logs go to " +
+                             r.run_dir.string() + "\n";
+    EXPECT_THAT(messages, HasSubstr(line));
+    EXPECT_EQ(messages.find(line), messages.rfind(line)) << "once";
+  }
+  // Nothing to name without logs, or with the user's own folder.
+  options.tee = parse_streams("0");
+  options.redirects = parse_streams("0");
+  messages.clear();
+  run();
+  options.log_dir = dir.path() / "logs";
+  options.tee = parse_streams("3");
+  run();
+  EXPECT_THAT(messages, Not(HasSubstr("--log-dir")));
 }
 
 TEST_F(AgentTest, FoldersWithLogsAreNeverLeftToTheWatchdog) {
