@@ -185,9 +185,11 @@ bool Agent::writes_logs() const {
 
 void Agent::make_run_dir() {
   if (!options_.log_dir.empty()) {
-    result_.run_dir = options_.log_dir / (options_.run_dir_name.empty()
-                                              ? result_.run_id
-                                              : options_.run_dir_name);
+    // Absolute: workers get their error file's path, and one that changes
+    // folder must still reach it.
+    result_.run_dir = std::filesystem::absolute(options_.log_dir) /
+                      (options_.run_dir_name.empty() ? result_.run_id
+                                                     : options_.run_dir_name);
     std::filesystem::create_directories(result_.run_dir);
     return;
   }
@@ -208,7 +210,8 @@ void Agent::make_run_dir() {
   }
   std::vector<std::string> templates;
   for (const std::string& base : bases) {
-    templates.push_back(base + "/dlaunch-" + result_.run_id + "-XXXXXX");
+    templates.push_back(std::filesystem::absolute(base).string() + "/dlaunch-" +
+                        result_.run_id + "-XXXXXX");
   }
   // Log files outlive the run; a folder without them is the Env's to make:
   // it is removed even if the agent is killed as it is made.

@@ -766,6 +766,24 @@ TEST(Launch, ReportsTheWorkersErrorFileMessage) {
   EXPECT_EQ(summary["attempts"][0]["workers"][0]["stopped_by_agent"], true);
 }
 
+// A relative --log-dir still gives workers an absolute error file: one
+// that changes folder leaves its message for the report.
+TEST(Launch, AWorkerThatChangesFolderStillWritesItsErrorFile) {
+  TempDir dir;
+  CommandResult r = testing::run_command(
+      {{kDlaunch, "--log-dir", "logs", "--run-id", "e", "sh", "-c",
+        "cd / && printf '{\"message\": {\"message\": \"ValueError: "
+        "moved\", \"extraInfo\": {}}}' > $TORCHELASTIC_ERROR_FILE; exit 4"},
+       {},
+       {},
+       dir.path().string()},
+      60s);
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("error      : ValueError: moved"));
+  EXPECT_THAT(r.err, HasSubstr("summary    : " +
+                               (dir / "logs/e/summary.json").string()));
+}
+
 TEST(Launch, AMissingProgramFailsAtOnceWith127) {
   CommandResult r = dlaunch({"--max-restarts", "5", "no-such-program-xyz"});
   EXPECT_EQ(r.exit_code, 127);
