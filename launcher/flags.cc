@@ -878,8 +878,14 @@ std::vector<FlagSpec> make_table() {
          if (o.hosts.empty()) return std::nullopt;
          std::vector<std::string> names;
          for (const Host& h : o.hosts) {
-           names.push_back(h.slots > 0 ? h.name + ":" + std::to_string(h.slots)
-                                       : h.name);
+           // A host narrowed to some GPUs: enough slots for them, and
+           // `include` names them.
+           const int slots =
+               h.gpus.empty()
+                   ? h.slots
+                   : *std::max_element(h.gpus.begin(), h.gpus.end()) + 1;
+           names.push_back(slots > 0 ? h.name + ":" + std::to_string(slots)
+                                     : h.name);
          }
          return join(names, ',');
        }},
@@ -914,8 +920,20 @@ std::vector<FlagSpec> make_table() {
                "node01:0,2@node02 (deepspeed's syntax).",
        .section = "HOSTS",
        .apply = apply_host_filter<&RemoteOptions::include>,
-       .print = [](const Options&) -> std::optional<std::string> {
-         return std::nullopt;  // applied to `hosts`
+       // Applied to `hosts`; written back only for the hosts left with some
+       // of their GPUs (from --include or --exclude), so that a printed job
+       // runs on the same GPUs.
+       .print = [](const Options& o) -> std::optional<std::string> {
+         if (std::ranges::all_of(
+                 o.hosts, [](const Host& h) { return h.gpus.empty(); })) {
+           return std::nullopt;
+         }
+         std::vector<std::string> kept;
+         for (const Host& h : o.hosts) {
+           kept.push_back(h.gpus.empty() ? h.name
+                                         : h.name + ":" + gpu_list(h.gpus));
+         }
+         return join(kept, '@');
        }},
       {.name = "exclude",
        .placeholder = "NAME[:GPU,...]@...",

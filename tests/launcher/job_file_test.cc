@@ -410,6 +410,38 @@ TEST_F(JobFileTest, PrintConfigRoundTrips) {
       job_yaml(plain, true));
 }
 
+// A host narrowed to some GPUs keeps them in a printed job (n2 once came
+// back as n2:3, GPUs 0..2 where the job ran on 0, 2 and 3): the printed
+// file plans the same job.
+TEST_F(JobFileTest, PrintedHostsKeepTheirGpus) {
+  auto plan = [](const LaunchOptions& o) {
+    std::string p = dry_run_plan(o);
+    return p.erase(p.find("  config:"),
+                   p.find('\n', p.find("  config:")) - p.find("  config:"));
+  };
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{
+           {"--hosts", "n[1-3]:4", "--exclude", "n2:1"},
+           {"--hosts", "n[1-3]", "--nproc-per-node", "4", "--exclude",
+            "n2:1@n3:0"},
+           {"--hosts", "n[1-3]:4", "--include", "n1@n3:3"},
+           {"--hosts", "n[1-3]:4", "--exclude", "n2"}}) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    std::vector<std::string> cmd = args;
+    cmd.insert(cmd.end(), {"--dry-run", "/bin/true"});
+    LaunchOptions first = ok(cmd);
+    LaunchOptions again =
+        ok({"--config", write(job_yaml(first, true), "p.yaml"), "--dry-run"});
+    EXPECT_EQ(again.hosts, first.hosts);
+    EXPECT_EQ(plan(again), plan(first));
+  }
+  LaunchOptions o = ok({"--hosts", "n[1-3]:4", "--exclude", "n2:1", "true"});
+  EXPECT_THAT(job_yaml(o, true), HasSubstr("hosts: [n1:4, n2:4, n3:4]"));
+  EXPECT_THAT(job_yaml(o, true), HasSubstr("include: n1@n2:0,2,3@n3"));
+  EXPECT_THAT(job_yaml(ok({"--hosts", "n[1-2]:4", "true"}), true),
+              Not(HasSubstr("include")));
+}
+
 TEST_F(JobFileTest, SecretsNeverAppearInPrintedOutput) {
   std::string f = write(
       "program: sh\nenv:\n  WANDB_API_KEY: k3y\n  DB_PASSWORD: pw0rd\n"
