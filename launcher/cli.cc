@@ -367,7 +367,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
         // A rerun of the file would otherwise change without a word.
         note("dlaunch: note: " + it->first + "=" + value + " overrides " +
              std::string(f.key) + ": " + in_file->value + " of " +
-             in_file->pos.text());
+             in_file->pos.text() + "\n");
       }
     } else if (in_file) {
       value = in_file->value;

@@ -26,7 +26,8 @@ struct UsageError {
 using ParseResult =
     std::variant<LaunchOptions, HelpRequested, VersionRequested, UsageError>;
 
-// Receives notes for stderr (a PET_* variable overriding a job file key).
+// Receives notes for stderr, each a whole line ending in a newline (a PET_*
+// variable overriding a job file key).
 using NoteSink = std::function<void(const std::string&)>;
 
 // Parses `dlaunch [options] PROG [ARGS...]` (torchrun's flags, both

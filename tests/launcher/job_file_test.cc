@@ -261,6 +261,8 @@ TEST_F(JobFileTest, OverrideOrderIsFileThenPetThenFlag) {
       EXPECT_THAT(notes_[0], HasSubstr("PET_MAX_RESTARTS=2 overrides "
                                        "max_restarts: 1 of "));
       EXPECT_THAT(notes_[0], HasSubstr("job.yaml:3:15"));
+      // A line of its own on stderr: the next message starts on the next.
+      EXPECT_TRUE(notes_[0].ends_with("job.yaml:3:15\n")) << notes_[0];
     } else {
       EXPECT_TRUE(notes_.empty()) << notes_[0];
     }
