@@ -503,14 +503,20 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
                         "; list one GPU per worker or lower --nproc-per-node"};
     }
   }
+  if (o.module && o.run_path) {
+    return UsageError{
+        "dlaunch: --run-path runs PROG as a script file and --module as a "
+        "module; drop one"};
+  }
   if (o.module && o.no_python) {
     return UsageError{
         "dlaunch: --module and --no-python cannot be used together; drop "
         "one"};
   }
 
-  // The worker command.
-  bool python = !o.no_python && (o.module || python_script(o.program));
+  // The worker command; --run-path wins over --no-python, as in torchrun.
+  bool python =
+      o.run_path || (!o.no_python && (o.module || python_script(o.program)));
   std::vector<std::string>& cmd = o.agent.entrypoint;
   if (python) {
     // With hosts, checked once it is known whether this machine runs
@@ -529,7 +535,9 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
 }
 
 std::string missing_script(const LaunchOptions& o) {
-  if (o.no_python || o.module || !python_script(o.program)) return "";
+  if (o.module || (!o.run_path && (o.no_python || !python_script(o.program)))) {
+    return "";
+  }
   // Where this machine's workers will look: --chdir's folder (one that
   // does not exist is refused as such when the job starts).
   const std::string script =

@@ -311,6 +311,18 @@ void apply_rdzv_conf(const FlagSpec& f, const std::string& key,
   }
 }
 
+// A switch that sets one field of the options (--module, --standalone).
+template <bool LaunchOptions::*field>
+void apply_switch(const FlagSpec&, const std::string& v, Options& o,
+                  const agent::EnvMap&) {
+  o.*field = parse_switch(v);
+}
+
+template <bool LaunchOptions::*field>
+std::optional<std::string> print_switch(const Options& o) {
+  return text(o.*field);
+}
+
 // --include/--exclude: checked with the host filter's parser, kept as
 // written (applied to `hosts` once every host is known).
 template <std::string RemoteOptions::*field>
@@ -503,21 +515,24 @@ std::vector<FlagSpec> make_table() {
        .key = "module",
        .help = "Run PROG as a Python module (python3 -u -m PROG).",
        .section = "PROGRAMS",
-       .apply = [](const FlagSpec&, const std::string& v, Options& o,
-                   const agent::EnvMap&) { o.module = parse_switch(v); },
-       .print = [](const Options& o) -> std::optional<std::string> {
-         return text(o.module);
-       }},
+       .apply = apply_switch<&LaunchOptions::module>,
+       .print = print_switch<&LaunchOptions::module>},
       {.name = "no-python",
        .type = T::kSwitch,
        .key = "no_python",
        .help = "Execute PROG directly, even when it ends in .py.",
        .section = "PROGRAMS",
-       .apply = [](const FlagSpec&, const std::string& v, Options& o,
-                   const agent::EnvMap&) { o.no_python = parse_switch(v); },
-       .print = [](const Options& o) -> std::optional<std::string> {
-         return text(o.no_python);
-       }},
+       .apply = apply_switch<&LaunchOptions::no_python>,
+       .print = print_switch<&LaunchOptions::no_python>},
+      {.name = "run-path",
+       .type = T::kSwitch,
+       .key = "run_path",
+       .help = "Run PROG under the interpreter whatever its name "
+               "(python3 -u PROG), as torchrun's --run-path runs it with "
+               "runpy.run_path; wins over --no-python.",
+       .section = "PROGRAMS",
+       .apply = apply_switch<&LaunchOptions::run_path>,
+       .print = print_switch<&LaunchOptions::run_path>},
       {.name = "python",
        .placeholder = "PATH",
        .type = T::kCommand,
@@ -814,11 +829,8 @@ std::vector<FlagSpec> make_table() {
                "torchrun's --standalone does (one node meets no other "
                "agent; its workers use rank 0's store).",
        .section = "RENDEZVOUS",
-       .apply = [](const FlagSpec&, const std::string& v, Options& o,
-                   const agent::EnvMap&) { o.standalone = parse_switch(v); },
-       .print = [](const Options& o) -> std::optional<std::string> {
-         return text(o.standalone);
-       }},
+       .apply = apply_switch<&LaunchOptions::standalone>,
+       .print = print_switch<&LaunchOptions::standalone>},
       {.name = "monitor-interval",
        .placeholder = "SECONDS",
        .type = T::kSeconds,

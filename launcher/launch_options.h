@@ -90,6 +90,9 @@ struct LaunchOptions {
   bool module = false;
   // Execute `program` directly even when it ends in .py. Default false.
   bool no_python = false;
+  // Run `program` under the interpreter whatever its name (torchrun's
+  // --run-path); wins over no_python. Default false.
+  bool run_path = false;
   // Interpreter for .py programs and modules. Default: --python, else
   // $PYTHON, else "python3".
   std::string python = "python3";

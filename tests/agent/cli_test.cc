@@ -187,6 +187,25 @@ TEST(Cli, PythonProgramsRunUnderPythonUnbuffered) {
               HasSubstr("'/nonexistent/train.py': No such file"));
 }
 
+// torchrun's --run-path runs the script in its interpreter
+// (runpy.run_path) whatever its name, before --no-python; it was unknown.
+TEST(Cli, RunPathRunsAnyScriptUnderPython) {
+  dlaunch::testing::TempDir dir;
+  dlaunch::testing::write_file(dir / "train", "print(1)\n");
+  std::string script = (dir / "train").string();
+  for (const char* flag : {"--run-path", "--run_path"}) {
+    EXPECT_EQ(ok({flag, script, "--lr", "1"}).agent.entrypoint,
+              (std::vector<std::string>{"python3", "-u", script, "--lr", "1"}));
+  }
+  EXPECT_EQ(ok({"--run-path", "--no-python", script}).agent.entrypoint,
+            (std::vector<std::string>{"python3", "-u", script}));
+  EXPECT_TRUE(ok({script}, {{"PET_RUN_PATH", "1"}}).run_path);
+  EXPECT_EQ(bad({"--run-path", "/nonexistent/train"}).exit_code, 127);
+  EXPECT_EQ(bad({"--run-path", "-m", "pkg.mod"}).message,
+            "dlaunch: --run-path runs PROG as a script file and --module as "
+            "a module; drop one");
+}
+
 TEST(Cli, NprocPerNodeKeywords) {
   int cpus = static_cast<int>(std::thread::hardware_concurrency());
   EXPECT_EQ(ok({"--nproc-per-node", "cpu", "true"}).agent.nproc_per_node, cpus);
