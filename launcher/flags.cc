@@ -680,8 +680,13 @@ std::vector<FlagSpec> make_table() {
              }
              o.rdzv.min_nodes = lo;
              o.rdzv.max_nodes = hi;
+             o.nnodes_given = true;
            },
        .print = [](const Options& o) -> std::optional<std::string> {
+         // A multi-host head runs one node per host.
+         if (!o.nnodes_given && !o.hosts.empty()) {
+           return std::to_string(o.hosts.size());
+         }
          const auto& r = o.rdzv;
          return r.min_nodes == r.max_nodes ? std::to_string(r.min_nodes)
                                            : std::to_string(r.min_nodes) + ":" +
@@ -1499,18 +1504,18 @@ void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {
   }
   r.include.clear();
   r.exclude.clear();
-  // One agent per host: a fixed --nnodes other than the default 1 names
+  // One agent per host: a fixed --nnodes, when given (1 included), names
   // the hosts' count, and MIN:MAX needs at least MAX hosts.
   const auto& z = o.rdzv;
   const int n = static_cast<int>(o.hosts.size());
   const std::string nnodes = "--nnodes " + *find_flag("nnodes")->print(o);
   const std::string given =
       std::to_string(n) + (n == 1 ? " host" : " hosts") + " (one agent each)";
-  if (n > 0 && z.min_nodes == z.max_nodes && z.max_nodes != 1 &&
+  if (n > 0 && o.nnodes_given && z.min_nodes == z.max_nodes &&
       z.max_nodes != n) {
     throw BadValue{nnodes + ": the job has " + given +
                    "; drop --nnodes or name " + std::to_string(z.max_nodes) +
-                   " hosts"};
+                   (z.max_nodes == 1 ? " host" : " hosts")};
   }
   if (n > 0 && z.max_nodes > n && z.min_nodes != z.max_nodes) {
     throw BadValue{nnodes + ": the job has " + given + ", fewer than MAX " +

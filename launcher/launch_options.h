@@ -110,6 +110,9 @@ struct LaunchOptions {
   // host's slots decide its worker count only when it was not. Default
   // false.
   bool nproc_per_node_given = false;
+  // Whether --nnodes (or its key or PET_ variable) was given: a multi-host
+  // head holds a given count, 1 included, to its hosts. Default false.
+  bool nnodes_given = false;
   // The fault specs as given (--fault, PET_FAULTS, DLAUNCH_FAULTS, the job
   // file's faults:), for --print-config and job.yaml; agent.faults holds
   // them parsed. Default empty.

@@ -961,6 +961,18 @@ TEST(HostPlanTest, TheHeadsHostsBoundNnodes) {
   EXPECT_EQ(refused({"--nnodes", "2"}),
             "dlaunch: --nnodes 2: the job has 3 hosts (one agent each); drop "
             "--nnodes or name 2 hosts");
+  // A given 1 is a count too (it once planned 3 nodes), from a job file
+  // or PET_NNODES alike; a printed job names the hosts' count.
+  EXPECT_EQ(refused({"--nnodes", "1"}),
+            "dlaunch: --nnodes 1: the job has 3 hosts (one agent each); drop "
+            "--nnodes or name 1 host");
+  EXPECT_EQ(
+      std::get<UsageError>(parse_command_line({"--hosts", "n[1-3]", "prog"},
+                                              {{"PET_NNODES", "1"}}))
+          .message,
+      "dlaunch: --nnodes 1: the job has 3 hosts (one agent each); drop "
+      "--nnodes or name 1 host");
+  EXPECT_THAT(job_yaml(options_of(parse({})), true), HasSubstr("nnodes: 3\n"));
   EXPECT_EQ(refused({"--nnodes", "1:4"}),
             "dlaunch: --nnodes 1:4: the job has 3 hosts (one agent each), "
             "fewer than MAX 4; use MIN:MAX with MIN <= MAX <= 3 or name more "
