@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -190,6 +191,7 @@ class Loader {
       if (!v.IsMap()) {
         fail(v, "env: expected a mapping like {NAME: value}, got " + kind(v));
       }
+      std::map<std::string, int> seen;  // name: its first line
       for (const auto& e : v) {
         std::string name = scalar(e.first, "env", "a variable name");
         if (!is_variable_name(name)) {
@@ -197,6 +199,13 @@ class Loader {
                             "' is not a variable name; use letters, digits "
                             "and _, not starting with a digit (like "
                             "MY_VAR_1)");
+        }
+        // As a key given twice at the top: which value wins is not
+        // obvious, so neither does.
+        if (auto [it, fresh] = seen.emplace(name, pos(e.first.Mark()).line);
+            !fresh) {
+          fail(e.first, "env: " + name + " appears twice (first on line " +
+                            std::to_string(it->second) + "); keep one");
         }
         job_.env[name] = scalar(e.second, "env." + name, "a string");
       }

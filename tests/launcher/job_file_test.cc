@@ -148,6 +148,8 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
        "job.yaml:2:13: hosts: 'n1' is listed twice"},
       {"program: x\nhosts: hostfile\n",
        "hostfile:3:1: hosts: 'two' slots for node3 is not valid"},
+      {"program: x\nenv:\n  A: 1\n  B: 2\n  A: 3\n",
+       "job.yaml:5:3: env: A appears twice (first on line 3); keep one"},
       {"program: x\nhostfile: missing-hostfile\n",
        "job.yaml:2:11: hostfile: '"},
       {"program: x\nhostfile: hostfile\nhosts: [a]\n",
