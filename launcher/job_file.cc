@@ -318,14 +318,31 @@ class Loader {
     return s;
   }
 
+  // Whether `hosts: TEXT` means a file: a path ('/') or a hostfile's
+  // name (hosts.txt, a.hosts, b.cfg, myhostfile).
+  static bool looks_like_a_file(const std::string& text) {
+    std::string lower = text;
+    for (char& c : lower) c = static_cast<char>(std::tolower(c));
+    return text.find('/') != std::string::npos || lower.ends_with(".txt") ||
+           lower.ends_with(".hosts") || lower.ends_with(".cfg") ||
+           lower.ends_with("hostfile");
+  }
+
   void read_hosts(const YAML::Node& v) {
     if (v.IsNull()) return;
     if (v.IsScalar()) {
       // A hostlist (node[01-04]:8,gpu7), or a hostfile's path.
       std::string text = scalar(v, "hosts", "a hostlist or hostfile path");
       std::string file = resolve(text);
+      const bool one = text.find_first_of("[,") == std::string::npos;
+      // A name no host has: a hostfile that is missing, not a host.
+      if (one && !fs::exists(file) && looks_like_a_file(text)) {
+        fail(v, "hosts: '" + file +
+                    "': no such file; give the path of a hostfile (relative "
+                    "to this file's folder) or a hostlist like node[01-04]");
+      }
       try {
-        if (text.find_first_of("[,") == std::string::npos && fs::exists(file)) {
+        if (one && fs::exists(file)) {
           job_.hosts = read_hostfile(file);
         } else {
           job_.hosts = parse_host_list(text);

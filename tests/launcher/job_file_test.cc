@@ -150,6 +150,7 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
        "hostfile:3:1: hosts: 'two' slots for node3 is not valid"},
       {"program: x\nenv:\n  A: 1\n  B: 2\n  A: 3\n",
        "job.yaml:5:3: env: A appears twice (first on line 3); keep one"},
+      {"program: x\nhosts: myhosts.txt\n", "job.yaml:2:8: hosts: '"},
       {"program: x\nhostfile: missing-hostfile\n",
        "job.yaml:2:11: hostfile: '"},
       {"program: x\nhostfile: hostfile\nhosts: [a]\n",
@@ -171,6 +172,19 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
     SCOPED_TRACE(c.yaml);
     EXPECT_THAT(error(c.yaml), HasSubstr(c.expect));
   }
+  // A hostfile that is missing is named so, not taken for a host (or a
+  // host name with '/' in it).
+  for (const char* name : {"myhosts.txt", "./myhosts", "sub/h", "a.hosts",
+                           "b.CFG", "myhostfile"}) {
+    SCOPED_TRACE(name);
+    EXPECT_EQ(error("program: x\nhosts: " + std::string(name) + "\n"),
+              "dlaunch: " + (dir_ / "job.yaml").string() + ":2:8: hosts: '" +
+                  (dir_.path() / name).lexically_normal().string() +
+                  "': no such file; give the path of a hostfile (relative to "
+                  "this file's folder) or a hostlist like node[01-04]");
+  }
+  EXPECT_EQ(ok({"--config", write("program: x\nhosts: myhost\n")}).hosts,
+            (std::vector<Host>{{"myhost", 0}}));
   std::string missing = (dir_ / "nope.yaml").string();
   EXPECT_THAT(std::get<UsageError>(parse({"--config", missing})).message,
               HasSubstr("--config: '" + missing + "': no such file"));
