@@ -700,8 +700,8 @@ void C10dRendezvous::watch(EventCallback on_event) {
           cb(RoundEvent{RoundEvent::Kind::kFatal, r,
                         "lost the agents' store at " + where + " (" + why +
                             "): the agent hosting it is gone, which ends the "
-                            "job with the c10d backend (an etcd backend, a "
-                            "later feature, will survive it)"});
+                            "job with the c10d backend (--rdzv-backend etcd "
+                            "survives it)"});
           return;
         }
         cb(classify(r, text, members));
