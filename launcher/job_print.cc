@@ -126,6 +126,11 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
          std::string(out.c_str()) + "\n";
 }
 
+// The workers `h` runs: its slots, else --nproc-per-node.
+int host_workers(const LaunchOptions& o, const Host& h) {
+  return h.slots > 0 ? h.slots : o.agent.nproc_per_node;
+}
+
 std::string dry_run_plan(const LaunchOptions& o) {
   const std::string kRdzv = "<decided at rendezvous>";
   const bool multi = o.hosts.size() > 1 || o.rdzv.max_nodes > 1;
@@ -159,6 +164,14 @@ std::string dry_run_plan(const LaunchOptions& o) {
       << (o.nproc_per_node_spec == "auto" ? ", else one per CPU" : "")
       << " (--nproc-per-node " << o.nproc_per_node_spec
       << "; not resolved here: " << o.nproc_per_node_unresolved << ")";
+  } else if (!o.hosts.empty()) {
+    // Each host's slots, else --nproc-per-node: what launch_hosts() starts.
+    std::string each;
+    for (const Host& h : o.hosts) {
+      each += (each.empty() ? "" : ", ") + std::to_string(host_workers(o, h)) +
+              " on " + h.name;
+    }
+    s << "  workers:   " << each;
   } else {
     s << "  workers:   " << o.agent.nproc_per_node << " on this node";
   }
@@ -222,8 +235,15 @@ std::string dry_run_plan(const LaunchOptions& o) {
   for (const auto& [name, value] : o.env) {
     shown[name] = is_secret_name(name) ? "<secret, not shown>" : value;
   }
-  // Unresolved GPUs: worker 0 stands for them all.
-  const int nproc = gpus_elsewhere ? 1 : o.agent.nproc_per_node;
+  // Unresolved GPUs: worker 0 stands for them all. Hosts: the first
+  // host's workers stand for every host's.
+  const int nproc = gpus_elsewhere    ? 1
+                    : o.hosts.empty() ? o.agent.nproc_per_node
+                                      : host_workers(o, o.hosts.front());
+  if (!o.hosts.empty() && !gpus_elsewhere) {
+    s << "\nthe workers of " << o.hosts.front().name
+      << " (each host's are alike, with its own count)\n";
+  }
   // One node: the ranks are known; several: shown as if this node were
   // group rank 0 of one (the rendezvous decides).
   for (int i = 0; i < nproc; ++i) {
@@ -259,7 +279,10 @@ std::string dry_run_plan(const LaunchOptions& o) {
          agent::worker_environment(shown, id, job, error_file)) {
       std::string name = kv.substr(0, kv.find('='));
       std::string value = kv.substr(kv.find('=') + 1);
-      if (name == "MASTER_PORT" && o.agent.master_port == 0) {
+      if (name == "MASTER_ADDR" && multi &&
+          (o.rdzv.backend != "static" || !o.hosts.empty())) {
+        value = "<group rank 0's address, " + kRdzv.substr(1);
+      } else if (name == "MASTER_PORT" && o.agent.master_port == 0) {
         value = "<a free port, chosen when each attempt starts>";
       } else if (name == "TORCHELASTIC_RESTART_COUNT") {
         value = "0 (K on the Kth restart)";

@@ -460,6 +460,28 @@ TEST_F(JobFileTest, PrintedHostsKeepTheirGpus) {
               Not(HasSubstr("include")));
 }
 
+// --dry-run of hosts plans each host's workers (it said "1 on this node",
+// LOCAL_WORLD_SIZE=1, on a machine that was none of the hosts) and leaves
+// MASTER_ADDR to the rendezvous (it showed 127.0.0.1).
+TEST_F(JobFileTest, TheDryRunOfHostsPlansEachHostsWorkers) {
+  const std::string p = dry_run_plan(
+      ok({"--hosts", "a:2,b:3", "--nproc-per-node", "4", "/bin/true"}));
+  EXPECT_THAT(p, HasSubstr("workers:   2 on a, 3 on b, world size"));
+  EXPECT_THAT(p, HasSubstr("the workers of a "));
+  EXPECT_THAT(p, HasSubstr("LOCAL_WORLD_SIZE=2\n"));
+  EXPECT_THAT(p, HasSubstr("worker 1 (local rank 1)"));
+  EXPECT_THAT(p, Not(HasSubstr("worker 2 ")));
+  EXPECT_THAT(p, HasSubstr("MASTER_ADDR=<group rank 0's address, decided at "
+                           "rendezvous>"));
+  EXPECT_THAT(dry_run_plan(ok(
+                  {"--hosts", "a,b:3", "--nproc-per-node", "4", "/bin/true"})),
+              HasSubstr("workers:   4 on a, 3 on b,"));
+  // Static nodes are given their master.
+  EXPECT_THAT(dry_run_plan(ok({"--nnodes", "2", "--node-rank", "1",
+                               "--master-addr", "10.0.0.5", "/bin/true"})),
+              HasSubstr("MASTER_ADDR=10.0.0.5\n"));
+}
+
 TEST_F(JobFileTest, SecretsNeverAppearInPrintedOutput) {
   std::string f = write(
       "program: sh\nenv:\n  WANDB_API_KEY: k3y\n  DB_PASSWORD: pw0rd\n"
