@@ -186,10 +186,16 @@ std::string C10dRendezvous::key(int round, const std::string& name) const {
 }
 
 void C10dRendezvous::keep_alive_loop() {
+  // At least two pings in each span the store allows silence for
+  // (interval * max_attempt): with max_attempt 1 a ping every interval,
+  // counted from the last one's end, always came late.
+  const auto& o = p_.options;
+  const milliseconds every =
+      std::min(o.keep_alive_interval,
+               o.keep_alive_interval * o.keep_alive_max_attempt / 2);
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    cv_.wait_for(lock, p_.options.keep_alive_interval,
-                 [this] { return stopping_; });
+    cv_.wait_for(lock, every, [this] { return stopping_; });
     if (stopping_) break;
     if (Clock::now() < silent_until_) continue;
     lock.unlock();

@@ -480,6 +480,26 @@ TEST_F(Rendezvous, ANodeLeavingAfterItsExitBarrierLeavesTheOthersRunning) {
   EXPECT_EQ(r0.out, "[default0]:RC=0\n") << r0.err;
 }
 
+// keep_alive_max_attempt=1 (accepted, as torchrun does): a node is dropped
+// after one interval of silence, so it must ping more often than that; it
+// pinged every interval from the last ping's end, always late, and healthy
+// nodes were dropped within seconds.
+TEST_F(Rendezvous, OneKeepAliveAttemptKeepsHealthyNodes) {
+  conf_ += ",keep_alive_interval=1,keep_alive_max_attempt=1";
+  testing::TempDir dir;
+  testing::Gate gate((dir / "go").string());
+  const std::string script = testing::restart_count_then_node0_waits(gate);
+  for (int i = 0; i < 2; ++i) start(i, {"--nnodes", "2"}, script);
+  ASSERT_TRUE(all_print(2, "RC=0"));
+  std::this_thread::sleep_for(4s);  // four of the store's allowances
+  gate.open_once();
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = finish(i);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "[default0]:RC=0\n") << r.err;
+  }
+}
+
 // A node that arrives after the job finished has nothing to do: exit 0,
 // saying so. The store is a dl-store no agent hosts, so it outlives the job.
 TEST_F(Rendezvous, ANodeArrivingAfterTheJobFinishedExitsZero) {
