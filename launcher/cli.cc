@@ -147,7 +147,13 @@ ScannedArgs scan_flags(const std::vector<std::string>& args) {
     }
     const FlagSpec& f = table[*i];
     if (f.type == ValueType::kSwitch) {
-      out.values[*i].push_back(is_short ? "" : value);
+      // `--standalone=false` reads as on otherwise (argparse refuses it).
+      if (given) {
+        throw UsageError{"dlaunch: " + spelling + "=" + value +
+                         ": a switch takes no value; give " + spelling +
+                         " alone to turn it on, or leave it out"};
+      }
+      out.values[*i].push_back("");
       if (is_short && !value.empty()) pushed = "-" + value;
       continue;
     }
@@ -160,9 +166,13 @@ ScannedArgs scan_flags(const std::vector<std::string>& args) {
       value = args[next++];
       // `--rdzv-endpoint $EP --dry-run prog` with EP unset: the value would
       // be the next option, and the job would run.
-      // (Long options only: "-p 2222" is a fine --ssh-args.)
-      if (value.starts_with("--") &&
-          flag_index(std::string_view(value).substr(0, value.find('=')))) {
+      // Long options, and short switches as they are ("-m"): "-p 2222" or
+      // "-x" are fine --ssh-args.
+      const auto named =
+          flag_index(std::string_view(value).substr(0, value.find('=')));
+      if (named &&
+          (value.starts_with("--") ||
+           (value.size() == 2 && table[*named].type == ValueType::kSwitch))) {
         throw UsageError{"dlaunch: --" + std::string(f.name) + ": the value '" +
                          value +
                          "' is an option; give the value first (an unset "
@@ -278,6 +288,10 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
         "dlaunch: --drill FILE already names the job file; drop --config"};
   }
   if (has(config_flag)) {
+    if (given(*find_flag(config_flag))[0].empty()) {
+      return UsageError{"dlaunch: --" + std::string(config_flag) +
+                        ": must not be empty; give a job file"};
+    }
     try {
       file = load_job_file(given(*find_flag(config_flag))[0], env,
                            "--" + std::string(config_flag));

@@ -136,6 +136,22 @@ TEST(Cli, FlagSyntaxKeepsItsMeaning) {
   EXPECT_THAT(bad({"--role", "--nnodes=2", "true"}).message,
               HasSubstr("write --role=--nnodes=2 if it is one"));
   EXPECT_EQ(ok({"--role=--dry-run", "true"}).agent.role, "--dry-run");
+  // dlaunch's short switches too (`--log-dir $UNSET -m train`), not other
+  // short words (ssh's -x).
+  EXPECT_THAT(bad({"--rdzv-id", "-m", "--dry-run", "prog"}).message,
+              HasSubstr("the value '-m' is an option"));
+  EXPECT_EQ(ok({"--ssh-args", "-x", "true"}).remote.ssh_args,
+            (std::vector<std::string>{"-x"}));
+  // A switch takes no value: `--standalone=false` read as on.
+  EXPECT_THAT(bad({"--standalone=false", "true"}).message,
+              HasSubstr("--standalone=false: a switch takes no value"));
+  EXPECT_THAT(bad({"--no_python=0", "true"}).message,
+              HasSubstr("--no_python=0: a switch takes no value"));
+  // An empty job file (`--config=$UNSET`) aborted dlaunch.
+  EXPECT_THAT(bad({"--config=", "--dry-run", "true"}).message,
+              HasSubstr("--config: must not be empty"));
+  EXPECT_THAT(bad({"--drill", "", "true"}).message,
+              HasSubstr("--drill: must not be empty"));
   EXPECT_EQ(ok({"--ssh-args", "-p 2222", "true"}).remote.ssh_args,
             (std::vector<std::string>{"-p", "2222"}));
   // Switches may repeat; value flags may not.
