@@ -23,10 +23,18 @@ void LineBuffer::end_redraw(std::string& out) {
 
 void LineBuffer::feed(std::string_view bytes, std::string& out) {
   if (bytes.empty()) return;
+  redraws_ = false;
   if (cr_pending_) {
     cr_pending_ = false;
     if (bytes.front() == '\n') {
-      end_line(out, "\r\n");
+      // Shown already, ending in its '\r': the '\n' completes it as sent.
+      if (shown_) {
+        out += '\n';
+        partial_.clear();
+        shown_ = false;
+      } else {
+        end_line(out, "\r\n");
+      }
       bytes.remove_prefix(1);
     } else {
       end_redraw(out);

@@ -9,9 +9,10 @@ namespace dlaunch::agent {
 // Cuts a byte stream into whole lines and prefixes each, so the lines of
 // different workers never interleave on the console. A line that redraws
 // itself with '\r' (a progress bar: tqdm writes "\r 10%|#  |") is shown
-// live: each redraw goes out prefixed and ending in '\r', and what of it
-// has come so far is shown (ending in '\r') at the end of every feed(), so
-// the bar moves before its line ends. Plain text without '\r' waits for its
+// live: each redraw goes out prefixed and ending in '\r', and what of the
+// next has come is shown (ending in '\r') at the end of the feed() that
+// brought the redraw, so the bar moves before its line ends. Plain text without
+// '\r' waits for its
 // '\n' as before. One per worker stream; not thread-safe.
 class LineBuffer {
  public:
@@ -47,8 +48,11 @@ class LineBuffer {
   bool live_;
   std::string partial_;
   bool cr_pending_ = false;  // the last byte fed was a '\r'
-  bool redraws_ = false;     // this line has redrawn itself
-  bool shown_ = false;       // partial_ is on the console as it is
+  // A redraw ended in this feed(): what follows it is shown at the end,
+  // once (a line grown a byte a time between redraws is not sent again
+  // and again).
+  bool redraws_ = false;
+  bool shown_ = false;  // partial_ is on the console as it is
 };
 
 }  // namespace dlaunch::agent

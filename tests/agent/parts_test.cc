@@ -82,8 +82,10 @@ TEST(LineBuffer, ShowsRedrawsAsTheyCome) {
   LineBuffer lb("[w0]:");
   EXPECT_EQ(fed(lb, "\r  0%|"), "[w0]:  0%|\r");
   EXPECT_EQ(fed(lb, "\r 50%|#"), "[w0]: 50%|#\r");
-  // More of the same redraw: shown again, whole.
-  EXPECT_EQ(fed(lb, "#"), "[w0]: 50%|##\r");
+  // More of the same redraw waits for the next one: a line grown a byte
+  // a time was sent whole at every byte, its square in all.
+  EXPECT_EQ(fed(lb, "#"), "");
+  EXPECT_EQ(fed(lb, "\r 60%|##"), "[w0]: 50%|##\r[w0]: 60%|##\r");
   EXPECT_EQ(fed(lb, "\r100%|###|\nnext"), "[w0]:100%|###|\n");
   EXPECT_EQ(fed(lb, " line"), "");  // plain text again: waits for its '\n'
   std::string out;
@@ -96,14 +98,26 @@ TEST(LineBuffer, TellsARedrawFromACrLfSplitBetweenReads) {
   LineBuffer lb("p:");
   EXPECT_EQ(fed(lb, "1/3\r"), "p:1/3\r");
   EXPECT_EQ(fed(lb, "2/3\r"), "p:2/3\r");
-  // A "\r\n" line after all: shown whole, ended.
-  EXPECT_EQ(fed(lb, "\n"), "p:2/3\r\n");
+  // A "\r\n" line after all: ended as it was shown, not shown twice.
+  EXPECT_EQ(fed(lb, "\n"), "\n");
   const std::string out = fed(lb, "a\r\nb\rc\r\n");
   EXPECT_EQ(out, "p:a\r\np:b\rp:c\r\n");
   EXPECT_EQ(lb.unit_end(out, 0), 4u);   // "p:a\r\n": its '\n'
   EXPECT_EQ(lb.unit_end(out, 5), 8u);   // "p:b\r"
   EXPECT_EQ(lb.unit_end(out, 9), 13u);  // "p:c\r\n"
   EXPECT_EQ(lb.unit_end(out, 14), std::string::npos);
+}
+
+// A progress line drawn a character at a time costs its length, not its
+// square.
+TEST(LineBuffer, ALineGrownByteByByteIsSentOnce) {
+  LineBuffer lb("p:");
+  std::string out;
+  lb.feed("\rEpoch 1 ", out);
+  for (int i = 0; i < 3000; ++i) lb.feed(".", out);
+  lb.feed("\n", out);
+  EXPECT_LT(out.size(), 2 * 3000u);
+  EXPECT_TRUE(out.ends_with("p:Epoch 1 " + std::string(3000, '.') + "\n"));
 }
 
 // pdsh and srun label whole lines: there '\r' is text.
