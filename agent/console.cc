@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
 #include <string>
@@ -110,6 +111,9 @@ void release_chunk(Chunk& c, bool gone) {
 
 }  // namespace
 
+// What the writer thread writes at a time.
+constexpr size_t kPiece = 4096;
+
 void Console::writer(int fd, std::shared_ptr<State> state) {
   auto release = [&](Chunk& c) { release_chunk(c, state->gone); };
   std::unique_lock<std::mutex> lock(state->mu);
@@ -120,7 +124,14 @@ void Console::writer(int fd, std::shared_ptr<State> state) {
     state->queue.pop_front();
     const bool gone = state->gone;
     lock.unlock();
-    const bool ok = gone || write_all(fd, c.text);
+    // In pieces, so that finish() sees a slow reader's progress.
+    bool ok = true;
+    for (std::string_view rest = c.text; !gone && ok && !rest.empty();) {
+      const size_t n = std::min(rest.size(), kPiece);
+      ok = write_all(fd, rest.substr(0, n));
+      state->written += n;
+      rest.remove_prefix(n);
+    }
     lock.lock();
     if (state->dropped) return;  // finish() gave up on us meanwhile
     if (!ok) {
@@ -131,7 +142,6 @@ void Console::writer(int fd, std::shared_ptr<State> state) {
       state->queue.clear();
     } else {
       release(c);
-      ++state->written;
     }
     if (state->queue.empty()) {
       state->idle = true;
@@ -147,7 +157,7 @@ size_t Console::finish(std::chrono::milliseconds timeout) {
   size_t dropped = 0;
   {
     std::unique_lock<std::mutex> lock(state_->mu);
-    for (uint64_t seen = state_->written - 1; seen != state_->written;) {
+    for (uint64_t seen = state_->written + 1; seen != state_->written;) {
       seen = state_->written;
       state_->cv.wait_for(lock, timeout, [&] {
         return state_->idle || state_->written != seen;

@@ -75,7 +75,8 @@ class Console {
     bool dropped = false;  // finish() gave up: nothing more is written
     bool gone = false;     // the console failed: discard everything
     bool idle = true;      // nothing queued and no write in progress
-    uint64_t written = 0;  // chunks written: finish() sees progress
+    // Bytes the writer wrote: finish() sees progress.
+    std::atomic<uint64_t> written{0};
   };
   static void writer(int fd, std::shared_ptr<State> state);
   // Writes what of `text` the console takes without blocking; the bytes

@@ -71,8 +71,11 @@ TEST(Console, FinishWaitsForASlowReaderThatKeepsReading) {
   std::thread reader;
   {
     Console console(p.fd[1]);
+    // One long write, then short ones: progress within a write counts
+    // (a reader below 64 KiB per bound lost the rest).
     for (int i = 0; i < 40; ++i) {
-      std::string chunk(4000, static_cast<char>('a' + i % 26));
+      std::string chunk(i == 0 ? 200000 : 4000,
+                        static_cast<char>('a' + i % 26));
       chunk.back() = '\n';
       console.write(chunk);
       expect += chunk;
@@ -81,7 +84,7 @@ TEST(Console, FinishWaitsForASlowReaderThatKeepsReading) {
       char buf[4096];
       for (ssize_t n; (n = ::read(p.fd[0], buf, sizeof buf)) > 0;) {
         got.append(buf, static_cast<size_t>(n));
-        std::this_thread::sleep_for(25ms);  // 40 reads: 1 s, over the bound
+        std::this_thread::sleep_for(10ms);  // ~90 reads: over the bound
       }
     });
     EXPECT_EQ(console.finish(200ms), 0u);
