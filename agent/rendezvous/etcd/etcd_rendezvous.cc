@@ -340,6 +340,12 @@ etcdserverpb::RangeRequest EtcdRendezvous::done_count(int round,
   return req;
 }
 
+int64_t EtcdRendezvous::gone_before(int64_t revision) {
+  std::lock_guard lock(gone_mu_);
+  return std::count_if(gone_done_.begin(), gone_done_.end(),
+                       [&](int64_t r) { return r < revision; });
+}
+
 void EtcdRendezvous::try_close(int round, int need, RoundState& st) {
   const std::string rp = round_prefix(round);
   // The joiners' records in join order, the first max_nodes of them.
@@ -664,7 +670,10 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
           st.closed_rev == read_rev + 1 ? st.closed_rev + 1 : read_rev + 1;
       reported_ = false;
       done_reported_ = false;
-      gone_done_ = 0;
+      {
+        std::lock_guard lock(gone_mu_);
+        gone_done_.clear();
+      }
       p_.log(round_line(res));
       return res;
     }
@@ -697,16 +706,19 @@ RoundEvent EtcdRendezvous::wait_round_end() {
   // as a success, as it would have with "end".
   auto all_done_before = [&](int64_t revision) {
     try {
-      return client_->range(done_count(r, revision - 1)).count() + gone_done_ >=
+      return client_->range(done_count(r, revision - 1)).count() +
+                 gone_before(revision) >=
              static_cast<int64_t>(members_.size());
     } catch (const EtcdError&) {
       return false;  // compacted or unreachable: the node is lost
     }
   };
-  // Whether every member is done now, `gone` of them gone since.
-  auto all_done_now = [&](int gone) {
+  // Whether every member is done now, those gone after their "done"
+  // counted.
+  auto all_done_now = [&] {
     try {
-      return client_->range(done_count(r)).count() + gone >=
+      const auto now = client_->range(done_count(r));
+      return now.count() + gone_before(now.header().revision() + 1) >=
              static_cast<int64_t>(members_.size());
     } catch (const EtcdError&) {
       return false;
@@ -755,10 +767,13 @@ RoundEvent EtcdRendezvous::wait_round_end() {
           return end_barrier(id);
         }
         if (done_before(id, ev.kv().mod_revision())) {
-          // Counted before this node looks (report() reads it after its
+          // Recorded before this node looks (report() reads it after its
           // own "done"): one of the two sees the set complete.
-          const int gone = ++gone_done_;
-          if (done_reported_ && all_done_now(gone)) return end_barrier(id);
+          {
+            std::lock_guard lock(gone_mu_);
+            gone_done_.push_back(ev.kv().mod_revision());
+          }
+          if (done_reported_ && all_done_now()) return end_barrier(id);
           return std::nullopt;
         }
         return lost(id, false);
@@ -866,7 +881,9 @@ void EtcdRendezvous::report(NodeOutcome outcome) {
         put->set_lease(lease_);
         *t.add_success()->mutable_request_range() = done_count(round_);
         auto resp = client_->txn(t);
-        if (resp.responses(1).response_range().count() + gone_done_ >=
+        // Members gone after the count's revision are in it still.
+        if (resp.responses(1).response_range().count() +
+                gone_before(resp.header().revision()) >=
             static_cast<int64_t>(members_.size())) {
           if (p_.before_end) p_.before_end();
           put_end(round_);

@@ -134,9 +134,14 @@ class EtcdRendezvous : public Rendezvous {
   bool reported_ = false;
   // This node put its "done" in round_ (read by the watcher thread).
   std::atomic<bool> done_reported_{false};
-  // Members of round_ gone after their "done" (their keys vanished with
-  // their leases): counted with the "done" keys to end the exit barrier.
-  std::atomic<int> gone_done_{0};
+  // The revisions at which members of round_ went after their "done"
+  // (their keys vanished with their leases): counted with the "done" keys
+  // of a later revision to end the exit barrier (watcher adds, report()
+  // reads).
+  std::vector<int64_t> gone_done_;
+  std::mutex gone_mu_;
+  // The members gone after their "done" before `revision`.
+  int64_t gone_before(int64_t revision);
 
   std::thread watcher_thread_;
   std::thread alive_thread_;
