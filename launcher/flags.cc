@@ -338,6 +338,13 @@ void apply_host_filter(const FlagSpec&, const std::string& v, Options& o,
   o.remote.*field = v;
 }
 
+// --nnodes as given: "N" or "MIN:MAX".
+std::string nnodes_text(const agent::rendezvous::RendezvousOptions& r) {
+  return r.min_nodes == r.max_nodes
+             ? std::to_string(r.min_nodes)
+             : std::to_string(r.min_nodes) + ":" + std::to_string(r.max_nodes);
+}
+
 std::vector<FlagSpec> make_table() {
   using T = ValueType;
   return {
@@ -360,6 +367,8 @@ std::vector<FlagSpec> make_table() {
              o.agent.nproc_per_node = resolve_nproc(v, env);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
+         // cpu/gpu/auto as given: each host counts its own.
+         if (!o.nproc_per_node_spec.empty()) return o.nproc_per_node_spec;
          return std::to_string(o.agent.nproc_per_node);
        }},
       {.name = "gpu-binding",
@@ -683,14 +692,10 @@ std::vector<FlagSpec> make_table() {
              o.nnodes_given = true;
            },
        .print = [](const Options& o) -> std::optional<std::string> {
-         // A multi-host head runs one node per host.
-         if (!o.nnodes_given && !o.hosts.empty()) {
-           return std::to_string(o.hosts.size());
-         }
-         const auto& r = o.rdzv;
-         return r.min_nodes == r.max_nodes ? std::to_string(r.min_nodes)
-                                           : std::to_string(r.min_nodes) + ":" +
-                                                 std::to_string(r.max_nodes);
+         // A multi-host head runs one node per host: left out, so that
+         // the printed job may be rerun on other hosts (--exclude).
+         if (!o.nnodes_given && !o.hosts.empty()) return std::nullopt;
+         return nnodes_text(o.rdzv);
        }},
       {.name = "node-rank",
        .placeholder = "K",
@@ -1382,7 +1387,7 @@ void check_store_port(const LaunchOptions& o) {
 
 void check_rendezvous(LaunchOptions& o) {
   agent::rendezvous::RendezvousOptions& r = o.rdzv;
-  const std::string nnodes = "--nnodes " + *find_flag("nnodes")->print(o);
+  const std::string nnodes = "--nnodes " + nnodes_text(o.rdzv);
   o.agent.rdzv_timeout = r.join_timeout;
   if (o.standalone && r.max_nodes > 1) {
     throw BadValue{"--standalone runs one node; drop it or use --nnodes 1"};
@@ -1508,7 +1513,7 @@ void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {
   // the hosts' count, and MIN:MAX needs at least MAX hosts.
   const auto& z = o.rdzv;
   const int n = static_cast<int>(o.hosts.size());
-  const std::string nnodes = "--nnodes " + *find_flag("nnodes")->print(o);
+  const std::string nnodes = "--nnodes " + nnodes_text(o.rdzv);
   const std::string given =
       std::to_string(n) + (n == 1 ? " host" : " hosts") + " (one agent each)";
   if (n > 0 && o.nnodes_given && z.min_nodes == z.max_nodes &&

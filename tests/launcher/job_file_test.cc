@@ -174,8 +174,9 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
   }
   // A hostfile that is missing is named so, not taken for a host (or a
   // host name with '/' in it).
-  for (const char* name : {"myhosts.txt", "./myhosts", "sub/h", "a.hosts",
-                           "b.CFG", "myhostfile"}) {
+  for (const char* name :
+       {"myhosts.txt", "./myhosts", "sub/h", "a.hosts", "b.CFG", "myhostfile",
+        "hosts", "nodes", "machinefile", "node-hosts"}) {
     SCOPED_TRACE(name);
     EXPECT_EQ(error("program: x\nhosts: " + std::string(name) + "\n"),
               "dlaunch: " + (dir_ / "job.yaml").string() + ":2:8: hosts: '" +
@@ -480,6 +481,25 @@ TEST_F(JobFileTest, TheDryRunOfHostsPlansEachHostsWorkers) {
   EXPECT_THAT(dry_run_plan(ok({"--nnodes", "2", "--node-rank", "1",
                                "--master-addr", "10.0.0.5", "/bin/true"})),
               HasSubstr("MASTER_ADDR=10.0.0.5\n"));
+}
+
+// A printed job over hosts can be rerun on fewer hosts (it held nnodes:
+// 3, which --exclude then contradicted), and keeps --nproc-per-node gpu for
+// each host to count (it held the head's count).
+TEST_F(JobFileTest, APrintedHostsJobCanBeRetargeted) {
+  LaunchOptions o = ok({"--hosts", "n[1-3]", "--nproc-per-node", "gpu",
+                        "--dry-run", "/bin/true"});
+  const std::string printed = job_yaml(o, true);
+  EXPECT_THAT(printed, Not(HasSubstr("nnodes")));
+  EXPECT_THAT(printed, HasSubstr("nproc_per_node: gpu"));
+  LaunchOptions again = ok(
+      {"--config", write(printed, "h.yaml"), "--exclude", "n3", "--dry-run"});
+  EXPECT_EQ(again.hosts.size(), 2u);
+  EXPECT_EQ(again.nproc_per_node_spec, "gpu");
+  // A given --nnodes is the user's, printed as given.
+  EXPECT_THAT(
+      job_yaml(ok({"--hosts", "n[1-3]", "--nnodes", "2:3", "true"}), true),
+      HasSubstr("nnodes: 2:3"));
 }
 
 TEST_F(JobFileTest, SecretsNeverAppearInPrintedOutput) {
