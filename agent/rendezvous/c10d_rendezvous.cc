@@ -705,9 +705,11 @@ void C10dRendezvous::watch(EventCallback on_event) {
           }
           cb(RoundEvent{RoundEvent::Kind::kFatal, r,
                         "lost the agents' store at " + where + " (" + why +
-                            "): the agent hosting it is gone, which ends the "
-                            "job with the c10d backend (--rdzv-backend etcd "
-                            "survives it)"});
+                            "): the agent hosting it is gone (stopped, or "
+                            "finished and left after its "
+                            "--exit-barrier-timeout), which ends the job with "
+                            "the c10d backend (--rdzv-backend etcd survives "
+                            "it)"});
           return;
         }
         cb(classify(r, text, members));
