@@ -77,6 +77,17 @@ void die_with_parent(pid_t parent) {
   if (::getppid() != parent) ::raise(SIGKILL);
 }
 
+namespace {
+// Read at load time, before any part of dlaunch raises it.
+const rlimit kUserFdLimit = [] {
+  rlimit r{};
+  ::getrlimit(RLIMIT_NOFILE, &r);
+  return r;
+}();
+}  // namespace
+
+const rlimit& user_fd_limit() { return kUserFdLimit; }
+
 bool environ_has(pid_t pid, const std::string& entry) {
   return environ_entry(pid, entry) == EnvironEntry::kPresent;
 }
@@ -753,11 +764,14 @@ class AsioTimer : public Timer {
 }  // namespace
 
 PosixEnv::PosixEnv() : impl_(std::make_unique<Impl>()) {
-  ::getrlimit(RLIMIT_NOFILE, &impl_->nofile);
+  // The user's, not what the embedded store (a multi-host head's,
+  // started before this env) raised it to.
+  impl_->nofile = user_fd_limit();
   // Three to five fds a worker (pipes, pidfd, log files): at the common
   // soft limit of 1024 about 200 workers with logs would not start. The
   // agent takes the hard limit; workers get the user's back (spawn).
   if (rlimit raised = impl_->nofile; raised.rlim_cur < raised.rlim_max) {
+    // (Raised again when the store did first: no harm.)
     raised.rlim_cur = raised.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &raised);  // failing, the user's limit holds
   }

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <memory>
@@ -32,6 +33,11 @@ EnvironEntry environ_entry(pid_t pid, const std::string& entry);
 // For a child between fork and exec (async-signal-safe): SIGKILL it when
 // `parent` dies, or now if `parent` died before this call.
 void die_with_parent(pid_t parent);
+
+// RLIMIT_NOFILE as dlaunch was started with (read before main): the
+// embedded store and the agent raise their own, workers and the agents a
+// multi-host head starts get this one back.
+const rlimit& user_fd_limit();
 
 // The real Env: one Boost.Asio event loop (epoll) over pidfds (exits),
 // worker output pipes and a signal_set; no polling, so the agent sleeps

@@ -1,6 +1,7 @@
 #include "launcher/command_runner.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -42,6 +43,9 @@ struct DieWithParent {
   boost::system::error_code on_exec_setup(Launcher&, const Path&,
                                           const char* const*) {
     if (own_group) ::setpgid(0, 0);
+    // The head's store raised its limit; agents (and their workers) get
+    // the user's.
+    ::setrlimit(RLIMIT_NOFILE, &agent::user_fd_limit());
     agent::die_with_parent(parent);
     return {};
   }

@@ -6,6 +6,7 @@
 // and on observed state.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -399,6 +400,26 @@ TEST_P(MultiHost, AFailedHostStopsTheJobEverywhere) {
   EXPECT_FALSE(r.timed_out);
   EXPECT_NE(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr("exit code 7"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
+// The head hosts the agents' store, which raises its open-file limit;
+// workers on every host, the head's own among them, get the one dlaunch
+// was started with (they got the raised one).
+TEST_P(MultiHost, WorkersKeepTheUsersOpenFileLimit) {
+  if (GetParam() != "local") GTEST_SKIP() << "the limit of this machine";
+  rlimit lim{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+  if (lim.rlim_max < 2048) GTEST_SKIP() << "no room above 1024 to raise to";
+  const std::string mark = unique_mark("m");
+  std::vector<std::string> argv = head("127.0.0.1,127.0.0.2", mark,
+                                       {"sh", "-c", "echo soft=$(ulimit -Sn)"});
+  std::string line = "ulimit -Sn 1024 && exec";
+  for (const std::string& a : argv) line += " '" + a + "'";
+  CommandResult r = testing::run_command(cmd({"sh", "-c", line}, env()), 90s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("127.0.0.1 [default0]:soft=1024\n"));
+  EXPECT_THAT(r.out, HasSubstr("127.0.0.2 [default0]:soft=1024\n"));
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
