@@ -25,6 +25,7 @@
 #include "comm/store/client.h"
 #include "comm/store/resolve.h"
 #include "comm/store/server.h"
+#include "comm/store/text.h"
 #include "comm/store/token.h"
 #include "launcher/cli.h"
 #include "launcher/drill.h"
@@ -278,10 +279,19 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   // others learn that the host is gone).
   if (store && !r.endpoint_host.empty() && result.stop_signal == 0 &&
       !store->wait_idle(r.close_timeout)) {
-    write_stderr("dlaunch: " + std::to_string(store->num_connections()) +
-                 " agent connection(s) still open on this node's store " +
-                 std::to_string(r.close_timeout.count()) +
-                 " ms (close_timeout) after the end; closing it\n");
+    // By address: each agent holds a few connections, from its host.
+    std::string from;
+    size_t open = 0;
+    for (const auto& [host, n] : store->peer_hosts()) {
+      from += (from.empty() ? " from " : ", ") + host + " (" +
+              std::to_string(n) + ")";
+      open += n;
+    }
+    if (open == 0) open = store->num_connections();
+    write_stderr("dlaunch: " + std::to_string(open) + " agent connection(s)" +
+                 from + " still open on this node's store " +
+                 comm::store::format_duration(r.close_timeout) +
+                 " (close_timeout) after the end; closing it\n");
   }
   return result.exit_code;
 }

@@ -203,6 +203,19 @@ void RemoteRendezvous::report(NodeOutcome outcome) {
   send({"report", std::to_string(remote::to_wire(outcome))});
 }
 
+std::vector<std::string> RemoteRendezvous::unfinished_nodes() {
+  if (!opened_) return {};
+  send({"unfinished"});
+  try {
+    std::vector<std::string> a = answer(
+        std::chrono::seconds(5), "for the nodes the exit barrier waits for");
+    if (a[0] != "unfinished") return {};
+    return {a.begin() + 1, a.end()};
+  } catch (const std::exception&) {
+    return {};  // the message then says "the other nodes"
+  }
+}
+
 bool RemoteRendezvous::cut_off(milliseconds d) {
   send({"cut", std::to_string(d.count())});
   return true;

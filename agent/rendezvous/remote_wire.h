@@ -14,12 +14,14 @@ namespace dlaunch::agent::rendezvous::remote {
 // the first field the message's verb:
 //   agent -> helper: open K=V...; next NPROC REASON TIMEOUT_MS; watch;
 //                    report OUTCOME; cut MS (the cut fault, no answer);
+//                    unfinished (whom the exit barrier waits for);
 //                    end-of-file: leave (revoke, exit)
 //   helper -> agent: ready; round FIELDS... (encode_result);
+//                    unfinished NODE... (Rendezvous::unfinished_nodes);
 //                    error closed|error TEXT; event KIND ROUND DETAIL; log TEXT
-// Version: the open message carries protocol=2 (2 added cut); a helper
-// that does not speak it answers with an error.
-inline constexpr int kProtocolVersion = 2;
+// Version: the open message carries protocol=3 (2 added cut, 3
+// unfinished); a helper that does not speak it answers with an error.
+inline constexpr int kProtocolVersion = 3;
 
 // "a b\n" from {"a", "b"}.
 std::string encode_line(const std::vector<std::string>& fields);

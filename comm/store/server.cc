@@ -12,6 +12,8 @@
 #include <charconv>
 #include <chrono>
 #include <cstdint>
+#include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -399,6 +401,24 @@ size_t StoreServer::num_connections() const { return impl_->num_connections(); }
 size_t StoreServer::num_waiting() const { return impl_->num_waiting(); }
 
 size_t StoreServer::buffered_bytes() const { return impl_->buffered_bytes(); }
+std::map<std::string, size_t> StoreServer::peer_hosts() const {
+  return impl_->peer_hosts();
+}
+
+std::map<std::string, size_t> StoreServer::Impl::peer_hosts() {
+  auto answer = std::make_shared<std::promise<std::map<std::string, size_t>>>();
+  auto got = answer->get_future();
+  asio::post(io_, [this, answer] {
+    std::map<std::string, size_t> hosts;
+    for (const auto& [ptr, c] : connections_) ++hosts[ptr->peer_host()];
+    answer->set_value(std::move(hosts));
+  });
+  if (got.wait_for(std::chrono::seconds(1)) != std::future_status::ready) {
+    return {};
+  }
+  return got.get();
+}
+
 bool StoreServer::wait_idle(std::chrono::milliseconds timeout) const {
   return impl_->wait_idle(timeout);
 }

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -80,6 +81,10 @@ class StoreServer {
   // Bytes of request buffers all connections hold beyond their first
   // 64 KiB (what max_server_buffer_bytes bounds).
   size_t buffered_bytes() const;
+  // The open connections per client address (diagnostics: whom a
+  // wait_idle() that timed out still waits for). Asked of the event loop;
+  // empty when it does not answer within a second or has stopped.
+  std::map<std::string, size_t> peer_hosts() const;
 
   // Blocks until no client is connected, or `timeout` passes (false). An
   // agent hosting the store waits so before it stops it, letting the

@@ -54,8 +54,8 @@ Connection::Connection(StoreServer::Impl& server, tcp::socket socket)
       last_received_(std::chrono::steady_clock::now()) {
   boost::system::error_code ec;
   auto ep = socket_.remote_endpoint(ec);
-  peer_ = ec ? "unknown peer"
-             : ep.address().to_string() + ":" + std::to_string(ep.port());
+  peer_host_ = ec ? "unknown peer" : ep.address().to_string();
+  peer_ = ec ? peer_host_ : peer_host_ + ":" + std::to_string(ep.port());
   socket_.set_option(tcp::no_delay(true), ec);
 }
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -94,6 +95,7 @@ class StoreServer::Impl {
   size_t num_connections() const { return num_connections_.load(); }
   size_t num_waiting() const { return num_waiting_.load(); }
   size_t buffered_bytes() const { return buffered_bytes_.load(); }
+  std::map<std::string, size_t> peer_hosts();
   bool wait_idle(std::chrono::milliseconds timeout) {
     std::unique_lock<std::mutex> lock(idle_mu_);
     return idle_cv_.wait_for(lock, timeout,
@@ -192,6 +194,8 @@ class StoreServer::Impl {
 // handlers.
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
+  // The client's address (no port); "unknown peer" when unknown.
+  const std::string& peer_host() const { return peer_host_; }
   // A parked blocking request.
   struct Parked {
     MsgType type;
@@ -282,6 +286,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::chrono::milliseconds keep_alive_{0};
   std::vector<std::pair<std::string, std::string>> on_close_;
   std::string peer_;
+  std::string peer_host_;  // peer_'s address alone
   RequestBuffer in_;
   size_t in_begin_ = 0;
   size_t in_end_ = 0;

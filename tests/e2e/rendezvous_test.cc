@@ -451,6 +451,12 @@ TEST_F(Rendezvous, TheExitBarrierTimeoutNamesWhoItWaitedFor) {
               ::testing::ContainsRegex(
                   "exit barrier: 127\\.0\\.0\\.2 \\(group rank [01]\\) did "
                   "not finish within 1 s \\(--exit-barrier-timeout\\)"));
+  // Node 1's agent still holds its connections: named by address.
+  EXPECT_THAT(r0.err, ::testing::ContainsRegex(
+                          "dlaunch: [0-9]+ agent connection\\(s\\) from "
+                          "127\\.0\\.0\\.[0-9]+ \\([0-9]+\\) still open on "
+                          "this node's store 1 s \\(close_timeout\\) after "
+                          "the end; closing it"));
   agents_[1]->signal(SIGTERM);
   CommandResult r1 = finish(1);
   EXPECT_FALSE(r1.timed_out);

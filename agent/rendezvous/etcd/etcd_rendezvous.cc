@@ -645,6 +645,8 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       members_.clear();
       for (const MemberRecord& m : ms) members_.push_back(m.id);
       RendezvousResult res = form_round(r, ms, node_id_, reason, false);
+      ranked_.clear();
+      for (const MemberRecord& m : ms) ranked_.emplace_back(m.id, m.addr);
       if (round_ >= 0 && res.restart_count > restart_count_) {
         // A failure anywhere in the last round spends the restart on every
         // member, whatever each saw end that round.
@@ -673,6 +675,7 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       {
         std::lock_guard lock(gone_mu_);
         gone_done_.clear();
+        gone_done_ids_.clear();
       }
       p_.log(round_line(res));
       return res;
@@ -772,6 +775,7 @@ RoundEvent EtcdRendezvous::wait_round_end() {
           {
             std::lock_guard lock(gone_mu_);
             gone_done_.push_back(ev.kv().mod_revision());
+            gone_done_ids_.insert(id);
           }
           if (done_reported_ && all_done_now()) return end_barrier(id);
           return std::nullopt;
@@ -855,6 +859,34 @@ void EtcdRendezvous::stop_watcher() {
   watcher_thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   watcher_stop_ = false;
+}
+
+std::vector<std::string> EtcdRendezvous::unfinished_nodes() {
+  std::vector<std::string> out;
+  if (round_ < 0) return out;
+  const std::string done_prefix = round_prefix(round_) + "done/";
+  std::set<std::string> done;
+  try {
+    etcdserverpb::RangeRequest req = prefix_range(done_prefix);
+    req.set_keys_only(true);
+    const auto resp = client_->range(req);
+    for (const auto& kv : resp.kvs()) {
+      done.insert(kv.key().substr(done_prefix.size()));
+    }
+  } catch (const EtcdError&) {
+    return out;  // etcd unreachable: nobody to name
+  }
+  {
+    std::lock_guard lock(gone_mu_);
+    done.insert(gone_done_ids_.begin(), gone_done_ids_.end());
+  }
+  for (size_t i = 0; i < ranked_.size(); ++i) {
+    if (!done.contains(ranked_[i].first)) {
+      out.push_back(ranked_[i].second + " (group rank " + std::to_string(i) +
+                    ")");
+    }
+  }
+  return out;
 }
 
 void EtcdRendezvous::report(NodeOutcome outcome) {

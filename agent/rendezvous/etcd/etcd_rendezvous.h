@@ -7,8 +7,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "agent/rendezvous/etcd/client.h"
@@ -51,9 +53,9 @@ class EtcdRendezvous : public Rendezvous {
   // drops this node's keys, the others go on without it, and this node
   // sees its own loss (kFatal). Any thread.
   bool cut_off(std::chrono::milliseconds d) override;
-  // Its agent (RemoteRendezvous) names nobody and stops it by closing the
-  // helper's socket.
-  std::vector<std::string> unfinished_nodes() override { return {}; }
+  // The members without a "done" key in round_ and not gone after one;
+  // empty when etcd cannot be read.
+  std::vector<std::string> unfinished_nodes() override;
   bool may_wait() const override { return true; }
   void interrupt() override {}
 
@@ -130,6 +132,9 @@ class EtcdRendezvous : public Rendezvous {
   int group_rank_ = -1;
   int restart_count_ = 0;
   std::vector<std::string> members_;  // ids, in join order
+  // (id, address) of round_'s members in group-rank order, for naming
+  // whom the exit barrier waits for.
+  std::vector<std::pair<std::string, std::string>> ranked_;
   int64_t watch_from_ = 0;  // round_'s watch: the revision after its read
   bool reported_ = false;
   // This node put its "done" in round_ (read by the watcher thread).
@@ -139,6 +144,7 @@ class EtcdRendezvous : public Rendezvous {
   // of a later revision to end the exit barrier (watcher adds, report()
   // reads).
   std::vector<int64_t> gone_done_;
+  std::set<std::string> gone_done_ids_;  // their ids
   std::mutex gone_mu_;
   // The members gone after their "done" before `revision`.
   int64_t gone_before(int64_t revision);

@@ -209,6 +209,10 @@ class Executor {
         rdzv_->cut_off(milliseconds(remote::wire_int(req[1])));
       } else if (verb == "report" && req.size() == 2) {
         rdzv_->report(remote::outcome_from_wire(remote::wire_int(req[1])));
+      } else if (verb == "unfinished") {
+        std::vector<std::string> f = {"unfinished"};
+        for (std::string& n : rdzv_->unfinished_nodes()) f.push_back(n);
+        send(f);
       } else {
         throw RendezvousError("unknown request '" + verb + "'");
       }
