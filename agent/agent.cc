@@ -210,8 +210,10 @@ void Agent::make_run_dir() {
   }
   std::vector<std::string> templates;
   for (const std::string& base : bases) {
-    templates.push_back(std::filesystem::absolute(base).string() + "/dlaunch-" +
-                        result_.run_id + "-XXXXXX");
+    // operator/ joins without doubling a trailing '/' (TMPDIR=/scratch/).
+    templates.push_back((std::filesystem::absolute(base) /
+                         ("dlaunch-" + result_.run_id + "-XXXXXX"))
+                            .string());
   }
   // Log files outlive the run; a folder without them is the Env's to make:
   // it is removed even if the agent is killed as it is made.

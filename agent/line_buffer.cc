@@ -27,14 +27,9 @@ void LineBuffer::feed(std::string_view bytes, std::string& out) {
   if (cr_pending_) {
     cr_pending_ = false;
     if (bytes.front() == '\n') {
-      // Shown already, ending in its '\r': the '\n' completes it as sent.
-      if (shown_) {
-        out += '\n';
-        partial_.clear();
-        shown_ = false;
-      } else {
-        end_line(out, "\r\n");
-      }
+      // The line is sent again whole even if shown: a bare '\n' would reach
+      // the console (or the head) apart from its line and prefix.
+      end_line(out, "\r\n");
       bytes.remove_prefix(1);
     } else {
       end_redraw(out);

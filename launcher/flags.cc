@@ -367,6 +367,9 @@ std::vector<FlagSpec> make_table() {
              o.agent.nproc_per_node = resolve_nproc(v, env);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
+         // Hosts' slots count unless --nproc-per-node was given: printed
+         // as the default 1, it would override them when rerun.
+         if (!o.nproc_per_node_given && !o.hosts.empty()) return std::nullopt;
          // cpu/gpu/auto as given: each host counts its own.
          if (!o.nproc_per_node_spec.empty()) return o.nproc_per_node_spec;
          return std::to_string(o.agent.nproc_per_node);

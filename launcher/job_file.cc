@@ -323,13 +323,11 @@ class Loader {
   static bool looks_like_a_file(const std::string& text) {
     std::string lower = text;
     for (char& c : lower) c = static_cast<char>(std::tolower(c));
-    // The names hostfiles go by (MPI's machinefile, DeepSpeed's hostfile,
-    // a plain "hosts" or "nodes"), and file suffixes.
+    // The names hostfiles go by (MPI's machinefile, a plain "hosts" or
+    // "nodes"), and file suffixes; only whole names, since "gpu-nodes"
+    // may well be a host.
     for (const char* name : {"hosts", "nodes", "machinefile", "nodefile"}) {
-      if (lower == name || lower.ends_with(std::string("-") + name) ||
-          lower.ends_with(std::string("_") + name)) {
-        return true;
-      }
+      if (lower == name) return true;
     }
     return text.find('/') != std::string::npos || lower.ends_with(".txt") ||
            lower.ends_with(".hosts") || lower.ends_with(".cfg") ||

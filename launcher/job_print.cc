@@ -2,12 +2,14 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <sstream>
 
 #include "agent/worker_env.h"
 #include "launcher/flags.h"
 #include "launcher/hosts.h"
 #include "launcher/job_file.h"
+#include "launcher/multi_host.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -126,9 +128,23 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
          std::string(out.c_str()) + "\n";
 }
 
-// The workers `h` runs: its slots, else --nproc-per-node.
+// The workers `h` runs, as launch_hosts() decides (workers_on()): its
+// GPUs, else its slots unless --nproc-per-node was given, else
+// --nproc-per-node. -1 where the host resolves cpu, gpu or auto itself.
 int host_workers(const LaunchOptions& o, const Host& h) {
-  return h.slots > 0 ? h.slots : o.agent.nproc_per_node;
+  const std::string n = workers_on(o, h);
+  int count = 0;
+  return parse_number(n, count) ? count : -1;
+}
+
+std::string host_workers_text(const LaunchOptions& o, const Host& h) {
+  const int n = host_workers(o, h);
+  if (n >= 0) return std::to_string(n) + " on " + h.name;
+  const std::string& spec = o.nproc_per_node_spec;
+  return std::string(spec == "cpu"   ? "one per CPU"
+                     : spec == "gpu" ? "one per GPU"
+                                     : "one per GPU (else per CPU)") +
+         " of " + h.name;
 }
 
 std::string dry_run_plan(const LaunchOptions& o) {
@@ -165,20 +181,21 @@ std::string dry_run_plan(const LaunchOptions& o) {
       << " (--nproc-per-node " << o.nproc_per_node_spec
       << "; not resolved here: " << o.nproc_per_node_unresolved << ")";
   } else if (!o.hosts.empty()) {
-    // Each host's slots, else --nproc-per-node: what launch_hosts() starts.
+    // What launch_hosts() starts on each.
     std::string each;
     for (const Host& h : o.hosts) {
-      each += (each.empty() ? "" : ", ") + std::to_string(host_workers(o, h)) +
-              " on " + h.name;
+      each += (each.empty() ? "" : ", ") + host_workers_text(o, h);
     }
     s << "  workers:   " << each;
   } else {
     s << "  workers:   " << o.agent.nproc_per_node << " on this node";
   }
-  if (multi || gpus_elsewhere) {
+  const int one_host =
+      o.hosts.empty() ? o.agent.nproc_per_node : host_workers(o, o.hosts[0]);
+  if (multi || gpus_elsewhere || one_host < 0) {
     s << ", world size " << (multi ? kRdzv : kGpus);
   } else {
-    s << ", world size " << o.agent.nproc_per_node;
+    s << ", world size " << one_host;
   }
   s << "\n";
   std::string etcd;
@@ -206,8 +223,11 @@ std::string dry_run_plan(const LaunchOptions& o) {
           : o.rdzv.backend == "etcd" ? etcd
           : o.rdzv.endpoint_host.empty()
               ? ", this node alone (no store)"
-              : ", store at " + o.rdzv.endpoint_host + ":" +
-                    std::to_string(o.rdzv.endpoint_port))
+              : ", store at " +
+                    (o.rdzv.endpoint_host.find(':') != std::string::npos
+                         ? "[" + o.rdzv.endpoint_host + "]"
+                         : o.rdzv.endpoint_host) +
+                    ":" + std::to_string(o.rdzv.endpoint_port))
       << "\n";
   }
   s << "  restarts:  up to " << o.agent.max_restarts << "; SIGKILL "
@@ -237,9 +257,10 @@ std::string dry_run_plan(const LaunchOptions& o) {
   }
   // Unresolved GPUs: worker 0 stands for them all. Hosts: the first
   // host's workers stand for every host's.
-  const int nproc = gpus_elsewhere    ? 1
-                    : o.hosts.empty() ? o.agent.nproc_per_node
-                                      : host_workers(o, o.hosts.front());
+  const int nproc = gpus_elsewhere ? 1
+                    : o.hosts.empty()
+                        ? o.agent.nproc_per_node
+                        : std::max(1, host_workers(o, o.hosts.front()));
   if (!o.hosts.empty() && !gpus_elsewhere) {
     s << "\nthe workers of " << o.hosts.front().name
       << " (each host's are alike, with its own count)\n";

@@ -190,9 +190,11 @@ void C10dRendezvous::keep_alive_loop() {
   // (interval * max_attempt): with max_attempt 1 a ping every interval,
   // counted from the last one's end, always came late.
   const auto& o = p_.options;
+  // Never 0 ms (interval 1 ms, one attempt): that would spin.
   const milliseconds every =
-      std::min(o.keep_alive_interval,
-               o.keep_alive_interval * o.keep_alive_max_attempt / 2);
+      std::max(milliseconds(1),
+               std::min(o.keep_alive_interval,
+                        o.keep_alive_interval * o.keep_alive_max_attempt / 2));
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     cv_.wait_for(lock, every, [this] { return stopping_; });

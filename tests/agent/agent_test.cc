@@ -414,6 +414,12 @@ TEST_F(AgentTest, ATemporaryLogFolderIsNamedAtTheStart) {
     EXPECT_THAT(messages, HasSubstr(line));
     EXPECT_EQ(messages.find(line), messages.rfind(line)) << "once";
   }
+  // TMPDIR with a trailing '/': the folder is named without "//".
+  base_env["TMPDIR"] = dir.path().string() + "/";
+  messages.clear();
+  RunResult slash = run();
+  EXPECT_EQ(slash.run_dir.parent_path(), dir.path());
+  EXPECT_THAT(messages, Not(HasSubstr("//")));
   // Nothing to name without logs, or with the user's own folder.
   options.tee = parse_streams("0");
   options.redirects = parse_streams("0");

@@ -98,8 +98,9 @@ TEST(LineBuffer, TellsARedrawFromACrLfSplitBetweenReads) {
   LineBuffer lb("p:");
   EXPECT_EQ(fed(lb, "1/3\r"), "p:1/3\r");
   EXPECT_EQ(fed(lb, "2/3\r"), "p:2/3\r");
-  // A "\r\n" line after all: ended as it was shown, not shown twice.
-  EXPECT_EQ(fed(lb, "\n"), "\n");
+  // A "\r\n" line after all: sent again whole, prefix and all, so the
+  // '\n' never travels alone.
+  EXPECT_EQ(fed(lb, "\n"), "p:2/3\r\n");
   const std::string out = fed(lb, "a\r\nb\rc\r\n");
   EXPECT_EQ(out, "p:a\r\np:b\rp:c\r\n");
   EXPECT_EQ(lb.unit_end(out, 0), 4u);   // "p:a\r\n": its '\n'

@@ -176,7 +176,7 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
   // host name with '/' in it).
   for (const char* name :
        {"myhosts.txt", "./myhosts", "sub/h", "a.hosts", "b.CFG", "myhostfile",
-        "hosts", "nodes", "machinefile", "node-hosts"}) {
+        "hosts", "nodes", "machinefile"}) {
     SCOPED_TRACE(name);
     EXPECT_EQ(error("program: x\nhosts: " + std::string(name) + "\n"),
               "dlaunch: " + (dir_ / "job.yaml").string() + ":2:8: hosts: '" +
@@ -186,6 +186,9 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
   }
   EXPECT_EQ(ok({"--config", write("program: x\nhosts: myhost\n")}).hosts,
             (std::vector<Host>{{"myhost", 0}}));
+  // Hosts whose names merely end like a hostfile's are hosts.
+  EXPECT_EQ(ok({"--config", write("program: x\nhosts: gpu-nodes\n")}).hosts,
+            (std::vector<Host>{{"gpu-nodes", 0}}));
   std::string missing = (dir_ / "nope.yaml").string();
   EXPECT_THAT(std::get<UsageError>(parse({"--config", missing})).message,
               HasSubstr("--config: '" + missing + "': no such file"));
@@ -465,8 +468,7 @@ TEST_F(JobFileTest, PrintedHostsKeepTheirGpus) {
 // LOCAL_WORLD_SIZE=1, on a machine that was none of the hosts) and leaves
 // MASTER_ADDR to the rendezvous (it showed 127.0.0.1).
 TEST_F(JobFileTest, TheDryRunOfHostsPlansEachHostsWorkers) {
-  const std::string p = dry_run_plan(
-      ok({"--hosts", "a:2,b:3", "--nproc-per-node", "4", "/bin/true"}));
+  const std::string p = dry_run_plan(ok({"--hosts", "a:2,b:3", "/bin/true"}));
   EXPECT_THAT(p, HasSubstr("workers:   2 on a, 3 on b, world size"));
   EXPECT_THAT(p, HasSubstr("the workers of a "));
   EXPECT_THAT(p, HasSubstr("LOCAL_WORLD_SIZE=2\n"));
@@ -474,13 +476,27 @@ TEST_F(JobFileTest, TheDryRunOfHostsPlansEachHostsWorkers) {
   EXPECT_THAT(p, Not(HasSubstr("worker 2 ")));
   EXPECT_THAT(p, HasSubstr("MASTER_ADDR=<group rank 0's address, decided at "
                            "rendezvous>"));
+  // As the launch counts (workers_on()): a given --nproc-per-node over
+  // slots, included GPUs over both; one host's world is its own count.
   EXPECT_THAT(dry_run_plan(ok(
                   {"--hosts", "a,b:3", "--nproc-per-node", "4", "/bin/true"})),
-              HasSubstr("workers:   4 on a, 3 on b,"));
+              HasSubstr("workers:   4 on a, 4 on b,"));
+  EXPECT_THAT(dry_run_plan(ok({"--hosts", "a:4,b:4", "--include", "a:0,1@b",
+                               "--nproc-per-node", "3", "/bin/true"})),
+              HasSubstr("workers:   2 on a, 3 on b,"));
+  EXPECT_THAT(dry_run_plan(ok({"--hosts", "a:3", "/bin/true"})),
+              HasSubstr("workers:   3 on a, world size 3\n"));
+  EXPECT_THAT(dry_run_plan(ok({"--hosts", "a:4,b", "--nproc-per-node", "cpu",
+                               "/bin/true"})),
+              HasSubstr("workers:   one per CPU of a, one per CPU of b,"));
   // Static nodes are given their master.
   EXPECT_THAT(dry_run_plan(ok({"--nnodes", "2", "--node-rank", "1",
                                "--master-addr", "10.0.0.5", "/bin/true"})),
               HasSubstr("MASTER_ADDR=10.0.0.5\n"));
+  // An IPv6 store address is bracketed, as --rdzv-endpoint takes it.
+  EXPECT_THAT(dry_run_plan(ok({"--nnodes", "2", "--rdzv-backend", "c10d",
+                               "--rdzv-endpoint", "[::1]:29400", "/bin/true"})),
+              HasSubstr("store at [::1]:29400\n"));
 }
 
 // A printed job over hosts can be rerun on fewer hosts (it held nnodes:
@@ -492,6 +508,10 @@ TEST_F(JobFileTest, APrintedHostsJobCanBeRetargeted) {
   const std::string printed = job_yaml(o, true);
   EXPECT_THAT(printed, Not(HasSubstr("nnodes")));
   EXPECT_THAT(printed, HasSubstr("nproc_per_node: gpu"));
+  // Not given: the hosts' slots count, so it is left out (a printed 1
+  // overrode them on the rerun).
+  EXPECT_THAT(job_yaml(ok({"--hosts", "n[1-2]:4", "true"}), true),
+              Not(HasSubstr("nproc_per_node")));
   LaunchOptions again = ok(
       {"--config", write(printed, "h.yaml"), "--exclude", "n3", "--dry-run"});
   EXPECT_EQ(again.hosts.size(), 2u);

@@ -37,6 +37,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 RemoteJob sample() {
   RemoteJob j;
@@ -962,7 +963,8 @@ TEST(HostPlanTest, TheHeadsHostsBoundNnodes) {
             "dlaunch: --nnodes 2: the job has 3 hosts (one agent each); drop "
             "--nnodes or name 2 hosts");
   // A given 1 is a count too (it once planned 3 nodes), from a job file
-  // or PET_NNODES alike; a printed job names the hosts' count.
+  // or PET_NNODES alike. A printed job names a count only where one was
+  // given, so it reruns on fewer hosts.
   EXPECT_EQ(refused({"--nnodes", "1"}),
             "dlaunch: --nnodes 1: the job has 3 hosts (one agent each); drop "
             "--nnodes or name 1 host");
@@ -972,7 +974,9 @@ TEST(HostPlanTest, TheHeadsHostsBoundNnodes) {
           .message,
       "dlaunch: --nnodes 1: the job has 3 hosts (one agent each); drop "
       "--nnodes or name 1 host");
-  EXPECT_THAT(job_yaml(options_of(parse({})), true), HasSubstr("nnodes: 3\n"));
+  EXPECT_THAT(job_yaml(options_of(parse({})), true), Not(HasSubstr("nnodes")));
+  EXPECT_THAT(job_yaml(options_of(parse({"--nnodes", "3"})), true),
+              HasSubstr("nnodes: 3\n"));
   EXPECT_EQ(refused({"--nnodes", "1:4"}),
             "dlaunch: --nnodes 1:4: the job has 3 hosts (one agent each), "
             "fewer than MAX 4; use MIN:MAX with MIN <= MAX <= 3 or name more "
