@@ -367,9 +367,9 @@ std::vector<FlagSpec> make_table() {
              o.agent.nproc_per_node = resolve_nproc(v, env);
            },
        .print = [](const Options& o) -> std::optional<std::string> {
-         // Hosts' slots count unless --nproc-per-node was given: printed
-         // as the default 1, it would override them when rerun.
-         if (!o.nproc_per_node_given && !o.hosts.empty()) return std::nullopt;
+         // Left out unless given: printed as the default 1, it would
+         // override hosts' slots when rerun (with hosts added too).
+         if (!o.nproc_per_node_given) return std::nullopt;
          // cpu/gpu/auto as given: each host counts its own.
          if (!o.nproc_per_node_spec.empty()) return o.nproc_per_node_spec;
          return std::to_string(o.agent.nproc_per_node);
@@ -695,9 +695,10 @@ std::vector<FlagSpec> make_table() {
              o.nnodes_given = true;
            },
        .print = [](const Options& o) -> std::optional<std::string> {
-         // A multi-host head runs one node per host: left out, so that
-         // the printed job may be rerun on other hosts (--exclude).
-         if (!o.nnodes_given && !o.hosts.empty()) return std::nullopt;
+         // Left out unless given: a multi-host head runs one node per
+         // host, so a printed count would refuse a rerun on other hosts
+         // (--exclude, or --hosts added).
+         if (!o.nnodes_given) return std::nullopt;
          return nnodes_text(o.rdzv);
        }},
       {.name = "node-rank",

@@ -323,15 +323,15 @@ class Loader {
   static bool looks_like_a_file(const std::string& text) {
     std::string lower = text;
     for (char& c : lower) c = static_cast<char>(std::tolower(c));
-    // The names hostfiles go by (MPI's machinefile, a plain "hosts" or
-    // "nodes"), and file suffixes; only whole names, since "gpu-nodes"
-    // may well be a host.
-    for (const char* name : {"hosts", "nodes", "machinefile", "nodefile"}) {
-      if (lower == name) return true;
+    // The names hostfiles go by: "hosts" and "nodes" whole ("gpu-nodes"
+    // may well be a host), MPI's machinefile and the like also at the end
+    // of a name (no host name ends in "file"), and file suffixes.
+    if (lower == "hosts" || lower == "nodes") return true;
+    for (const char* name : {"hostfile", "machinefile", "nodefile"}) {
+      if (lower.ends_with(name)) return true;
     }
     return text.find('/') != std::string::npos || lower.ends_with(".txt") ||
-           lower.ends_with(".hosts") || lower.ends_with(".cfg") ||
-           lower.ends_with("hostfile");
+           lower.ends_with(".hosts") || lower.ends_with(".cfg");
   }
 
   void read_hosts(const YAML::Node& v) {

@@ -173,29 +173,39 @@ std::string dry_run_plan(const LaunchOptions& o) {
       << " after a pre-flight of every host; ranks and GPU counts of other "
          "hosts are decided there)\n";
   }
-  const bool gpus_elsewhere = !o.nproc_per_node_unresolved.empty();
-  const std::string kGpus = "<the GPU count of the host that runs it>";
-  if (gpus_elsewhere) {
-    s << "  workers:   one per visible CUDA device"
-      << (o.nproc_per_node_spec == "auto" ? ", else one per CPU" : "")
-      << " (--nproc-per-node " << o.nproc_per_node_spec
-      << "; not resolved here: " << o.nproc_per_node_unresolved << ")";
-  } else if (!o.hosts.empty()) {
-    // What launch_hosts() starts on each.
+  const bool hosts_job = !o.hosts.empty();
+  const bool gpus_elsewhere =
+      !hosts_job && !o.nproc_per_node_unresolved.empty();
+  // Workers on the (first) node, -1 where the host that runs it counts.
+  const int first_count = hosts_job        ? host_workers(o, o.hosts[0])
+                          : gpus_elsewhere ? -1
+                                           : o.agent.nproc_per_node;
+  const std::string& spec = o.nproc_per_node_spec;
+  const std::string kCount = spec == "cpu" ? "<the CPU count of the host "
+                                             "that runs it>"
+                             : spec == "gpu"
+                                 ? "<the GPU count of the host that runs it>"
+                                 : "<the GPU count (else the CPU count) of "
+                                   "the host that runs it>";
+  if (hosts_job) {
+    // What launch_hosts() starts on each; a host counts cpu, gpu or auto
+    // itself.
     std::string each;
     for (const Host& h : o.hosts) {
       each += (each.empty() ? "" : ", ") + host_workers_text(o, h);
     }
     s << "  workers:   " << each;
+  } else if (gpus_elsewhere) {
+    s << "  workers:   one per visible CUDA device"
+      << (spec == "auto" ? ", else one per CPU" : "") << " (--nproc-per-node "
+      << spec << "; not resolved here: " << o.nproc_per_node_unresolved << ")";
   } else {
     s << "  workers:   " << o.agent.nproc_per_node << " on this node";
   }
-  const int one_host =
-      o.hosts.empty() ? o.agent.nproc_per_node : host_workers(o, o.hosts[0]);
-  if (multi || gpus_elsewhere || one_host < 0) {
-    s << ", world size " << (multi ? kRdzv : kGpus);
+  if (multi || first_count < 0) {
+    s << ", world size " << (multi ? kRdzv : kCount);
   } else {
-    s << ", world size " << one_host;
+    s << ", world size " << first_count;
   }
   s << "\n";
   std::string etcd;
@@ -255,13 +265,11 @@ std::string dry_run_plan(const LaunchOptions& o) {
   for (const auto& [name, value] : o.env) {
     shown[name] = is_secret_name(name) ? "<secret, not shown>" : value;
   }
-  // Unresolved GPUs: worker 0 stands for them all. Hosts: the first
-  // host's workers stand for every host's.
-  const int nproc = gpus_elsewhere ? 1
-                    : o.hosts.empty()
-                        ? o.agent.nproc_per_node
-                        : std::max(1, host_workers(o, o.hosts.front()));
-  if (!o.hosts.empty() && !gpus_elsewhere) {
+  // A count the host makes: worker 0 stands for them all. Hosts: the
+  // first host's workers stand for every host's.
+  const bool counted_there = first_count < 0;
+  const int nproc = counted_there ? 1 : first_count;
+  if (hosts_job) {
     s << "\nthe workers of " << o.hosts.front().name
       << " (each host's are alike, with its own count)\n";
   }
@@ -300,17 +308,18 @@ std::string dry_run_plan(const LaunchOptions& o) {
          agent::worker_environment(shown, id, job, error_file)) {
       std::string name = kv.substr(0, kv.find('='));
       std::string value = kv.substr(kv.find('=') + 1);
-      if (name == "MASTER_ADDR" && multi &&
-          (o.rdzv.backend != "static" || !o.hosts.empty())) {
+      // Hosts: group rank 0 of the agents the head starts, one host too.
+      if (name == "MASTER_ADDR" &&
+          (hosts_job || (multi && o.rdzv.backend != "static"))) {
         value = "<group rank 0's address, " + kRdzv.substr(1);
       } else if (name == "MASTER_PORT" && o.agent.master_port == 0) {
         value = "<a free port, chosen when each attempt starts>";
       } else if (name == "TORCHELASTIC_RESTART_COUNT") {
         value = "0 (K on the Kth restart)";
-      } else if (gpus_elsewhere &&
+      } else if (counted_there &&
                  (name == "LOCAL_WORLD_SIZE" || name == "WORLD_SIZE" ||
                   name == "ROLE_WORLD_SIZE" || name == "OMP_NUM_THREADS")) {
-        value = multi && name != "LOCAL_WORLD_SIZE" ? kRdzv : kGpus;
+        value = multi && name != "LOCAL_WORLD_SIZE" ? kRdzv : kCount;
       } else if (multi && (name == "RANK" || name == "WORLD_SIZE" ||
                            name == "GROUP_RANK" || name == "GROUP_WORLD_SIZE" ||
                            name == "ROLE_RANK" || name == "ROLE_WORLD_SIZE")) {

@@ -738,6 +738,7 @@ std::vector<std::string> C10dRendezvous::unfinished_nodes() {
   } catch (const StoreError&) {
     return out;  // the store is gone: nobody to name
   }
+  done.insert(node_id_);  // asked only once this node's workers succeeded
   for (size_t i = 0; i < member_ids_.size(); ++i) {
     if (!done.contains(member_ids_[i]) && i < member_addrs_.size()) {
       out.push_back(member_addrs_[i] + " (group rank " + std::to_string(i) +

@@ -205,15 +205,23 @@ void RemoteRendezvous::report(NodeOutcome outcome) {
 
 std::vector<std::string> RemoteRendezvous::unfinished_nodes() {
   if (!opened_) return {};
-  send({"unfinished"});
-  try {
-    std::vector<std::string> a = answer(
-        std::chrono::seconds(5), "for the nodes the exit barrier waits for");
-    if (a[0] != "unfinished") return {};
-    return {a.begin() + 1, a.end()};
-  } catch (const std::exception&) {
-    return {};  // the message then says "the other nodes"
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    want_unfinished_ = true;
   }
+  send({"unfinished"});
+  std::vector<std::string> out;
+  try {
+    // Short: the agent's event loop (its signals) waits meanwhile.
+    std::vector<std::string> a = answer(
+        std::chrono::seconds(2), "for the nodes the exit barrier waits for");
+    if (a[0] == "unfinished") out.assign(a.begin() + 1, a.end());
+  } catch (const std::exception&) {
+    // The message then says "the other nodes".
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  want_unfinished_ = false;  // a late answer is dropped, not taken later
+  return out;
 }
 
 bool RemoteRendezvous::cut_off(milliseconds d) {
@@ -263,6 +271,7 @@ void RemoteRendezvous::read_loop() {
         if (cb) cb(ev);
       } else {
         std::lock_guard<std::mutex> lock(mu_);
+        if (f[0] == "unfinished" && !want_unfinished_) continue;
         answer_ = std::move(f);
         cv_.notify_all();
       }

@@ -92,6 +92,8 @@ class RemoteRendezvous : public Rendezvous {
   int watched_round_ = -1;
   bool gone_ = false;         // the helper closed its end
   bool interrupted_ = false;  // interrupt() was called
+  // unfinished_nodes() waits for its answer (a late one is dropped).
+  bool want_unfinished_ = false;
 };
 
 }  // namespace dlaunch::agent::rendezvous

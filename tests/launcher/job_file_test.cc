@@ -176,7 +176,7 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
   // host name with '/' in it).
   for (const char* name :
        {"myhosts.txt", "./myhosts", "sub/h", "a.hosts", "b.CFG", "myhostfile",
-        "hosts", "nodes", "machinefile"}) {
+        "hosts", "nodes", "machinefile", "cluster-machinefile"}) {
     SCOPED_TRACE(name);
     EXPECT_EQ(error("program: x\nhosts: " + std::string(name) + "\n"),
               "dlaunch: " + (dir_ / "job.yaml").string() + ":2:8: hosts: '" +
@@ -489,6 +489,23 @@ TEST_F(JobFileTest, TheDryRunOfHostsPlansEachHostsWorkers) {
   EXPECT_THAT(dry_run_plan(ok({"--hosts", "a:4,b", "--nproc-per-node", "cpu",
                                "/bin/true"})),
               HasSubstr("workers:   one per CPU of a, one per CPU of b,"));
+  // One host that counts its own: nothing of this machine's count shows.
+  const std::string cpu =
+      dry_run_plan(ok({"--hosts", "a", "--nproc-per-node", "cpu", "true"}));
+  EXPECT_THAT(cpu, HasSubstr("workers:   one per CPU of a, world size <the "
+                             "CPU count of the host that runs it>\n"));
+  EXPECT_THAT(cpu, HasSubstr("LOCAL_WORLD_SIZE=<the CPU count of the host "
+                             "that runs it>\n"));
+  // Included GPUs count on a head that sees no CUDA device (it said "not
+  // resolved here").
+  EXPECT_THAT(dry_run_plan(ok({"--hosts", "a:4", "--include", "a:0,1",
+                               "--nproc-per-node", "gpu", "true"})),
+              HasSubstr("workers:   2 on a, world size 2\n"));
+  // One remote host is group rank 0 of its own rendezvous: its address,
+  // not this machine's default.
+  EXPECT_THAT(dry_run_plan(ok({"--hosts", "a:2", "true"})),
+              HasSubstr("MASTER_ADDR=<group rank 0's address, decided at "
+                        "rendezvous>"));
   // Static nodes are given their master.
   EXPECT_THAT(dry_run_plan(ok({"--nnodes", "2", "--node-rank", "1",
                                "--master-addr", "10.0.0.5", "/bin/true"})),
@@ -509,9 +526,14 @@ TEST_F(JobFileTest, APrintedHostsJobCanBeRetargeted) {
   EXPECT_THAT(printed, Not(HasSubstr("nnodes")));
   EXPECT_THAT(printed, HasSubstr("nproc_per_node: gpu"));
   // Not given: the hosts' slots count, so it is left out (a printed 1
-  // overrode them on the rerun).
+  // overrode them on the rerun), hosts added on the rerun too.
   EXPECT_THAT(job_yaml(ok({"--hosts", "n[1-2]:4", "true"}), true),
               Not(HasSubstr("nproc_per_node")));
+  const std::string plain = job_yaml(ok({"true"}), true);
+  EXPECT_THAT(plain, Not(HasSubstr("nproc_per_node")));
+  EXPECT_THAT(dry_run_plan(ok({"--config", write(plain, "plain.yaml"),
+                               "--hosts", "a:4,b:2", "--dry-run"})),
+              HasSubstr("workers:   4 on a, 2 on b,"));
   LaunchOptions again = ok(
       {"--config", write(printed, "h.yaml"), "--exclude", "n3", "--dry-run"});
   EXPECT_EQ(again.hosts.size(), 2u);

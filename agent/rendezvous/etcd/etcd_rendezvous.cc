@@ -880,6 +880,7 @@ std::vector<std::string> EtcdRendezvous::unfinished_nodes() {
     std::lock_guard lock(gone_mu_);
     done.insert(gone_done_ids_.begin(), gone_done_ids_.end());
   }
+  done.insert(node_id_);  // asked only once this node's workers succeeded
   for (size_t i = 0; i < ranked_.size(); ++i) {
     if (!done.contains(ranked_[i].first)) {
       out.push_back(ranked_[i].second + " (group rank " + std::to_string(i) +

@@ -144,14 +144,16 @@ class Executor {
   }
   // Waits (at most `timeout`) until every request queued so far ran, so
   // that a report sent just before end-of-file reaches etcd before the
-  // lease goes; a round still forming (next, open) is not waited for.
+  // lease goes; a round still forming (next, open) or the exit barrier's
+  // question (unfinished) is not waited for.
   // Returns the verb of the request still running at `timeout` (etcd did
   // not answer it), or of the first one queued behind a forming round
   // (never started), "" when drained.
   std::string drain(milliseconds timeout) {
     std::unique_lock<std::mutex> lock(mu_);
     auto forming = [this] {
-      return busy_.empty() || busy_ == "next" || busy_ == "open";
+      return busy_.empty() || busy_ == "next" || busy_ == "open" ||
+             busy_ == "unfinished";
     };
     if (cv_.wait_for(lock, timeout,
                      [&] { return queue_.empty() && forming(); })) {
@@ -279,10 +281,11 @@ int main(int argc, char**) {
     // etcd is slow or cut off: the request is abandoned (the process ends
     // under it), not waited for to the client's read_timeout.
     const std::string what =
-        left == "report"  ? "report of its workers' outcome (exit barrier)"
-        : left == "watch" ? "watch of its rounds"
-        : left == "cut"   ? "cut fault"
-                          : "'" + left + "' request";
+        left == "report"       ? "report of its workers' outcome (exit barrier)"
+        : left == "watch"      ? "watch of its rounds"
+        : left == "cut"        ? "cut fault"
+        : left == "unfinished" ? "question of whom its exit barrier waits for"
+                               : "'" + left + "' request";
     auto* r = exec.rendezvous();
     log_line("dlaunch: etcd" +
              (r != nullptr ? " (" + r->endpoints_text() + ")" : "") +
