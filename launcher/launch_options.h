@@ -119,6 +119,10 @@ struct LaunchOptions {
   std::vector<std::string> faults;
   // The job file read with --config (absolute); empty when none.
   std::filesystem::path config_file;
+  // One host's agent of a multi-host job: the whole job as --print-config
+  // prints it, which its job.yaml holds (its own part needs the head's
+  // store of that run). Empty otherwise.
+  std::string whole_job;
   // --dry-run only: why this machine cannot resolve --nproc-per-node gpu
   // (no CUDA device visible here, no driver); the plan then shows the
   // worker counts as decided by the host that runs the job. Empty

@@ -80,7 +80,8 @@ std::string claim_run_dir(LaunchOptions& o) {
   }
 }
 
-// LOG_DIR/RUN_ID/job.yaml: the effective job, so `dlaunch --config` on it
+// LOG_DIR/RUN_ID/job.yaml: the effective job (a host of a multi-host job:
+// the whole job, not its part), so `dlaunch --config` on it
 // reruns the job into a fresh log folder. A failure to write it is a
 // warning, not fatal. A run folder that cannot be made is left to the
 // agent, which fails on it at once ("cannot create the run folder"): a
@@ -89,7 +90,8 @@ void write_job_yaml(const LaunchOptions& o) {
   std::filesystem::path dir = o.agent.log_dir / o.agent.run_dir_name;
   std::filesystem::path file = dir / "job.yaml";
   std::ofstream out(file);
-  out << job_yaml(o, /*with_run_id=*/false);
+  out << (o.whole_job.empty() ? job_yaml(o, /*with_run_id=*/false)
+                              : o.whole_job);
   out.close();
   if (!out) {
     write_stderr("dlaunch: warning: cannot write " + file.string() + ": " +

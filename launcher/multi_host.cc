@@ -24,6 +24,7 @@
 #include "launcher/drill.h"
 #include "launcher/flags.h"
 #include "launcher/hosts.h"
+#include "launcher/job_print.h"
 #include "launcher/launcher.h"
 #include "launcher/read_text.h"
 #include "launcher/ship.h"
@@ -499,6 +500,8 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   plan.remote_dlaunch = o.remote.remote_dlaunch;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (plan.remote_dlaunch.empty()) plan.remote_dlaunch = self.string();
+  // Every host's job.yaml: the job as given, rerunnable from any host.
+  const std::string whole_job = job_yaml(o, /*with_run_id=*/false);
   std::optional<Host> head_host;
   for (size_t i = 0; i < o.hosts.size(); ++i) {
     const Host& h = o.hosts[i];
@@ -513,6 +516,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     j.chdir = chdir;
     j.host = h.name;
     j.job_tag = tag;
+    j.whole_job = whole_job;
     plan.jobs.push_back(std::move(j));
   }
   // This machine enters --chdir only when its agent starts, after the
@@ -619,6 +623,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
           (tmpl.empty() ? "[${role_name}${local_rank}]:" : tmpl);
     }
     mine.hosts.clear();
+    mine.whole_job = whole_job;
     bool settled = false;
     try {
       mine.remote.chdir = settle_host(env, o.remote.chdir);

@@ -231,6 +231,7 @@ int remote_agent_main(const std::vector<std::string>& args) {
   }
   LaunchOptions options = std::get<LaunchOptions>(std::move(parsed));
   options.agent.hostname = job.host;
+  options.whole_job = job.whole_job;
   if (from_stdin) watch_head_connection();
   int code = 1;
   agent::RunResult result;

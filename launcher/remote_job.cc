@@ -99,6 +99,8 @@ size_t decode_one(std::string_view text, RemoteJob& job) {
       job.host = value;
     } else if (kind == "tag") {
       job.job_tag = value;
+    } else if (kind == "whole-job") {
+      job.whole_job = value;
     } else {
       throw RemoteJobError("job record kind '" + std::string(kind) +
                            "' is unknown: is the head's dlaunch the same "
@@ -115,6 +117,7 @@ std::string encode_remote_job(const RemoteJob& job) {
   record(out, "host", job.host);
   record(out, "tag", job.job_tag);
   record(out, "chdir", job.chdir);
+  if (!job.whole_job.empty()) record(out, "whole-job", job.whole_job);
   for (const std::string& a : job.args) record(out, "arg", a);
   for (const auto& [k, v] : job.env) record(out, "env", k + "=" + v);
   record(out, "end", "");

@@ -26,6 +26,8 @@ struct RemoteJob {
   // Job-unique, non-secret id (DLAUNCH_JOB_TAG in the agent's and its
   // workers' environment): teardown finds the job's processes by it.
   std::string job_tag;
+  // The whole job as --print-config prints it: the host's job.yaml.
+  std::string whole_job;
   bool operator==(const RemoteJob&) const = default;
 };
 

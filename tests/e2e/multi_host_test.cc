@@ -423,6 +423,49 @@ TEST_P(MultiHost, WorkersKeepTheUsersOpenFileLimit) {
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
+// Every job.yaml of the files named `job.yaml` under `dir`.
+std::vector<std::string> job_yamls(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.path().filename() == "job.yaml") out.push_back(e.path().string());
+  }
+  return out;
+}
+
+// Each host's job.yaml is the whole job, which reruns from it (it held
+// the host's part: the head's store of that run, rdzv_conf is_host: false,
+// no hosts). 127.0.0.1 is the head's own (in-process where the
+// launcher allows).
+TEST_P(MultiHost, EachHostsJobYamlIsTheWholeJob) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  CommandResult r =
+      testing::run_command(cmd(head("127.0.0.1,127.0.0.2", mark,
+                                    {"--log-dir", (dir / "logs").string(), "sh",
+                                     "-c", "echo RAN $RANK"}),
+                               env()),
+                           90s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> files = job_yamls(dir / "logs");
+  ASSERT_EQ(files.size(), 2u) << r.err;
+  for (const std::string& f : files) {
+    SCOPED_TRACE(f);
+    const std::string text = testing::read_file(f);
+    EXPECT_THAT(text, HasSubstr("hosts: [127.0.0.1, 127.0.0.2]\n"));
+    EXPECT_THAT(text, HasSubstr("launcher: " +
+                                std::string(GetParam() == "ssh"     ? "ssh"
+                                            : GetParam() == "local" ? "local"
+                                                                    : "pdsh")));
+    EXPECT_THAT(text, Not(HasSubstr("is_host")));
+    EXPECT_THAT(text, Not(HasSubstr("rdzv_endpoint")));
+  }
+  CommandResult again =
+      testing::run_command(cmd({kDlaunch, "--config", files[0]}, env()), 90s);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_THAT(again.out, HasSubstr("]:RAN 1\n"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 INSTANTIATE_TEST_SUITE_P(Launchers, MultiHost,
                          ::testing::Values("local", "pdsh", "pdsh-ssh", "ssh"),
                          [](const auto& info) {

@@ -50,6 +50,7 @@ RemoteJob sample() {
   j.chdir = "/w d";
   j.host = "node02";
   j.job_tag = "dlaunch-job-0123456789abcdef";
+  j.whole_job = "program: prog\nhosts: [a, b]\nenv: {A: 'x y'}\n";
   return j;
 }
 
