@@ -410,6 +410,7 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
     // --hosts, --hostfile or PET_HOSTS replace the file's hosts.
     if (o.remote.hosts_text.empty() && o.remote.hostfile.empty()) {
       o.hosts = file->hosts;
+      if (!o.hosts.empty()) o.hosts_given = true;
     }
   }
   // An srun task that names no rendezvous of its own meets the other

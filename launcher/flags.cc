@@ -15,6 +15,7 @@
 #include "comm/fault_spec.h"
 #include "launcher/cli.h"
 #include "launcher/hosts.h"
+#include "launcher/job_file.h"
 #include "launcher/slurm.h"
 
 namespace dlaunch::launcher {
@@ -899,9 +900,14 @@ std::vector<FlagSpec> make_table() {
                throw BadValue{e.what()};
              }
              o.remote.hosts_text = v;
+             o.hosts_given = true;
            },
        .print = [](const Options& o) -> std::optional<std::string> {
-         if (o.hosts.empty()) return std::nullopt;
+         // A Slurm allocation's nodes are the next allocation's to name.
+         if (o.hosts.empty() ||
+             (!o.hosts_given && o.remote.launcher == "slurm")) {
+           return std::nullopt;
+         }
          std::vector<std::string> names;
          for (const Host& h : o.hosts) {
            // A host narrowed to some GPUs: enough slots for them, and
@@ -933,6 +939,7 @@ std::vector<FlagSpec> make_table() {
                throw BadValue{e.what()};
              }
              o.remote.hostfile = v;
+             o.hosts_given = true;
            },
        // The hosts it held are written as `hosts`.
        .print = [](const Options&) -> std::optional<std::string> {
@@ -1110,7 +1117,14 @@ std::vector<FlagSpec> make_table() {
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          if (o.remote.exports.empty()) return std::nullopt;
-         return join(o.remote.exports, '\n');
+         // A secret's value stays out: NAME alone forwards the launching
+         // environment's, as env: writes ${NAME}.
+         std::vector<std::string> items;
+         for (const std::string& item : o.remote.exports) {
+           const std::string name = item.substr(0, item.find('='));
+           items.push_back(is_secret_name(name) ? name : item);
+         }
+         return join(items, '\n');
        }},
       {.name = "env-file",
        .placeholder = "FILE",

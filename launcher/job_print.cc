@@ -23,11 +23,14 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// A path as the job file writes it: absolute; a bare command name
-// (python3) stays a PATH lookup.
-std::string absolute(const std::string& p, bool command) {
+// A path as the job file writes it: absolute, from `base` (the current
+// folder when empty); a bare command name (python3) stays a PATH lookup.
+std::string absolute(const std::string& p, bool command,
+                     const fs::path& base = {}) {
   if (p.empty() || (command && p.find('/') == std::string::npos)) return p;
-  return fs::absolute(p).lexically_normal().string();
+  const fs::path full =
+      base.empty() || fs::path(p).is_absolute() ? fs::absolute(p) : base / p;
+  return full.lexically_normal().string();
 }
 
 // Literal text, so the loader's ${VAR} expansion gives it back unchanged:
@@ -71,10 +74,15 @@ std::string shell_word(const std::string& s) {
 }  // namespace
 
 std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
+  // The agents' folder (--chdir, given or relative to this one): what they
+  // run and where they log are theirs to resolve.
+  std::error_code ec;
+  const fs::path agents =
+      o.remote.chdir.empty() ? fs::path() : fs::absolute(o.remote.chdir, ec);
   YAML::Emitter out;
   out << YAML::BeginMap;
   out << YAML::Key << "program" << YAML::Value
-      << literal(absolute(o.program, true));
+      << literal(absolute(o.program, true, agents));
   out << YAML::Key << "args" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (const std::string& a : o.program_args) out << literal(a);
   out << YAML::EndSeq;
@@ -109,9 +117,13 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
         out << YAML::EndMap;
         break;
       case ValueType::kPath:
-      case ValueType::kCommand:
-        out << literal(absolute(*text, f.type == ValueType::kCommand));
+      case ValueType::kCommand: {
+        const bool command = f.type == ValueType::kCommand;
+        out << literal(
+            absolute(*text, command,
+                     command || f.key == "log_dir" ? agents : fs::path()));
         break;
+      }
       default:
         out << literal(*text);
     }
@@ -161,8 +173,14 @@ std::string dry_run_plan(const LaunchOptions& o) {
     cmd += (cmd.empty() ? "" : " ") + shell_word(w);
   }
   s << "  command:   " << cmd << "\n";
+  // One host that is this machine runs here, as one node without a head.
+  const bool head_needed =
+      o.hosts.size() > 1 || (o.hosts.size() == 1 && plan_hosts(o).needs_head);
   if (o.hosts.empty()) {
     s << "  hosts:     this node only\n";
+  } else if (!head_needed) {
+    s << "  hosts:     " << host_text(o.hosts[0])
+      << " (this machine: its agent runs here, no head)\n";
   } else {
     std::string names;
     for (const Host& h : o.hosts) {
@@ -212,7 +230,7 @@ std::string dry_run_plan(const LaunchOptions& o) {
   for (const std::string& e : o.rdzv.etcd_endpoints) {
     etcd += (etcd.empty() ? ", etcd at " : ", ") + e;
   }
-  if (!o.hosts.empty()) {
+  if (head_needed) {
     // launch_hosts(): the head's own store, one agent per host.
     const auto& r = o.rdzv;
     const int n = static_cast<int>(o.hosts.size());
@@ -304,13 +322,19 @@ std::string dry_run_plan(const LaunchOptions& o) {
           shell_word(agent::substitute(w, {{"local_rank", std::to_string(i)}}));
     }
     s << line << "\n  environment (set on top of dlaunch's own):\n";
-    for (std::string kv :
-         agent::worker_environment(shown, id, job, error_file)) {
+    std::vector<std::string> vars =
+        agent::worker_environment(shown, id, job, error_file);
+    // Worker 0 stands for a count the host makes: what more than one gets.
+    if (counted_there && !shown.contains("OMP_NUM_THREADS")) {
+      vars.push_back("OMP_NUM_THREADS=1 (when the host runs more than one)");
+      std::sort(vars.begin(), vars.end());
+    }
+    for (std::string kv : vars) {
       std::string name = kv.substr(0, kv.find('='));
       std::string value = kv.substr(kv.find('=') + 1);
       // Hosts: group rank 0 of the agents the head starts, one host too.
       if (name == "MASTER_ADDR" &&
-          (hosts_job || (multi && o.rdzv.backend != "static"))) {
+          (head_needed || (multi && o.rdzv.backend != "static"))) {
         value = "<group rank 0's address, " + kRdzv.substr(1);
       } else if (name == "MASTER_PORT" && o.agent.master_port == 0) {
         value = "<a free port, chosen when each attempt starts>";
@@ -318,7 +342,7 @@ std::string dry_run_plan(const LaunchOptions& o) {
         value = "0 (K on the Kth restart)";
       } else if (counted_there &&
                  (name == "LOCAL_WORLD_SIZE" || name == "WORLD_SIZE" ||
-                  name == "ROLE_WORLD_SIZE" || name == "OMP_NUM_THREADS")) {
+                  name == "ROLE_WORLD_SIZE")) {
         value = multi && name != "LOCAL_WORLD_SIZE" ? kRdzv : kCount;
       } else if (multi && (name == "RANK" || name == "WORLD_SIZE" ||
                            name == "GROUP_RANK" || name == "GROUP_WORLD_SIZE" ||

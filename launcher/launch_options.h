@@ -113,6 +113,9 @@ struct LaunchOptions {
   // Whether --nnodes (or its key or PET_ variable) was given: a multi-host
   // head holds a given count, 1 included, to its hosts. Default false.
   bool nnodes_given = false;
+  // The hosts were named (--hosts, --hostfile, a job file's hosts), not
+  // taken from a Slurm allocation alone.
+  bool hosts_given = false;
   // The fault specs as given (--fault, PET_FAULTS, DLAUNCH_FAULTS, the job
   // file's faults:), for --print-config and job.yaml; agent.faults holds
   // them parsed. Default empty.

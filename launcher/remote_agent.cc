@@ -85,6 +85,7 @@ RemoteJob load_job(const std::vector<std::string>& args, bool& from_stdin) {
     }
     const auto deadline = std::chrono::steady_clock::now() + bound;
     std::string seen;
+    std::string whole_job;  // written once for a run of jobs alike
     while (true) {
       auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
           deadline - std::chrono::steady_clock::now());
@@ -96,6 +97,8 @@ RemoteJob load_job(const std::vector<std::string>& args, bool& from_stdin) {
         throw RemoteJobError(std::string(e.what()) + "; no job for node '" +
                              node + "' among those read (" + seen + ")");
       }
+      if (job.whole_job.empty()) job.whole_job = whole_job;
+      whole_job = job.whole_job;
       if (job.host == node) return job;
       seen += (seen.empty() ? "" : ", ") + job.host;
     }

@@ -124,12 +124,31 @@ std::string encode_remote_job(const RemoteJob& job) {
   return out;
 }
 
+std::string encode_remote_jobs(const std::vector<RemoteJob>& jobs) {
+  std::string out;
+  const std::string* last = nullptr;
+  for (const RemoteJob& j : jobs) {
+    if (last != nullptr && *last == j.whole_job) {
+      RemoteJob same = j;
+      same.whole_job.clear();
+      out += encode_remote_job(same);
+    } else {
+      out += encode_remote_job(j);
+    }
+    last = &j.whole_job;
+  }
+  return out;
+}
+
 std::vector<RemoteJob> decode_remote_jobs(std::string_view text) {
   std::vector<RemoteJob> jobs;
   while (!text.empty()) {
     RemoteJob job;
     size_t used = decode_one(text, job);
     if (used == 0) throw RemoteJobError("the job text ends in the middle");
+    if (job.whole_job.empty() && !jobs.empty()) {
+      job.whole_job = jobs.back().whole_job;
+    }
     jobs.push_back(std::move(job));
     text.remove_prefix(used);
   }

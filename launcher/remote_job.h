@@ -42,8 +42,14 @@ class RemoteJobError : public std::runtime_error {
 // make any byte (spaces, quotes, '$', newlines) travel intact.
 std::string encode_remote_job(const RemoteJob& job);
 
+// Several hosts' jobs in one text (pdsh's job file, srun's stdin), for
+// decode_remote_jobs: a whole_job equal to the one before it is written
+// once, so the text grows with the hosts, not their square.
+std::string encode_remote_jobs(const std::vector<RemoteJob>& jobs);
+
 // The jobs of several hosts, one after another (pdsh's 0600 file holds
-// every host's; each agent picks its own by host name).
+// every host's; each agent picks its own by host name). A job without a
+// whole_job has the one of the job before it.
 std::vector<RemoteJob> decode_remote_jobs(std::string_view text);
 
 // Reads one encoded job from `fd` up to its end record, byte-exact, and

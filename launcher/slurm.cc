@@ -236,6 +236,7 @@ void apply_slurm_task(LaunchOptions& o, const SlurmTask& t,
   // etcd needs its own members (--rdzv-endpoint): the check says so.
   if (t.nodes.size() < 2 || r.backend == "etcd") return;
   r.min_nodes = r.max_nodes = static_cast<int>(t.nodes.size());
+  o.nnodes_given = true;  // the step's, printed in job.yaml
   if (r.backend == "static") {
     r.node_rank = t.node_id;
     // As --master-addr NODE0 would say by hand (c10d refuses it).

@@ -100,9 +100,7 @@ class PdshLauncher : public AgentLauncher {
   }
 
   static std::string all_jobs(const LaunchPlan& plan) {
-    std::string out;
-    for (const RemoteJob& j : plan.jobs) out += encode_remote_job(j);
-    return out;
+    return encode_remote_jobs(plan.jobs);
   }
 
   // Where each host finds the job: /tmp, named by the job's tag (and the

@@ -27,7 +27,7 @@ class SlurmLauncher : public AgentLauncher {
     AgentCommand c = srun(plan, {plan.remote_dlaunch, "--remote-agent",
                                  "--job-tag", plan.job_tag, "--slurm-task"});
     c.argv.insert(c.argv.begin() + 1, "--input=all");
-    for (const RemoteJob& j : plan.jobs) c.stdin_data += encode_remote_job(j);
+    c.stdin_data = encode_remote_jobs(plan.jobs);
     return {c};
   }
 

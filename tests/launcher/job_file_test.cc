@@ -496,6 +496,8 @@ TEST_F(JobFileTest, TheDryRunOfHostsPlansEachHostsWorkers) {
                              "CPU count of the host that runs it>\n"));
   EXPECT_THAT(cpu, HasSubstr("LOCAL_WORLD_SIZE=<the CPU count of the host "
                              "that runs it>\n"));
+  EXPECT_THAT(cpu, HasSubstr("OMP_NUM_THREADS=1 (when the host runs more "
+                             "than one)\n"));
   // Included GPUs count on a head that sees no CUDA device (it said "not
   // resolved here").
   EXPECT_THAT(dry_run_plan(ok({"--hosts", "a:4", "--include", "a:0,1",
@@ -506,6 +508,12 @@ TEST_F(JobFileTest, TheDryRunOfHostsPlansEachHostsWorkers) {
   EXPECT_THAT(dry_run_plan(ok({"--hosts", "a:2", "true"})),
               HasSubstr("MASTER_ADDR=<group rank 0's address, decided at "
                         "rendezvous>"));
+  // ...unless it is this machine: one node here, no head.
+  const std::string here = dry_run_plan(ok({"--hosts", "localhost:2", "true"}));
+  EXPECT_THAT(here, HasSubstr("hosts:     localhost:2 (this machine: its "
+                              "agent runs here, no head)\n"));
+  EXPECT_THAT(here, HasSubstr("MASTER_ADDR=127.0.0.1\n"));
+  EXPECT_THAT(here, Not(HasSubstr("store hosted here")));
   // Static nodes are given their master.
   EXPECT_THAT(dry_run_plan(ok({"--nnodes", "2", "--node-rank", "1",
                                "--master-addr", "10.0.0.5", "/bin/true"})),
@@ -529,6 +537,21 @@ TEST_F(JobFileTest, APrintedHostsJobCanBeRetargeted) {
   // overrode them on the rerun), hosts added on the rerun too.
   EXPECT_THAT(job_yaml(ok({"--hosts", "n[1-2]:4", "true"}), true),
               Not(HasSubstr("nproc_per_node")));
+  // A secret's value stays out of export (it reached every host's
+  // job.yaml); NAME alone forwards it from the launching environment.
+  const std::string exported = job_yaml(
+      ok({"--hosts", "a,b", "-x", "HF_TOKEN=abc", "-x", "A=1", "true"}), true);
+  EXPECT_THAT(exported, HasSubstr("export: [HF_TOKEN, A=1]"));
+  EXPECT_THAT(exported, Not(HasSubstr("abc")));
+  // The agents run the program and log inside --chdir: the printed paths
+  // are theirs (they were this folder's).
+  const std::string moved =
+      job_yaml(ok({"--hosts", "a,b", "--chdir", "/srv/job", "--log-dir", "logs",
+                   "--no-python", "./run.sh"}),
+               true);
+  EXPECT_THAT(moved, HasSubstr("program: /srv/job/run.sh\n"));
+  EXPECT_THAT(moved, HasSubstr("log_dir: /srv/job/logs\n"));
+  EXPECT_THAT(moved, HasSubstr("chdir: /srv/job\n"));
   const std::string plain = job_yaml(ok({"true"}), true);
   EXPECT_THAT(plain, Not(HasSubstr("nproc_per_node")));
   EXPECT_THAT(dry_run_plan(ok({"--config", write(plain, "plain.yaml"),

@@ -62,6 +62,15 @@ TEST(RemoteJobTest, RoundTripsAnyBytes) {
   k.host = "node03";
   EXPECT_EQ(decode_remote_jobs(text + encode_remote_job(k)),
             (std::vector<RemoteJob>{j, k}));
+  // Many hosts' jobs hold their shared whole job once (it grew with the
+  // square of the hosts).
+  RemoteJob other = k;
+  other.host = "node04";
+  other.whole_job = "program: other\n";
+  const std::vector<RemoteJob> jobs = {j, k, other};
+  const std::string many = encode_remote_jobs(jobs);
+  EXPECT_EQ(decode_remote_jobs(many), jobs);
+  EXPECT_EQ(many.find(j.whole_job), many.rfind(j.whole_job));
 }
 
 TEST(RemoteJobTest, BadTextIsAClearError) {
@@ -1016,11 +1025,31 @@ TEST(HostPlanTest, TheHeadsHostsBoundNnodes) {
   }
 }
 
+// A printed job of the allocation's nodes leaves them to the next
+// allocation (it failed there: "host 'gpu08' is not in Slurm job 43's
+// allocation"); named hosts stay.
+TEST(SlurmTest, APrintedJobRerunsInAnotherAllocation) {
+  const std::string all =
+      job_yaml(options_of(parse_command_line({"--launcher", "slurm", "prog"},
+                                             allocation())),
+               true);
+  EXPECT_THAT(all, Not(HasSubstr("hosts")));
+  EXPECT_THAT(all, HasSubstr("launcher: slurm"));
+  EXPECT_THAT(job_yaml(options_of(parse_command_line(
+                           {"--launcher", "slurm", "--hosts", "gpu09", "prog"},
+                           allocation())),
+                       true),
+              HasSubstr("hosts: [gpu09:2]"));
+}
+
 TEST(SlurmTaskTest, ATaskWithoutARendezvousOfItsOwnJoinsItsStep) {
   agent::EnvMap env = srun_task();
   env["MASTER_PORT"] = "23456";
   ParseResult r = parse_command_line({"--nproc-per-node", "2", "prog"}, env);
   const LaunchOptions& o = options_of(r);
+  // The step's node count is the job's: its job.yaml names it (a rerun
+  // planned one node).
+  EXPECT_THAT(job_yaml(o, true), HasSubstr("nnodes: 2\n"));
   EXPECT_EQ(o.rdzv.backend, "static");
   EXPECT_EQ(o.rdzv.min_nodes, 2);
   EXPECT_EQ(o.rdzv.max_nodes, 2);
