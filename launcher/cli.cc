@@ -301,6 +301,10 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   }
 
   LaunchOptions o;
+  {
+    std::error_code ec;
+    o.launch_dir = std::filesystem::current_path(ec);
+  }
   // A program on the command line replaces the file's program and args.
   if (!rest.empty()) {
     o.program = rest[0];

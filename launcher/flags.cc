@@ -1117,12 +1117,14 @@ std::vector<FlagSpec> make_table() {
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          if (o.remote.exports.empty()) return std::nullopt;
-         // A secret's value stays out: NAME alone forwards the launching
-         // environment's, as env: writes ${NAME}.
+         // A secret's value stays out: NAME=${NAME} (job_yaml writes it
+         // unescaped) takes the launching environment's, an error when
+         // unset, as env: does.
          std::vector<std::string> items;
          for (const std::string& item : o.remote.exports) {
            const std::string name = item.substr(0, item.find('='));
-           items.push_back(is_secret_name(name) ? name : item);
+           items.push_back(is_secret_name(name) ? name + "=${" + name + "}"
+                                                : item);
          }
          return join(items, '\n');
        }},
@@ -1525,6 +1527,8 @@ void check_hosts(LaunchOptions& o, const agent::EnvMap& env) {
   } catch (const HostsError& e) {
     throw BadValue{e.what()};
   }
+  // Hosts narrowed by name are named hosts (a printed Slurm job keeps them).
+  if (!r.include.empty() || !r.exclude.empty()) o.hosts_given = true;
   r.include.clear();
   r.exclude.clear();
   // One agent per host: a fixed --nnodes, when given (1 included), names

@@ -58,6 +58,14 @@ std::string host_text(const Host& h) {
   return h.gpus.empty() ? out : out + " (GPUs " + gpu_list(h.gpus) + ")";
 }
 
+// Where the agents run: --chdir from the launch folder; empty: here.
+fs::path agents_dir(const LaunchOptions& o) {
+  if (o.remote.chdir.empty()) return {};
+  return fs::path(o.remote.chdir).is_absolute() || o.launch_dir.empty()
+             ? fs::absolute(o.remote.chdir)
+             : o.launch_dir / o.remote.chdir;
+}
+
 // One argument as a shell would need it written.
 std::string shell_word(const std::string& s) {
   if (!s.empty() &&
@@ -74,15 +82,16 @@ std::string shell_word(const std::string& s) {
 }  // namespace
 
 std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
-  // The agents' folder (--chdir, given or relative to this one): what they
-  // run and where they log are theirs to resolve.
-  std::error_code ec;
-  const fs::path agents =
-      o.remote.chdir.empty() ? fs::path() : fs::absolute(o.remote.chdir, ec);
+  const fs::path agents = agents_dir(o);
+  // A script run by the interpreter is a path even without a '/'
+  // (train.py); an executable or a module name may be a lookup.
+  const bool script =
+      !o.module && (o.run_path || (!o.no_python && o.program.size() > 3 &&
+                                   o.program.ends_with(".py")));
   YAML::Emitter out;
   out << YAML::BeginMap;
   out << YAML::Key << "program" << YAML::Value
-      << literal(absolute(o.program, true, agents));
+      << literal(absolute(o.program, !script, agents));
   out << YAML::Key << "args" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (const std::string& a : o.program_args) out << literal(a);
   out << YAML::EndSeq;
@@ -100,7 +109,11 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
         out << YAML::Flow << YAML::BeginSeq;
         for (const std::string& item :
              split(*text, f.type == ValueType::kList ? ',' : '\n')) {
-          out << literal(item);
+          // A secret export refers to the environment (print's NAME=${NAME}).
+          const std::string name = item.substr(0, item.find('='));
+          const bool secret_ref = f.key == "export" && is_secret_name(name) &&
+                                  item == name + "=${" + name + "}";
+          out << (secret_ref ? item : literal(item));
         }
         out << YAML::EndSeq;
         break;
@@ -118,10 +131,12 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
         break;
       case ValueType::kPath:
       case ValueType::kCommand: {
+        // What the agents use is theirs to resolve; what dlaunch reads
+        // (env_file, hostfile, chdir) is the launch folder's.
         const bool command = f.type == ValueType::kCommand;
         out << literal(
             absolute(*text, command,
-                     command || f.key == "log_dir" ? agents : fs::path()));
+                     command || f.key == "log_dir" ? agents : o.launch_dir));
         break;
       }
       default:
@@ -265,7 +280,9 @@ std::string dry_run_plan(const LaunchOptions& o) {
   if (o.agent.log_dir.empty()) {
     s << "  logs:      none (console only)\n";
   } else {
-    fs::path run_dir = fs::absolute(o.agent.log_dir) / run_id;
+    fs::path run_dir =
+        fs::path(absolute(o.agent.log_dir.string(), false, agents_dir(o))) /
+        run_id;
     s << "  logs:      " << (run_dir / "attempt_K/LOCAL_RANK").string()
       << "/{stdout,stderr}.log, " << (run_dir / "summary.json").string() << ", "
       << (run_dir / "job.yaml").string() << " (" << run_id
@@ -311,8 +328,9 @@ std::string dry_run_plan(const LaunchOptions& o) {
     std::string error_file =
         o.agent.log_dir.empty()
             ? "<a temporary folder>/" + std::to_string(i) + "/error.json"
-            : (fs::absolute(o.agent.log_dir) / run_id / "attempt_K" /
-               std::to_string(i) / "error.json")
+            : (fs::path(
+                   absolute(o.agent.log_dir.string(), false, agents_dir(o))) /
+               run_id / "attempt_K" / std::to_string(i) / "error.json")
                   .string();
     s << "\nworker " << i << " (local rank " << i << ")\n  command: ";
     std::string line;

@@ -122,6 +122,10 @@ struct LaunchOptions {
   std::vector<std::string> faults;
   // The job file read with --config (absolute); empty when none.
   std::filesystem::path config_file;
+  // The folder dlaunch was started in (set by parse_command_line): a job's
+  // relative --env-file, --hostfile and --chdir are its, also once a
+  // single node's agent has entered --chdir. Empty: the current folder.
+  std::filesystem::path launch_dir;
   // One host's agent of a multi-host job: the whole job as --print-config
   // prints it, which its job.yaml holds (its own part needs the head's
   // store of that run). Empty otherwise.

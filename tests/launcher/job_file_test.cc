@@ -541,8 +541,15 @@ TEST_F(JobFileTest, APrintedHostsJobCanBeRetargeted) {
   // job.yaml); NAME alone forwards it from the launching environment.
   const std::string exported = job_yaml(
       ok({"--hosts", "a,b", "-x", "HF_TOKEN=abc", "-x", "A=1", "true"}), true);
-  EXPECT_THAT(exported, HasSubstr("export: [HF_TOKEN, A=1]"));
+  EXPECT_THAT(exported, HasSubstr("export: [\"HF_TOKEN=${HF_TOKEN}\", A=1]"));
   EXPECT_THAT(exported, Not(HasSubstr("abc")));
+  // The rerun takes it from its environment, and names it when unset (a
+  // bare NAME was dropped silently).
+  EXPECT_THAT(
+      ok({"--config", write(exported), "--dry-run"}, {{"HF_TOKEN", "xyz"}})
+          .remote.exports,
+      ::testing::Contains("HF_TOKEN=xyz"));
+  EXPECT_THAT(error(exported, {}, {"--dry-run"}), HasSubstr("HF_TOKEN"));
   // The agents run the program and log inside --chdir: the printed paths
   // are theirs (they were this folder's).
   const std::string moved =
@@ -552,6 +559,23 @@ TEST_F(JobFileTest, APrintedHostsJobCanBeRetargeted) {
   EXPECT_THAT(moved, HasSubstr("program: /srv/job/run.sh\n"));
   EXPECT_THAT(moved, HasSubstr("log_dir: /srv/job/logs\n"));
   EXPECT_THAT(moved, HasSubstr("chdir: /srv/job\n"));
+  // What dlaunch reads is the launch folder's, also once a single node's
+  // agent entered --chdir (env_file named the --chdir folder's).
+  LaunchOptions entered = ok({"--no-python", "true"});
+  entered.launch_dir = "/launch";
+  entered.remote.chdir = "/srv/job";
+  entered.remote.env_file = "vars.env";
+  entered.agent.log_dir = "logs";
+  const std::string inside = job_yaml(entered, true);
+  EXPECT_THAT(inside, HasSubstr("env_file: /launch/vars.env\n"));
+  EXPECT_THAT(inside, HasSubstr("log_dir: /srv/job/logs\n"));
+  EXPECT_THAT(dry_run_plan(entered), HasSubstr("logs:      /srv/job/logs/"));
+  // A script run by the interpreter is a path without a '/' too (it
+  // stayed train.py, a PATH lookup on the rerun).
+  EXPECT_THAT(
+      job_yaml(ok({"--hosts", "a,b", "train.py"}), true),
+      HasSubstr("program: " +
+                (std::filesystem::current_path() / "train.py").string()));
   const std::string plain = job_yaml(ok({"true"}), true);
   EXPECT_THAT(plain, Not(HasSubstr("nproc_per_node")));
   EXPECT_THAT(dry_run_plan(ok({"--config", write(plain, "plain.yaml"),
