@@ -565,7 +565,8 @@ struct Worker : std::enable_shared_from_this<Worker> {
   ExitStatus status;
   std::string log_error;  // the first failed log write, "" if none
   bool reaped = false;
-  bool done = false;  // callback delivered or cancelled
+  bool exit_seen = false;  // exited 0, its group left until its pipes close
+  bool done = false;       // callback delivered or cancelled
 
   // Tees bytes read from a worker: the log file, then the console.
   void take(Pump& p, std::string_view data) {
@@ -669,8 +670,27 @@ struct Worker : std::enable_shared_from_this<Worker> {
       watch_exit();
       return;
     }
-    // Still a zombie here, so its group id cannot have been reused: kill
-    // the children it left behind, then reap it.
+    // A worker that succeeded may have left children writing the last of
+    // its output (a `tee` it started): they get the drain time to finish
+    // before its group is killed (its exit is told when its pipes close
+    // anyway). A failed one's group goes at once: the job restarts.
+    if (!exit_seen && info.si_code == CLD_EXITED && info.si_status == 0 &&
+        (out.open || err.open)) {
+      exit_seen = true;
+      auto self = shared_from_this();
+      drain_timer.expires_after(env.drain_timeout);
+      drain_timer.async_wait([self](const boost::system::error_code& ec) {
+        if (!ec) self->end_group();
+      });
+      return;
+    }
+    end_group();
+  }
+
+  // Kills the children the worker left in its group and reaps it.
+  void end_group() {
+    if (reaped || done) return;
+    // Still a zombie here, so its group id cannot have been reused.
     ::kill(-pid, SIGKILL);
     int st = 0;
     pid_t r;
@@ -678,6 +698,7 @@ struct Worker : std::enable_shared_from_this<Worker> {
       r = ::waitpid(pid, &st, WNOHANG);
     } while (r < 0 && errno == EINTR);
     if (r == 0) {  // not reapable after all; wait for the next readiness
+      exit_seen = false;
       watch_exit();
       return;
     }
@@ -701,6 +722,11 @@ struct Worker : std::enable_shared_from_this<Worker> {
   }
 
   void maybe_deliver() {
+    if (exit_seen && !reaped && !out.open && !err.open) {
+      drain_timer.cancel();
+      end_group();  // delivers
+      return;
+    }
     if (done || !reaped || out.open || err.open) return;
     done = true;
     drain_timer.cancel();

@@ -406,6 +406,34 @@ TEST(Launch, StdoutAndStderrIntoOnePipeKeepTheirLinesWhole) {
   EXPECT_GE(lines, 80000u);
 }
 
+// A worker that ends well may leave a child writing the last of its output
+// (`exec > >(tee log)`): the child finishes before the worker's group is
+// killed (it was killed at the worker's exit, its lines lost).
+TEST(Launch, ASucceedingWorkersTeeFinishesItsOutput) {
+  TempDir dir;
+  const std::string log = (dir / "tee.log").string();
+  CommandResult r = dlaunch(
+      {"bash", "-c",
+       "exec > >(sleep 0.5; tee " + log + ") 2>&1; echo hello; echo world"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "[default0]:hello\n[default0]:world\n");
+  EXPECT_EQ(read_file(log), "hello\nworld\n");
+  // A child that keeps the output open and never ends is given the drain
+  // time, no more, and goes with the worker's group: nothing is left.
+  const std::string mark = testing::unique_mark("t");
+  const auto start = std::chrono::steady_clock::now();
+  CommandResult held =
+      testing::run_command({{kDlaunch, "sh", "-c", "sleep 300 & echo done"},
+                            {{"DLT_MARK", mark}},
+                            {},
+                            ""},
+                           60s);
+  EXPECT_EQ(held.exit_code, 0) << held.err;
+  EXPECT_EQ(held.out, "[default0]:done\n");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  EXPECT_TRUE(testing::none_marked(mark, 10s));
+}
+
 TEST(Launch, PropagatesTheRootCauseExitCode) {
   CommandResult r = sh(3, "[ $LOCAL_RANK = 1 ] && exit 7; sleep 300");
   EXPECT_EQ(r.exit_code, 7);
