@@ -566,7 +566,10 @@ struct Worker : std::enable_shared_from_this<Worker> {
   std::string log_error;  // the first failed log write, "" if none
   bool reaped = false;
   bool exit_seen = false;  // exited 0, its group left until its pipes close
-  bool done = false;       // callback delivered or cancelled
+  // exit_seen: when its drain time ends, for its group and its pipes both
+  // (a holder outside the group gets no second drain time).
+  std::chrono::steady_clock::time_point drain_deadline{};
+  bool done = false;  // callback delivered or cancelled
 
   // Tees bytes read from a worker: the log file, then the console.
   void take(Pump& p, std::string_view data) {
@@ -673,12 +676,15 @@ struct Worker : std::enable_shared_from_this<Worker> {
     // A worker that succeeded may have left children writing the last of
     // its output (a `tee` it started): they get the drain time to finish
     // before its group is killed (its exit is told when its pipes close
-    // anyway). A failed one's group goes at once: the job restarts.
+    // anyway). Only where dlaunch reads the output: a worker writing to
+    // its log file alone (--redirects) has no pipe to tell the end by. A
+    // failed one's group goes at once: the job restarts.
     if (!exit_seen && info.si_code == CLD_EXITED && info.si_status == 0 &&
         (out.open || err.open)) {
       exit_seen = true;
+      drain_deadline = std::chrono::steady_clock::now() + env.drain_timeout;
       auto self = shared_from_this();
-      drain_timer.expires_after(env.drain_timeout);
+      drain_timer.expires_at(drain_deadline);
       drain_timer.async_wait([self](const boost::system::error_code& ec) {
         if (!ec) self->end_group();
       });
@@ -698,7 +704,6 @@ struct Worker : std::enable_shared_from_this<Worker> {
       r = ::waitpid(pid, &st, WNOHANG);
     } while (r < 0 && errno == EINTR);
     if (r == 0) {  // not reapable after all; wait for the next readiness
-      exit_seen = false;
       watch_exit();
       return;
     }
@@ -710,7 +715,11 @@ struct Worker : std::enable_shared_from_this<Worker> {
     pidfd.close(ignored);
     if (out.open || err.open) {
       auto self = shared_from_this();
-      drain_timer.expires_after(env.drain_timeout);
+      if (exit_seen) {
+        drain_timer.expires_at(drain_deadline);
+      } else {
+        drain_timer.expires_after(env.drain_timeout);
+      }
       drain_timer.async_wait([self](const boost::system::error_code& ec) {
         if (ec) return;
         // Someone outside the group still holds the pipes: stop reading.

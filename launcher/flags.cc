@@ -1122,9 +1122,12 @@ std::vector<FlagSpec> make_table() {
          // unset, as env: does.
          std::vector<std::string> items;
          for (const std::string& item : o.remote.exports) {
-           const std::string name = item.substr(0, item.find('='));
-           items.push_back(is_secret_name(name) ? name + "=${" + name + "}"
-                                                : item);
+           const size_t eq = item.find('=');
+           const std::string name = item.substr(0, eq);
+           // A bare NAME (forwarded when set) stays as given.
+           items.push_back(eq != std::string::npos && is_secret_name(name)
+                               ? name + "=${" + name + "}"
+                               : item);
          }
          return join(items, '\n');
        }},

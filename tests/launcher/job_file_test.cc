@@ -541,6 +541,9 @@ TEST_F(JobFileTest, APrintedHostsJobCanBeRetargeted) {
   // job.yaml); NAME alone forwards it from the launching environment.
   const std::string exported = job_yaml(
       ok({"--hosts", "a,b", "-x", "HF_TOKEN=abc", "-x", "A=1", "true"}), true);
+  // A bare secret name, forwarded when set, stays as given.
+  EXPECT_THAT(job_yaml(ok({"--hosts", "a,b", "-x", "HF_TOKEN", "true"}), true),
+              HasSubstr("export: [HF_TOKEN]\n"));
   EXPECT_THAT(exported, HasSubstr("export: [\"HF_TOKEN=${HF_TOKEN}\", A=1]"));
   EXPECT_THAT(exported, Not(HasSubstr("abc")));
   // The rerun takes it from its environment, and names it when unset (a
