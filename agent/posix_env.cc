@@ -715,11 +715,9 @@ struct Worker : std::enable_shared_from_this<Worker> {
     pidfd.close(ignored);
     if (out.open || err.open) {
       auto self = shared_from_this();
-      if (exit_seen) {
-        drain_timer.expires_at(drain_deadline);
-      } else {
-        drain_timer.expires_after(env.drain_timeout);
-      }
+      drain_timer.expires_at(exit_seen ? drain_deadline
+                                       : std::chrono::steady_clock::now() +
+                                             env.drain_timeout);
       drain_timer.async_wait([self](const boost::system::error_code& ec) {
         if (ec) return;
         // Someone outside the group still holds the pipes: stop reading.

@@ -553,10 +553,13 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
   return o;
 }
 
+bool runs_a_script(const LaunchOptions& o) {
+  return !o.module &&
+         (o.run_path || (!o.no_python && python_script(o.program)));
+}
+
 std::string missing_script(const LaunchOptions& o) {
-  if (o.module || (!o.run_path && (o.no_python || !python_script(o.program)))) {
-    return "";
-  }
+  if (!runs_a_script(o)) return "";
   // Where this machine's workers will look: --chdir's folder (one that
   // does not exist is refused as such when the job starts).
   const std::string script =

@@ -43,6 +43,10 @@ ParseResult parse_command_line(const std::vector<std::string>& args,
 // flag table (flags.h).
 const std::string& help_text();
 
+// Whether the program is a script file the interpreter runs (a path even
+// without a '/': train.py), not an executable or a --module name.
+bool runs_a_script(const LaunchOptions& options);
+
 // Why the .py program of `options` cannot run on this machine (not found
 // in --chdir's folder, or unreadable), or "" (not a .py, found, or a
 // --chdir that does not exist, which is refused as such).

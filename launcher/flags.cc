@@ -15,7 +15,6 @@
 #include "comm/fault_spec.h"
 #include "launcher/cli.h"
 #include "launcher/hosts.h"
-#include "launcher/job_file.h"
 #include "launcher/slurm.h"
 
 namespace dlaunch::launcher {
@@ -1117,19 +1116,8 @@ std::vector<FlagSpec> make_table() {
            },
        .print = [](const Options& o) -> std::optional<std::string> {
          if (o.remote.exports.empty()) return std::nullopt;
-         // A secret's value stays out: NAME=${NAME} (job_yaml writes it
-         // unescaped) takes the launching environment's, an error when
-         // unset, as env: does.
-         std::vector<std::string> items;
-         for (const std::string& item : o.remote.exports) {
-           const size_t eq = item.find('=');
-           const std::string name = item.substr(0, eq);
-           // A bare NAME (forwarded when set) stays as given.
-           items.push_back(eq != std::string::npos && is_secret_name(name)
-                               ? name + "=${" + name + "}"
-                               : item);
-         }
-         return join(items, '\n');
+         // Secrets' values are left out by job_yaml (export_item).
+         return join(o.remote.exports, '\n');
        }},
       {.name = "env-file",
        .placeholder = "FILE",

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "agent/worker_env.h"
+#include "launcher/cli.h"
 #include "launcher/flags.h"
 #include "launcher/hosts.h"
 #include "launcher/job_file.h"
@@ -52,6 +53,16 @@ std::string env_value(const std::string& name, const std::string& value) {
   return is_secret_name(name) ? "${" + name + "}" : literal(value);
 }
 
+// An export item as printed: a secret's NAME=VALUE becomes NAME=${NAME}
+// (an error on the rerun when unset, as env: gives); a bare NAME, forwarded
+// when set, stays as given.
+std::string export_item(const std::string& item) {
+  const size_t eq = item.find('=');
+  if (eq == std::string::npos) return literal(item);
+  const std::string name = item.substr(0, eq);
+  return name + "=" + env_value(name, item.substr(eq + 1));
+}
+
 std::string host_text(const Host& h) {
   const std::string out =
       h.slots > 0 ? h.name + ":" + std::to_string(h.slots) : h.name;
@@ -83,15 +94,12 @@ std::string shell_word(const std::string& s) {
 
 std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
   const fs::path agents = agents_dir(o);
-  // A script run by the interpreter is a path even without a '/'
-  // (train.py); an executable or a module name may be a lookup.
-  const bool script =
-      !o.module && (o.run_path || (!o.no_python && o.program.size() > 3 &&
-                                   o.program.ends_with(".py")));
   YAML::Emitter out;
   out << YAML::BeginMap;
+  // A script is a path even without a '/'; an executable or a module name
+  // may be a lookup.
   out << YAML::Key << "program" << YAML::Value
-      << literal(absolute(o.program, !script, agents));
+      << literal(absolute(o.program, !runs_a_script(o), agents));
   out << YAML::Key << "args" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (const std::string& a : o.program_args) out << literal(a);
   out << YAML::EndSeq;
@@ -109,11 +117,7 @@ std::string job_yaml(const LaunchOptions& o, bool with_run_id) {
         out << YAML::Flow << YAML::BeginSeq;
         for (const std::string& item :
              split(*text, f.type == ValueType::kList ? ',' : '\n')) {
-          // A secret export refers to the environment (print's NAME=${NAME}).
-          const std::string name = item.substr(0, item.find('='));
-          const bool secret_ref = f.key == "export" && is_secret_name(name) &&
-                                  item == name + "=${" + name + "}";
-          out << (secret_ref ? item : literal(item));
+          out << (f.key == "export" ? export_item(item) : literal(item));
         }
         out << YAML::EndSeq;
         break;
@@ -277,12 +281,15 @@ std::string dry_run_plan(const LaunchOptions& o) {
     << format_seconds(o.agent.term_timeout) << " s after SIGTERM\n";
   std::string run_id =
       o.agent.run_id.empty() ? "<random, chosen at start>" : o.agent.run_id;
+  // The run folder as the agents make it: inside --chdir.
+  const fs::path run_dir =
+      o.agent.log_dir.empty()
+          ? fs::path()
+          : fs::path(absolute(o.agent.log_dir.string(), false, agents_dir(o))) /
+                run_id;
   if (o.agent.log_dir.empty()) {
     s << "  logs:      none (console only)\n";
   } else {
-    fs::path run_dir =
-        fs::path(absolute(o.agent.log_dir.string(), false, agents_dir(o))) /
-        run_id;
     s << "  logs:      " << (run_dir / "attempt_K/LOCAL_RANK").string()
       << "/{stdout,stderr}.log, " << (run_dir / "summary.json").string() << ", "
       << (run_dir / "job.yaml").string() << " (" << run_id
@@ -328,9 +335,7 @@ std::string dry_run_plan(const LaunchOptions& o) {
     std::string error_file =
         o.agent.log_dir.empty()
             ? "<a temporary folder>/" + std::to_string(i) + "/error.json"
-            : (fs::path(
-                   absolute(o.agent.log_dir.string(), false, agents_dir(o))) /
-               run_id / "attempt_K" / std::to_string(i) / "error.json")
+            : (run_dir / "attempt_K" / std::to_string(i) / "error.json")
                   .string();
     s << "\nworker " << i << " (local rank " << i << ")\n  command: ";
     std::string line;

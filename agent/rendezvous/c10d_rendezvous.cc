@@ -725,8 +725,7 @@ bool C10dRendezvous::cut_off(milliseconds d) {
 }
 
 std::vector<std::string> C10dRendezvous::unfinished_nodes() {
-  std::vector<std::string> out;
-  if (round_ < 0 || !store_) return out;
+  if (round_ < 0 || !store_) return {};
   std::set<std::string> done;
   try {
     if (store_->check({key(round_, "done_by")})) {
@@ -736,16 +735,10 @@ std::vector<std::string> C10dRendezvous::unfinished_nodes() {
       }
     }
   } catch (const StoreError&) {
-    return out;  // the store is gone: nobody to name
+    return {};  // the store is gone: nobody to name
   }
   done.insert(node_id_);  // asked only once this node's workers succeeded
-  for (size_t i = 0; i < member_ids_.size(); ++i) {
-    if (!done.contains(member_ids_[i]) && i < member_addrs_.size()) {
-      out.push_back(member_addrs_[i] + " (group rank " + std::to_string(i) +
-                    ")");
-    }
-  }
-  return out;
+  return unfinished_members(member_ids_, member_addrs_, done);
 }
 
 void C10dRendezvous::report(NodeOutcome outcome) {

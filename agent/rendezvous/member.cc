@@ -171,4 +171,16 @@ std::string gave_up_message(const std::string& run_id) {
          "job again with a new --rdzv-id";
 }
 
+std::vector<std::string> unfinished_members(
+    const std::vector<std::string>& ids, const std::vector<std::string>& addrs,
+    const std::set<std::string>& done) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < ids.size() && i < addrs.size(); ++i) {
+    if (!done.contains(ids[i])) {
+      out.push_back(addrs[i] + " (group rank " + std::to_string(i) + ")");
+    }
+  }
+  return out;
+}
+
 }  // namespace dlaunch::agent::rendezvous

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,13 @@ std::vector<std::string> split_list(const std::string& text, char sep);
 // "dlaunch: round 1 (node lost): 2 nodes [a, b], this node is group rank
 // 0, 4 workers\n".
 std::string round_line(const RendezvousResult& round);
+
+// The members whose ids are not in `done`, as "ADDRESS (group rank K)",
+// from the round's ids and addresses in group-rank order: what
+// Rendezvous::unfinished_nodes() returns.
+std::vector<std::string> unfinished_members(
+    const std::vector<std::string>& ids, const std::vector<std::string>& addrs,
+    const std::set<std::string>& done);
 
 // The texts both elastic backends show while a round forms.
 // "dlaunch: waiting for nodes: 2/3 joined (min 2, max 4)[, last call ends

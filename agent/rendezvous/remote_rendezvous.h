@@ -60,7 +60,7 @@ class RemoteRendezvous : public Rendezvous {
   // Passes the cut fault on to the helper, which stops renewing this
   // node's liveness there for `d`.
   bool cut_off(std::chrono::milliseconds d) override;
-  // Asks the helper, waiting at most 5 s; empty when it cannot say.
+  // Asks the helper, waiting at most 2 s; empty when it cannot say.
   std::vector<std::string> unfinished_nodes() override;
   bool may_wait() const override { return true; }
   void interrupt() override;

@@ -645,8 +645,9 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
       members_.clear();
       for (const MemberRecord& m : ms) members_.push_back(m.id);
       RendezvousResult res = form_round(r, ms, node_id_, reason, false);
-      ranked_.clear();
-      for (const MemberRecord& m : ms) ranked_.emplace_back(m.id, m.addr);
+      ranked_ids_.clear();
+      for (const MemberRecord& m : ms) ranked_ids_.push_back(m.id);
+      member_addrs_ = res.members;
       if (round_ >= 0 && res.restart_count > restart_count_) {
         // A failure anywhere in the last round spends the restart on every
         // member, whatever each saw end that round.
@@ -862,8 +863,7 @@ void EtcdRendezvous::stop_watcher() {
 }
 
 std::vector<std::string> EtcdRendezvous::unfinished_nodes() {
-  std::vector<std::string> out;
-  if (round_ < 0) return out;
+  if (round_ < 0) return {};
   const std::string done_prefix = round_prefix(round_) + "done/";
   std::set<std::string> done;
   try {
@@ -874,20 +874,14 @@ std::vector<std::string> EtcdRendezvous::unfinished_nodes() {
       done.insert(kv.key().substr(done_prefix.size()));
     }
   } catch (const EtcdError&) {
-    return out;  // etcd unreachable: nobody to name
+    return {};  // etcd unreachable: nobody to name
   }
   {
     std::lock_guard lock(gone_mu_);
     done.insert(gone_done_ids_.begin(), gone_done_ids_.end());
   }
   done.insert(node_id_);  // asked only once this node's workers succeeded
-  for (size_t i = 0; i < ranked_.size(); ++i) {
-    if (!done.contains(ranked_[i].first)) {
-      out.push_back(ranked_[i].second + " (group rank " + std::to_string(i) +
-                    ")");
-    }
-  }
-  return out;
+  return unfinished_members(ranked_ids_, member_addrs_, done);
 }
 
 void EtcdRendezvous::report(NodeOutcome outcome) {

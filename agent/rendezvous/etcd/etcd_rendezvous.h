@@ -10,7 +10,6 @@
 #include <set>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "agent/rendezvous/etcd/client.h"
@@ -132,9 +131,10 @@ class EtcdRendezvous : public Rendezvous {
   int group_rank_ = -1;
   int restart_count_ = 0;
   std::vector<std::string> members_;  // ids, in join order
-  // (id, address) of round_'s members in group-rank order, for naming
+  // round_'s members' ids and addresses in group-rank order, for naming
   // whom the exit barrier waits for.
-  std::vector<std::pair<std::string, std::string>> ranked_;
+  std::vector<std::string> ranked_ids_;
+  std::vector<std::string> member_addrs_;
   int64_t watch_from_ = 0;  // round_'s watch: the revision after its read
   bool reported_ = false;
   // This node put its "done" in round_ (read by the watcher thread).
