@@ -23,6 +23,7 @@
 #include "launcher/command_runner.h"
 #include "launcher/drill.h"
 #include "launcher/flags.h"
+#include "launcher/host_losses.h"
 #include "launcher/hosts.h"
 #include "launcher/job_print.h"
 #include "launcher/launcher.h"
@@ -151,6 +152,25 @@ void stop_hosts(const AgentLauncher& backend, const LaunchPlan& plan) {
       backend.stop_commands(plan),
       plan.options.connect_timeout + std::chrono::seconds(15), plan.job_tag);
   if (!late.empty()) write_stderr(late + "\n");
+}
+
+// The line of an elastic job that finished without the `lost` hosts.
+std::string finished_without(
+    const std::vector<std::pair<std::string, int>>& lost, int min_nodes,
+    int max_nodes) {
+  std::string who;
+  for (size_t i = 0; i < lost.size(); ++i) {
+    who += (i == 0                 ? ""
+            : i + 1 == lost.size() ? " and "
+                                   : ", ") +
+           lost[i].first + " (exit " + std::to_string(lost[i].second) + ")";
+  }
+  return "dlaunch: the job finished without " + who + ", whose agent" +
+         (lost.size() == 1 ? " ended (its lines above say why)"
+                           : "s ended (their lines above say why)") +
+         ": an elastic job (--nnodes " + std::to_string(min_nodes) + ":" +
+         std::to_string(max_nodes) + ") goes on while at least " +
+         std::to_string(min_nodes) + " hosts are left\n";
 }
 
 // Runs the backend's pre-flight and says what failed on which host.
@@ -580,7 +600,9 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   boost::asio::io_context sig_io;
   boost::asio::signal_set sigs(sig_io);
   std::jthread sig_thread;
-  if (!head_host && remote) {
+  // This machine's agent handles the signals while it runs; the head does
+  // when it runs none, or when the others go on without it.
+  auto handle_signals = [&] {
     for (int s : o.agent.signals_to_handle) sigs.add(s);
     sigs.async_wait([&](const boost::system::error_code& e, int sig) {
       if (e) return;
@@ -588,10 +610,36 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       remote->interrupt();
     });
     sig_thread = std::jthread([&] { sig_io.run(); });
+  };
+  if (!head_host && remote) handle_signals();
+
+  // An elastic job goes on while at least its minimum of hosts is left;
+  // the agents' rendezvous hears of every host lost.
+  const bool elastic = o.rdzv.min_nodes != o.rdzv.max_nodes;
+  const int min_nodes =
+      elastic ? o.rdzv.min_nodes : static_cast<int>(o.hosts.size());
+  std::unique_ptr<HostLosses> losses;
+  if (remote) {
+    losses = std::make_unique<HostLosses>(
+        *remote, o.hosts.size(), min_nodes,
+        [&](const std::string& key, const std::string& value) {
+          try {
+            own_store(store->port(), token)
+                ->set("dlaunch/rdzv/" + run_id + "/" + key, value);
+            return true;
+          } catch (const std::exception& e) {
+            if (key == "aborted") {
+              write_stderr("dlaunch: cannot tell the agents that " + value +
+                           ": " + e.what() + "\n");
+            }
+            return false;
+          }
+        });
   }
 
   int head_code = 0;
   bool head_failed = false;
+  bool head_lost = false;  // elastic: the job went on without this agent
   if (head_host) {
     // This machine's agent, in-process, meeting the others in the store.
     LaunchOptions mine = o;
@@ -636,81 +684,6 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       if (!head_host->gpus.empty()) {
         ::setenv("CUDA_VISIBLE_DEVICES", gpu_list(head_host->gpus).c_str(), 1);
       }
-      // Hosts whose agents end in failure while this machine's agent may
-      // still wait for them: once too few are left for the minimum, the
-      // rendezvous is told so through the store (not at join_timeout).
-      std::atomic<bool> head_done{false};
-      std::atomic<bool> aborted{false};
-      std::string abort_text;  // written before `aborted` is set
-      int abort_code = 0;      // the failed host's status, likewise
-      std::jthread monitor;
-      if (remote) {
-        monitor = std::jthread([&] {
-          const int min_nodes = mine.rdzv.min_nodes;
-          // Lost hosts with their status, in the order the polls saw them.
-          std::vector<std::pair<std::string, int>> gone;
-          auto lose = [&](const std::string& host, int code) {
-            if (std::ranges::find(gone, host,
-                                  &std::pair<std::string, int>::first) ==
-                gone.end()) {
-              gone.emplace_back(host, code);
-            }
-          };
-          while (!head_done) {
-            // Once every command ended, one last count (hosts that all
-            // failed at once leave nothing more to wait for).
-            const bool ended = remote->wait(milliseconds(0));
-            const int f = remote->wait_failure_or_end(milliseconds(200));
-            if (head_done) return;
-            if (f < 0) {
-              if (ended) return;
-              continue;
-            }
-            const std::vector<CommandResult> rs = remote->results();
-            for (size_t i = 0; i < rs.size(); ++i) {
-              for (const auto& [h, c] : lost_hosts(starts[i], rs[i])) {
-                lose(h, c);
-              }
-            }
-            const int left = static_cast<int>(o.hosts.size() - gone.size());
-            if (left >= min_nodes) {
-              if (ended) return;
-              std::this_thread::sleep_for(milliseconds(200));
-              continue;
-            }
-            // A Ctrl-C reaches the hosts' ssh too, which end at once: the
-            // head's agent gets that second to leave on the signal first.
-            std::this_thread::sleep_for(std::chrono::seconds(1));
-            if (head_done) return;
-            std::string who;
-            for (const auto& [h, c] : gone) {
-              who += (who.empty() ? "" : ", ") + h;
-            }
-            const int code = gone.front().second;
-            const std::string why =
-                (gone.size() == 1
-                     ? "the agent on " + who + " ended with exit " +
-                           std::to_string(code) + " (its lines above say why)"
-                     : "the agents on " + who + " ended, the first with exit " +
-                           std::to_string(code) +
-                           " (their lines above say why)") +
-                ", leaving " + std::to_string(left) + " of " +
-                std::to_string(o.hosts.size()) + " hosts where the job needs " +
-                std::to_string(min_nodes);
-            try {
-              auto s = own_store(store->port(), token);
-              s->set("dlaunch/rdzv/" + run_id + "/aborted", why);
-              abort_text = why;
-              abort_code = code;
-              aborted = true;
-            } catch (const std::exception& e) {
-              write_stderr("dlaunch: cannot tell this machine's agent that " +
-                           why + ": " + e.what() + "\n");
-            }
-            return;
-          }
-        });
-      }
       agent::RunResult mine_result;
       try {
         head_code = launch(mine, &mine_result);
@@ -718,31 +691,62 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
         write_stderr(std::string("dlaunch: ") + e.what() + "\n");
         head_code = 1;
       }
-      head_done = true;
-      if (monitor.joinable()) monitor.join();
       // The failed host's status is the job's, as when the head is no host,
       // when the abort is what ended this machine's agent (not a signal or
       // a failure of its own that the host's failure followed).
-      if (aborted && !abort_text.empty() &&
-          mine_result.error.find(abort_text) != std::string::npos) {
-        head_code = abort_code;
+      if (losses && losses->aborted() &&
+          mine_result.error.find(losses->abort_text()) != std::string::npos) {
+        head_code = losses->abort_code();
+      }
+      // An elastic job loses this machine's agent as it would another's.
+      if (head_code != 0 && elastic && losses && mine_result.stop_signal == 0 &&
+          !losses->aborted()) {
+        losses->lose(head_host->name, head_code);
+        const size_t left = o.hosts.size() - losses->lost().size();
+        head_lost = static_cast<int>(left) >= min_nodes;
+        if (head_lost) {
+          write_stderr("dlaunch: this machine's agent ended with exit " +
+                       std::to_string(head_code) +
+                       "; waiting for the other hosts' agents (an elastic "
+                       "job, --nnodes " +
+                       std::to_string(o.rdzv.min_nodes) + ":" +
+                       std::to_string(o.rdzv.max_nodes) +
+                       ", goes on while at least " +
+                       std::to_string(o.rdzv.min_nodes) + " hosts are left)\n");
+        }
       }
     }
     head_failed = head_code != 0;
-  } else if (remote) {
-    // The end, a failed host, or a signal (interrupt()).
-    remote->wait_failure_or_end(std::chrono::hours(24 * 365));
+    // Once the job ended here, later losses are no one's to hear.
+    if (losses && !head_lost) losses->stop();
+  }
+  if (remote && (!head_host || head_lost)) {
+    if (elastic) {
+      // Every host's end, too few hosts left, or a signal.
+      if (head_lost) handle_signals();
+      while (!remote->wait(milliseconds(200)) && stop_signal == 0 &&
+             !losses->aborted()) {
+      }
+    } else {
+      // The end, a failed host, or a signal (interrupt()).
+      remote->wait_failure_or_end(std::chrono::hours(24 * 365));
+    }
   }
   int code = head_code;
   if (remote) {
     // A failure here or there, or a signal: every host stops now; a
-    // success: the others are finishing (the exit barrier), let them.
+    // success: the others are finishing (the exit barrier), let them. An
+    // elastic job stops on a signal or once too few hosts are left.
     bool all_done = remote->wait(milliseconds(0));
     int failed = remote->wait_failure_or_end(milliseconds(0));
     // After a success the others may still be in the exit barrier.
     milliseconds bound = o.agent.exit_barrier_timeout + o.agent.term_timeout +
                          std::chrono::seconds(30);
-    if (!all_done && (head_failed || stop_signal != 0 || failed >= 0)) {
+    const bool stop_now =
+        stop_signal != 0 ||
+        (elastic ? (head_failed && !head_lost) || losses->aborted()
+                 : head_failed || failed >= 0);
+    if (!all_done && stop_now) {
       remote->close_stdins();
       stop_hosts(*backend, plan);
       bound = o.agent.term_timeout + std::chrono::seconds(15);
@@ -784,6 +788,27 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       for (const auto& [h, c] : r.failed_hosts) largest = std::max(largest, c);
     }
     if (code == 0) code = largest;
+    losses->stop();
+    // An elastic job whose last round trained to the end (some host's agent
+    // succeeded) succeeded: the hosts lost on the way are named.
+    if (elastic && code != 0 && stop_signal == 0) {
+      size_t succeeded = head_host && !head_failed ? 1 : 0;
+      std::vector<std::pair<std::string, int>> lost;
+      if (head_host && head_failed)
+        lost.emplace_back(head_host->name, head_code);
+      for (size_t i = 0; i < results.size(); ++i) {
+        const auto l = lost_hosts(starts[i], results[i]);
+        lost.insert(lost.end(), l.begin(), l.end());
+        if (results[i].exited && l.size() < starts[i].hosts.size()) {
+          succeeded += starts[i].hosts.size() - l.size();
+        }
+      }
+      if (succeeded > 0 && !lost.empty()) {
+        code = 0;
+        write_stderr(
+            finished_without(lost, o.rdzv.min_nodes, o.rdzv.max_nodes));
+      }
+    }
   }
   sig_io.stop();
   if (stop_signal != 0) code = 128 + stop_signal;

@@ -246,7 +246,8 @@ std::set<std::string> C10dRendezvous::lost_in(comm::store::TcpStore& s,
   return lost;
 }
 
-bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min) {
+bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min,
+                               int can_join) {
   const RendezvousOptions& o = p_.options;
   const int n = static_cast<int>(s.add(key(r, "n"), 0));
   // Joiners lost before the round closed stay out of it.
@@ -275,7 +276,8 @@ bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min) {
     }
   }
   const int count = static_cast<int>(live.size());
-  if (count < o.max_nodes && !(at_min && count >= o.min_nodes)) return false;
+  const int full = std::max(o.min_nodes, std::min(o.max_nodes, can_join));
+  if (count < full && !(at_min && count >= o.min_nodes)) return false;
   live.resize(static_cast<size_t>(std::min(count, o.max_nodes)));
   s.compare_set(key(r, "closed"), "", join_seqs(live));
   return true;
@@ -434,6 +436,13 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         const bool last_call = !fixed && seq >= o.min_nodes;
         const auto call_ends = joined_at + o.last_call_timeout;
         if (last_call && now >= call_ends) try_close(*store_, r, true);
+        // A multi-host head that lost hosts says how many can still join
+        // (HostLosses): once they all have, no last call is waited out.
+        if (last_call && !reformed && now < call_ends &&
+            store_->check({prefix_ + "hosts_left"})) {
+          try_close(*store_, r, false,
+                    to_int(store_->get(prefix_ + "hosts_left"), o.max_nodes));
+        }
         if (now >= next_progress) {
           int n = static_cast<int>(store_->add(key(r, "n"), 0));
           p_.log(waiting_line(
@@ -470,8 +479,10 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
           }
           throw RendezvousError(message);
         }
+        // At most a second: the head's aborted and hosts_left keys are
+        // looked at between waits.
         auto until =
-            std::min({deadline, next_progress,
+            std::min({deadline, next_progress, now + milliseconds(1000),
                       last_call ? std::max(call_ends, now) : deadline});
         auto slice =
             std::max(milliseconds(1),

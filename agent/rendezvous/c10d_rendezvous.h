@@ -3,6 +3,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -60,10 +61,13 @@ class C10dRendezvous : public Rendezvous {
  private:
   std::string key(int round, const std::string& name) const;
   // Closes round `r` (compare_set of r/R/closed) when it may close now: its
-  // live joiners (those not lost since) reach max_nodes, or min_nodes when
-  // `at_min` (last call over, or every expected node back or lost). Uses
+  // live joiners (those not lost since) reach max_nodes (or `can_join`, no
+  // fewer than min_nodes: the hosts a multi-host head has left), or
+  // min_nodes when `at_min` (last call over, or every expected node back or
+  // lost). Uses
   // `s`, the calling thread's connection. True when it closed it.
-  bool try_close(comm::store::TcpStore& s, int r, bool at_min);
+  bool try_close(comm::store::TcpStore& s, int r, bool at_min,
+                 int can_join = std::numeric_limits<int>::max());
   // On the watcher's connection: waits until every key in `in_keys` (the
   // expected nodes' r/R/in/ID) exists, then try_close(at_min). The agent's
   // thread stops it with stop_watcher().

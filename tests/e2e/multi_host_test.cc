@@ -403,6 +403,47 @@ TEST_P(MultiHost, AFailedHostStopsTheJobEverywhere) {
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
+// A GPU counter at DIR/gpus-once: 0 for the first host that asks, else 2.
+std::string gpus_once(const TempDir& dir) {
+  const fs::path p = dir / "gpus-once";
+  testing::write_file(p,
+                      "#!/bin/sh\nif mkdir " + (dir / "once").string() +
+                          " 2>/dev/null; then echo 0; else echo 2; fi\n",
+                      0755);
+  return p.string();
+}
+
+// An elastic job (--nnodes 2:3) whose first host to count its GPUs finds
+// none: the two others train to the end and the job succeeds, naming the
+// lost host. The head runs no agent here. Their first round closes once
+// both joined, not at the last call (600 s, past the test's bound); the
+// job once stopped everywhere at the first failure, with its status.
+TEST_P(MultiHost, AnElasticJobGoesOnWithoutAHostThatFailedBeforeJoining) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  CommandResult r = testing::run_command(
+      cmd(head("127.0.0.[2-4]", mark,
+               {"-x", "DLAUNCH_CUDA_DEVICES=" + gpus_once(dir), "--nnodes",
+                "2:3", "--rdzv-conf", "last_call_timeout=600",
+                "--nproc-per-node", "gpu", "sh", "-c",
+                "sleep 1; echo DONE $RANK of $WORLD_SIZE"}),
+          env()),
+      90s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_THAT(r.out, HasSubstr("DONE " + std::to_string(rank) + " of 4\n"));
+  }
+  EXPECT_THAT(r.err, HasSubstr("no CUDA device is visible"));
+  EXPECT_THAT(r.err,
+              ::testing::ContainsRegex(
+                  "dlaunch: the job finished without 127\\.0\\.0\\.[2-4] "
+                  "\\(exit 2\\), whose agent ended \\(its lines above say "
+                  "why\\): an elastic job \\(--nnodes 2:3\\) goes on while at "
+                  "least 2 hosts are left\n"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 // The head hosts the agents' store, which raises its open-file limit;
 // workers on every host, the head's own among them, get the one dlaunch
 // was started with (they got the raised one).
@@ -941,6 +982,56 @@ TEST(MultiHostHead, AHostFailingBeforeJoiningEndsTheJobAtOnce) {
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
+// An elastic job (--nnodes 2:3, then `rest`) on this machine, which
+// counts 2 GPUs, and 127.0.0.3-4, which count theirs with `counter`.
+CommandResult run_elastic_with_the_head(const TempDir& dir,
+                                        const std::string& mark,
+                                        const std::string& counter,
+                                        std::vector<std::string> rest) {
+  rest.insert(rest.begin(),
+              {"-x", "DLAUNCH_CUDA_DEVICES=" + counter, "--nnodes", "2:3"});
+  return testing::run_command(
+      cmd(head("local", "localhost,127.0.0.3,127.0.0.4", mark, rest),
+          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)}}),
+      90s);
+}
+
+// The same with this machine among the hosts (its agent in-process): the
+// job goes on with it and the host left, without a last call.
+TEST(MultiHostHead, AnElasticJobGoesOnWithoutAHostThatFailedBeforeJoining) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  CommandResult r = run_elastic_with_the_head(
+      dir, mark, gpus_once(dir),
+      {"--rdzv-conf", "last_call_timeout=600", "--nproc-per-node", "gpu", "sh",
+       "-c", "sleep 1; echo DONE $RANK of $WORLD_SIZE"});
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("localhost [default0]:DONE 0 of 4\n"));
+  EXPECT_THAT(r.out, HasSubstr("DONE 3 of 4\n"));
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "dlaunch: the job finished without "
+                         "127\\.0\\.0\\.[34] \\(exit 2\\), whose agent ended"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
+// An elastic job whose group fails with no restart left fails everywhere:
+// its status is the root cause's, though this machine's agent (whose
+// worker failed) ended first and 2 of 3 hosts would be enough. This
+// machine's workers are told apart by their count (2 GPUs; the hosts 3).
+TEST(MultiHostHead, AnElasticGroupThatFailsEverywhereEndsWithItsStatus) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  CommandResult r = run_elastic_with_the_head(
+      dir, mark, fake_gpu_counter(dir, 3),
+      {"--nproc-per-node", "gpu", "sh", "-c",
+       "if [ $LOCAL_WORLD_SIZE = 2 ]; then exit 3; fi; exec sleep 300"});
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("the job finished without")));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 // A job on this machine and 127.0.0.3-4 (--nproc-per-node gpu, workers
 // that sleep) whose hosts count their GPUs with `counter`: it must end
 // within the test's minute with exit 2 and an error matching `why`.
@@ -986,17 +1077,12 @@ TEST(MultiHostHead, AHostFailingUnderPdshEndsTheJobAtOnce) {
     GTEST_SKIP() << "pdsh is not installed (scripts/setup installs it)";
   }
   TempDir dir;
-  const fs::path once = dir / "once";
-  testing::write_file(dir / "gpus-once",
-                      "#!/bin/sh\nif mkdir " + once.string() +
-                          " 2>/dev/null; then echo 0; else echo 2; fi\n",
-                      0755);
   expect_lost_hosts_end_the_job(
-      "pdsh", (dir / "gpus-once").string(), {},
+      "pdsh", gpus_once(dir), {},
       "dlaunch: rendezvous failed: the agent on 127\\.0\\.0\\.[34] ended with "
       "exit 2 \\(its lines above say why\\), leaving 2 of 3 hosts where the "
       "job needs 3");
-  EXPECT_TRUE(fs::exists(once));
+  EXPECT_TRUE(fs::exists(dir / "once"));
 }
 
 // pdsh writes the names of hosts of one domain cut at the first dot

@@ -14,6 +14,7 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include "launcher/agent_launcher.h"
 #include "launcher/cli.h"
 #include "launcher/command_runner.h"
+#include "launcher/host_losses.h"
 #include "launcher/hostfile.h"
 #include "launcher/job_print.h"
 #include "launcher/multi_host.h"
@@ -1124,6 +1126,92 @@ TEST(SlurmTaskTest, ATaskWithoutATokenOrWithTwoPerNodeIsRefused) {
 TEST(BackendsTest, ShellCommandQuotesOnlyWhatNeedsIt) {
   EXPECT_EQ(shell_command({"a", "b c", "it's", "", "$X"}),
             "a 'b c' 'it'\\''s' '' '$X'");
+}
+
+// HostLosses over real commands, one per "host": `scripts[i]` runs for
+// host hosts[i]; what it tells is collected in order.
+struct Losses {
+  std::vector<AgentCommand> cmds;
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::string>> told;
+  bool store_up = true;
+
+  explicit Losses(const std::vector<std::string>& scripts) {
+    for (size_t i = 0; i < scripts.size(); ++i) {
+      AgentCommand c;
+      c.argv = {"sh", "-c", scripts[i]};
+      c.hosts = {std::string(1, static_cast<char>('a' + i))};
+      cmds.push_back(c);
+    }
+  }
+  HostLosses::Tell tell() {
+    return [this](const std::string& k, const std::string& v) {
+      std::lock_guard<std::mutex> lock(mu);
+      told.emplace_back(k, v);
+      return store_up;
+    };
+  }
+  std::vector<std::pair<std::string, std::string>> seen() {
+    std::lock_guard<std::mutex> lock(mu);
+    return told;
+  }
+};
+
+using Told = std::vector<std::pair<std::string, std::string>>;
+
+// Hosts lost while enough are left are told as the count that can still
+// join; a host whose agent succeeded is no loss.
+TEST(HostLossesTest, TellsHowManyHostsAreLeftWhileEnoughAre) {
+  Losses l({"exit 3", "sleep 0.5; exit 0", "sleep 1"});
+  CommandRunner run(l.cmds, CommandOutput::kCapture);
+  HostLosses losses(run, 3, 2, l.tell());
+  ASSERT_TRUE(run.wait(std::chrono::seconds(30)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  losses.stop();
+  EXPECT_EQ(l.seen(), (Told{{"hosts_left", "2"}}));
+  EXPECT_EQ(losses.lost(),
+            (std::vector<std::pair<std::string, int>>{{"a", 3}}));
+  EXPECT_FALSE(losses.aborted());
+}
+
+// Fewer hosts left than the minimum: told once, naming them in the order
+// they ended, with the first one's status; then it watches no more.
+TEST(HostLossesTest, TooFewLeftAbortsNamingTheLostHosts) {
+  Losses l({"exit 3", "sleep 0.4; exit 4", "exec sleep 30"});
+  CommandRunner run(l.cmds, CommandOutput::kCapture);
+  HostLosses losses(run, 3, 2, l.tell());
+  for (int i = 0; i < 100 && !losses.aborted(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(losses.aborted());
+  const std::string why =
+      "the agents on a, b ended, the first with exit 3 (their lines above "
+      "say why), leaving 1 of 3 hosts where the job needs 2";
+  EXPECT_EQ(l.seen(), (Told{{"hosts_left", "2"}, {"aborted", why}}));
+  EXPECT_EQ(losses.abort_text(), why);
+  EXPECT_EQ(losses.abort_code(), 3);
+  run.signal_all(SIGKILL);
+}
+
+// The head's own agent counts like a host's; an abort the store did not
+// take is not one.
+TEST(HostLossesTest, TheHeadsOwnAgentCountsAndAnUntoldAbortIsNone) {
+  Losses l({"exec sleep 30", "sleep 0.5; exit 2"});
+  l.store_up = false;
+  CommandRunner run(l.cmds, CommandOutput::kCapture);
+  HostLosses losses(run, 3, 2, l.tell());
+  losses.lose("head", 5);
+  for (int i = 0; i < 100 && l.seen().size() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const std::string why =
+      "the agents on head, b ended, the first with exit 5 (their lines "
+      "above say why), leaving 1 of 3 hosts where the job needs 2";
+  EXPECT_EQ(l.seen(), (Told{{"hosts_left", "2"}, {"aborted", why}}));
+  EXPECT_FALSE(losses.aborted());
+  EXPECT_EQ(losses.lost(),
+            (std::vector<std::pair<std::string, int>>{{"head", 5}, {"b", 2}}));
+  run.signal_all(SIGKILL);
 }
 
 }  // namespace
