@@ -1137,7 +1137,9 @@ std::vector<FlagSpec> make_table() {
        .type = T::kPath,
        .key = "chdir",
        .default_text = "the current folder",
-       .help = "The working folder of every host's agent and workers.",
+       .help = "The working folder of every host's agent and workers (a "
+               "relative one is the head's current folder's, as mpirun's "
+               "-wdir).",
        .section = "HOSTS",
        .apply =
            [](const FlagSpec&, const std::string& v, Options& o,

@@ -392,9 +392,12 @@ std::string settle_host(const std::map<std::string, std::string>& env,
     throw std::runtime_error(cannot_enter(chdir, errno, host));
   }
   // The folder entered, as the kernel resolved it (link/.. is the link
-  // target's parent, not where a lexical reading puts it).
+  // target's parent, not where a lexical reading puts it); PWD names it, as
+  // after a shell's cd (workers read it: sh's pwd, os.environ).
   const std::filesystem::path entered = std::filesystem::current_path(ec);
-  return (ec ? where : entered).string();
+  const std::string folder = (ec ? where : entered).string();
+  ::setenv("PWD", folder.c_str(), 1);
+  return folder;
 }
 
 std::vector<std::string> agent_args(const LaunchOptions& o, const Host& h,
@@ -511,7 +514,10 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
 
   std::error_code ec;
   const fs::path cwd = fs::current_path(ec);
-  std::string chdir = o.remote.chdir.empty() ? cwd.string() : o.remote.chdir;
+  // A relative --chdir is the head's folder's on every host, as mpirun's
+  // -wdir (a remote shell starts elsewhere: ssh in the user's home).
+  const std::string chdir =
+      o.remote.chdir.empty() ? cwd.string() : (cwd / o.remote.chdir).string();
   LaunchPlan plan;
   plan.options = o.remote;
   plan.job_tag = tag;
@@ -540,7 +546,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     plan.jobs.push_back(std::move(j));
   }
   // This machine enters --chdir only when its agent starts, after the
-  // others (a relative folder is theirs to resolve): check it now.
+  // others: check it now.
   if (head_host && !o.remote.chdir.empty()) {
     const int fd = ::open(o.remote.chdir.c_str(), O_PATH | O_DIRECTORY);
     if (fd < 0) {

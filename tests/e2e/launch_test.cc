@@ -924,6 +924,11 @@ TEST(Launch, ExportEnvFileAndChdirHoldOnOneNode) {
     EXPECT_THAT(r.out, HasSubstr(std::string(rank) + "f1 flag h1 " +
                                  (dir / "work").string() + "\n"));
   }
+  // PWD names that folder, as after a shell's cd (it named the launch
+  // folder; sh mends its own, so the worker is printenv itself).
+  CommandResult p = dlaunch({"--nproc-per-node", "1", "--chdir",
+                             (dir / "work").string(), "printenv", "PWD"});
+  EXPECT_EQ(p.out, "[default0]:" + (dir / "work").string() + "\n") << p.err;
   // Their bad values are errors here too, before any worker starts.
   for (std::vector<std::string> flags :
        {std::vector<std::string>{"--chdir", (dir / "none").string()},

@@ -190,6 +190,30 @@ TEST_P(MultiHost, ARelativeProgramIsFoundFromTheHeadsFolder) {
   run_script_on_two_hosts(dir / "prog.sh", "./prog.sh", dir.path().string());
 }
 
+// A relative --chdir is the head's folder's on every host, as mpirun's
+// -wdir, and PWD names it: over ssh it was resolved from the login folder
+// (the user's home), where it does not exist.
+TEST_P(MultiHost, ARelativeChdirIsTheHeadsFolderOnEveryHost) {
+  TempDir dir;
+  fs::create_directory(dir / "sub");
+  const std::string mark = unique_mark("m");
+  testing::write_file(dir / "sub" / "prog.sh",
+                      "#!/bin/sh\necho RAN $RANK in $(pwd -P)\n", 0755);
+  testing::CommandOptions o =
+      cmd(head("127.0.0.2,127.0.0.3", mark,
+               {"--chdir", "sub", "sh", "-c", "./prog.sh; printenv PWD"}),
+          env());
+  o.cwd = dir.path().string();
+  CommandResult r = testing::run_command(o, 90s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string sub = fs::canonical(dir / "sub").string();
+  EXPECT_THAT(r.out, HasSubstr("]:RAN 0 in " + sub + "\n"));
+  EXPECT_THAT(r.out, HasSubstr("]:RAN 1 in " + sub + "\n"));
+  EXPECT_THAT(r.out, HasSubstr("127.0.0.2 [default0]:" + sub + "\n"));
+  EXPECT_THAT(r.out, HasSubstr("127.0.0.3 [default0]:" + sub + "\n"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 // A progress bar (tqdm redraws with '\r') on a remote host moves on the
 // head's console before its line ends: the agent there shows redraws as
 // they come and the head passes them on with their host.
