@@ -12,6 +12,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <variant>
@@ -22,6 +23,7 @@
 #include "agent/rendezvous/remote_rendezvous.h"
 #include "agent/rendezvous/remote_wire.h"
 #include "agent/rendezvous/static_rendezvous.h"
+#include "agent/report.h"
 #include "comm/store/client.h"
 #include "comm/store/resolve.h"
 #include "comm/store/server.h"
@@ -29,6 +31,7 @@
 #include "comm/store/token.h"
 #include "launcher/cli.h"
 #include "launcher/drill.h"
+#include "launcher/error_file.h"
 #include "launcher/job_print.h"
 #include "launcher/job_token.h"
 #include "launcher/multi_host.h"
@@ -38,7 +41,19 @@
 namespace dlaunch::launcher {
 namespace {
 
-void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
+void write_stderr(const std::string& s) {
+  note_error(s);
+  agent::write_all(STDERR_FILENO, s);
+}
+
+// The text of the file at `path` ("" when unset or unreadable).
+std::string read_error_text(const std::string& path) {
+  if (path.empty()) return "";
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return in ? text.str() : "";
+}
 
 // Makes LOG_DIR/RUN_ID for this run, or LOG_DIR/RUN_ID.N (the first N
 // free) when another run holds it (a rerun, c10d's default id "none", or
@@ -258,9 +273,31 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   }
   rdzv.reset();  // closes this agent's connections
   if (out != nullptr) *out = result;
-  // A drill's head collects every host's faults from its store (drill.h).
-  if (const char* key = std::getenv(kDrillKeyEnv);
-      key != nullptr && *key != '\0' && !r.endpoint_host.empty()) {
+  if (result.exit_code != 0) error_file_left();
+  // A multi-host head collects from its store every host's faults for a
+  // drill (drill.h), and a failed host's error file (error_file.h).
+  std::vector<std::pair<std::string, std::string>> hand_off;
+  const auto env_key = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v == nullptr ? "" : v);
+  };
+  if (std::string key = env_key(kDrillKeyEnv); !key.empty()) {
+    hand_off.emplace_back(key + "/" + options.agent.hostname,
+                          encode_drill_part(result));
+  }
+  if (std::string key = env_key(kErrorKeyEnv);
+      !key.empty() && result.exit_code != 0) {
+    const agent::WorkerRecord* root = result.root_cause();
+    hand_off.emplace_back(
+        key + "/" + options.agent.hostname,
+        encode_host_failure(
+            {.code = root && root->status ? root->status->shell_code()
+                                          : result.exit_code,
+             .root_time = root ? agent::format_time(root->end_time) : "",
+             .error_text =
+                 read_error_text(env_key("TORCHELASTIC_ERROR_FILE"))}));
+  }
+  if (!hand_off.empty() && !r.endpoint_host.empty()) {
     try {
       auto s = comm::store::TcpStore::connect(
           {.host = r.endpoint_host,
@@ -268,11 +305,10 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
            .connect_timeout = r.read_timeout,
            .timeout = r.read_timeout,
            .token = token.job});
-      s->set(std::string(key) + "/" + options.agent.hostname,
-             encode_drill_part(result));
+      for (const auto& [key, value] : hand_off) s->set(key, value);
     } catch (const std::exception& e) {
       write_stderr(std::string("dlaunch: warning: cannot hand this node's "
-                               "faults to the drill's head: ") +
+                               "faults or error file to the head: ") +
                    e.what() + "\n");
     }
   }
@@ -298,18 +334,9 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   return result.exit_code;
 }
 
-int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
-  // The head's commands on its hosts (agent_launcher.h).
-  if (!args.empty() && args[0] == "--remote-agent") {
-    return remote_agent_main(args);
-  }
-  if (!args.empty() && args[0] == "--remote-check") {
-    return remote_check_main(args);
-  }
-  if (!args.empty() && args[0] == "--remote-stop") {
-    return remote_stop_main(args);
-  }
+namespace {
+
+int run_main(const std::vector<std::string>& args) {
   ParseResult parsed =
       parse_command_line(args, agent::current_environment(), write_stderr);
   if (std::holds_alternative<HelpRequested>(parsed)) {
@@ -333,7 +360,11 @@ int main(int argc, char** argv) {
       agent::write_all(STDOUT_FILENO, dry_run_plan(options));
       return 0;
     case LaunchOptions::Mode::kRun:
+      break;
     case LaunchOptions::Mode::kDrill:
+      // Its failures are its point: no error file is left for the
+      // launcher.
+      ::unsetenv("TORCHELASTIC_ERROR_FILE");
       break;
   }
   // Other hosts: this machine is the head (multi_host.h). This one alone:
@@ -399,6 +430,26 @@ int main(int argc, char** argv) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
     return 1;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  // The head's commands on its hosts (agent_launcher.h).
+  if (!args.empty() && args[0] == "--remote-agent") {
+    return remote_agent_main(args);
+  }
+  if (!args.empty() && args[0] == "--remote-check") {
+    return remote_check_main(args);
+  }
+  if (!args.empty() && args[0] == "--remote-stop") {
+    return remote_stop_main(args);
+  }
+  // A failure no agent or host explained leaves dlaunch's own error.
+  const int code = run_main(args);
+  leave_error_file(code);
+  return code;
 }
 
 }  // namespace dlaunch::launcher

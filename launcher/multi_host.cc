@@ -15,13 +15,16 @@
 #include <thread>
 
 #include "agent/agent.h"
+#include "agent/env.h"
 #include "agent/posix_env.h"
+#include "agent/report.h"
 #include "comm/store/client.h"
 #include "comm/store/server.h"
 #include "comm/store/text.h"
 #include "launcher/agent_launcher.h"
 #include "launcher/command_runner.h"
 #include "launcher/drill.h"
+#include "launcher/error_file.h"
 #include "launcher/flags.h"
 #include "launcher/host_losses.h"
 #include "launcher/hosts.h"
@@ -38,7 +41,10 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-void write_stderr(const std::string& s) { agent::write_all(STDERR_FILENO, s); }
+void write_stderr(const std::string& s) {
+  note_error(s);
+  agent::write_all(STDERR_FILENO, s);
+}
 
 // `bytes` random bytes as hex, from the OS's generator.
 std::string random_hex(size_t bytes) {
@@ -152,6 +158,26 @@ void stop_hosts(const AgentLauncher& backend, const LaunchPlan& plan) {
       backend.stop_commands(plan),
       plan.options.connect_timeout + std::chrono::seconds(15), plan.job_tag);
   if (!late.empty()) write_stderr(late + "\n");
+}
+
+// The failures that `hosts`' agents told the head's store under `key`
+// (error_file.h), by host; none when the store cannot be read.
+std::map<std::string, HostFailure> host_failures(
+    uint16_t port, const std::string& token, const std::string& key,
+    const std::vector<Host>& hosts) {
+  std::map<std::string, HostFailure> out;
+  try {
+    auto s = own_store(port, token);
+    for (const Host& h : hosts) {
+      const std::string k = key + "/" + h.name;
+      if (s->check({k})) out[h.name] = decode_host_failure(s->get(k));
+    }
+  } catch (const std::exception& e) {
+    write_stderr(std::string("dlaunch: warning: cannot read what ended the "
+                             "hosts' agents: ") +
+                 e.what() + "\n");
+  }
+  return out;
 }
 
 // The line of an elastic job that finished without the `lost` hosts.
@@ -511,6 +537,12 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   const bool drill = o.mode == LaunchOptions::Mode::kDrill;
   const std::string drill_key = "dlaunch/drill/" + run_id;
   if (drill) env[kDrillKeyEnv] = drill_key;
+  // Failed agents say what ended them (error_file.h).
+  const std::string error_key = "dlaunch/error/" + run_id;
+  env[kErrorKeyEnv] = error_key;
+  const auto error_file_env = head_env.find("TORCHELASTIC_ERROR_FILE");
+  const bool error_file =
+      error_file_env != head_env.end() && !error_file_env->second.empty();
 
   std::error_code ec;
   const fs::path cwd = fs::current_path(ec);
@@ -646,6 +678,8 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   int head_code = 0;
   bool head_failed = false;
   bool head_lost = false;  // elastic: the job went on without this agent
+  std::string root_host;   // another host whose failure is the job's status
+  std::string root_error;  // its error file's text, if it told one
   if (head_host) {
     // This machine's agent, in-process, meeting the others in the store.
     LaunchOptions mine = o;
@@ -703,6 +737,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       if (losses && losses->aborted() &&
           mine_result.error.find(losses->abort_text()) != std::string::npos) {
         head_code = losses->abort_code();
+        root_host = losses->lost().front().first;
       }
       // An elastic job loses this machine's agent as it would another's.
       if (head_code != 0 && elastic && losses && mine_result.stop_signal == 0 &&
@@ -785,15 +820,55 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     // for a host killed by a signal.)
     if (code == 0 && failed >= 0) {
       const auto lost = lost_hosts(starts[failed], results[failed]);
-      if (!lost.empty()) code = lost.front().second;
+      if (!lost.empty()) {
+        code = lost.front().second;
+        root_host = lost.front().first;
+      }
     }
     int largest = 0;
-    for (const CommandResult& r : results) {
-      if (r.exited) largest = std::max(largest, r.exit_code);
-      if (!r.started) largest = std::max(largest, 1);
-      for (const auto& [h, c] : r.failed_hosts) largest = std::max(largest, c);
+    std::string largest_host;
+    for (size_t i = 0; i < results.size(); ++i) {
+      const CommandResult& r = results[i];
+      const std::string first =
+          starts[i].hosts.empty() ? "" : starts[i].hosts[0];
+      if (r.exited && r.exit_code > largest) {
+        largest = r.exit_code;
+        largest_host = first;
+      }
+      if (!r.started && largest < 1) {
+        largest = 1;
+        largest_host = first;
+      }
+      for (const auto& [h, c] : r.failed_hosts) {
+        if (c > largest) {
+          largest = c;
+          largest_host = h;
+        }
+      }
     }
-    if (code == 0) code = largest;
+    if (code == 0) {
+      code = largest;
+      root_host = largest_host;
+    }
+    // The host whose own worker failed first gives the job its status and
+    // error file: the others' agents failed because it did (they tell
+    // what ended them through the store, error_file.h).
+    if (code != 0 && stop_signal == 0 && !drill) {
+      const std::map<std::string, HostFailure> told =
+          host_failures(store->port(), token, error_key, o.hosts);
+      const HostFailure* root = nullptr;
+      for (const auto& [host, f] : told) {
+        if (!f.root_time.empty() &&
+            (root == nullptr || f.root_time < root->root_time)) {
+          root = &f;
+          root_host = host;
+        }
+      }
+      if (root != nullptr) code = root->code;
+      if (auto f = told.find(root_host); f != told.end()) {
+        root_error = f->second.error_text;
+      }
+    }
     losses->stop();
     // An elastic job whose last round trained to the end (some host's agent
     // succeeded) succeeded: the hosts lost on the way are named.
@@ -817,7 +892,20 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     }
   }
   sig_io.stop();
-  if (stop_signal != 0) code = 128 + stop_signal;
+  if (stop_signal != 0) {
+    code = 128 + stop_signal;
+    note_error("dlaunch: stopped by " + agent::signal_name(stop_signal));
+  } else if (code != 0 && !root_host.empty() && error_file &&
+             !(head_host && root_host == head_host->name)) {
+    // (This machine's agent wrote its own.)
+    write_error_file(!root_error.empty()
+                         ? root_error
+                         : agent::launcher_error_json(
+                               {}, "dlaunch: the agent on " + root_host +
+                                       " ended with exit " +
+                                       std::to_string(code) +
+                                       " (its lines above say why)"));
+  }
   if (drill) {
     // Every host's agent left its faults in this store as it ended.
     agent::RunResult merged;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -20,6 +21,7 @@
 
 #include "agent/posix_env.h"
 #include "launcher/cli.h"
+#include "launcher/error_file.h"
 #include "launcher/launcher.h"
 #include "launcher/multi_host.h"
 #include "launcher/read_text.h"
@@ -219,9 +221,18 @@ int remote_agent_main(const std::vector<std::string>& args) {
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
     return 1;
   }
-  // The head's own error file (TORCH* travels, and settle_host set it):
-  // the head writes it.
+  // The head's own error file (TORCH* travels, and settle_host set it) is
+  // the head's to write: a head that has one asks for this agent's (its
+  // key set), which the agent writes to a file in memory (no file left if
+  // killed) and hands to the head's store (launch()).
   ::unsetenv("TORCHELASTIC_ERROR_FILE");
+  if (const char* key = std::getenv(kErrorKeyEnv); key && *key) {
+    const int fd = ::memfd_create("dlaunch-error-file", MFD_CLOEXEC);
+    if (fd >= 0) {
+      const std::string path = "/proc/self/fd/" + std::to_string(fd);
+      ::setenv("TORCHELASTIC_ERROR_FILE", path.c_str(), 1);
+    }
+  }
   ParseResult parsed =
       parse_command_line(job.args, agent::current_environment(), write_stderr);
   if (auto* e = std::get_if<UsageError>(&parsed)) {

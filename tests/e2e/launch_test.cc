@@ -1082,6 +1082,14 @@ TEST(Launch, AFailedRunLeavesItsRootCauseInTheLaunchersErrorFile) {
   j = nlohmann::json::parse(read_file(file), nullptr, false);
   EXPECT_THAT(j["message"]["message"].get<std::string>(),
               HasSubstr("no-such-program-xyz"));
+  // An error before any agent runs: dlaunch's own message.
+  r = dlaunch({"--chdir", (dir / "none").string(), "true"},
+              {{"TORCHELASTIC_ERROR_FILE", file}});
+  EXPECT_EQ(r.exit_code, 2);
+  j = nlohmann::json::parse(read_file(file), nullptr, false);
+  EXPECT_THAT(
+      j["message"]["message"].get<std::string>(),
+      HasSubstr("dlaunch: --chdir: cannot enter " + (dir / "none").string()));
   // The head writes it, not the hosts' agents (the variable travels to
   // them, as TORCH* does): one writer, here an unwritable path, one warning.
   r = dlaunch({"--launcher", "local", "--hosts", "localhost,127.0.0.1",

@@ -13,6 +13,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <thread>
@@ -27,6 +28,7 @@ namespace dlaunch {
 namespace {
 
 namespace fs = std::filesystem;
+using ::testing::AllOf;
 using testing::CommandResult;
 using ::testing::HasSubstr;
 using testing::marked;
@@ -83,6 +85,12 @@ std::vector<std::string> head(const std::string& launcher,
       "--local-addr", "127.0.0.1",  "-x",     "DLT_MARK=" + mark};
   argv.insert(argv.end(), rest.begin(), rest.end());
   return argv;
+}
+
+// The head's TORCHELASTIC_ERROR_FILE at `path`, parsed (discarded when it
+// is not JSON).
+nlohmann::json error_file(const std::string& path) {
+  return nlohmann::json::parse(testing::read_file(path), nullptr, false);
 }
 
 // Each test once per launcher: local; pdsh with its exec module; pdsh over
@@ -411,19 +419,31 @@ TEST_P(MultiHost, StoppingOneOfTwoJobsLeavesTheOther) {
   EXPECT_TRUE(none_marked(b, 30s));
 }
 
+// The job's status and the head's error file are the root cause's, the
+// host whose worker failed: the others' agents fail because it did, and
+// the first of them to end gave the job its status (1) and no error file.
 TEST_P(MultiHost, AFailedHostStopsTheJobEverywhere) {
+  TempDir dir;
   const std::string mark = unique_mark("m");
+  const std::string file = (dir / "head.json").string();
+  std::map<std::string, std::string> e = env();
+  e["TORCHELASTIC_ERROR_FILE"] = file;
   // Group rank 1's worker fails at once; the others would sleep.
-  CommandResult r =
-      testing::run_command(cmd(head("127.0.0.[2-4]", mark,
-                                    {"sh", "-c",
-                                     "if [ $GROUP_RANK = 1 ]; then exit 7; fi; "
-                                     "exec sleep 300"}),
-                               env()),
-                           90s);
+  CommandResult r = testing::run_command(
+      cmd(head("127.0.0.[2-4]", mark,
+               {"sh", "-c",
+                "if [ $GROUP_RANK = 1 ]; then printf '%s' '{\"message\": "
+                "{\"message\": \"boom\", \"extraInfo\": "
+                "{\"py_callstack\": \"tb\", \"timestamp\": \"1\"}}}' > "
+                "$TORCHELASTIC_ERROR_FILE; exit 7; fi; exec sleep 300"}),
+          e),
+      90s);
   EXPECT_FALSE(r.timed_out);
-  EXPECT_NE(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("exit code 7"));
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+  const nlohmann::json j = error_file(file);
+  ASSERT_FALSE(j.is_discarded()) << testing::read_file(file);
+  EXPECT_EQ(j["message"]["message"], "boom");
+  EXPECT_EQ(j["message"]["errorCode"], 7);
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
@@ -1039,6 +1059,34 @@ TEST(MultiHostHead, AnElasticJobGoesOnWithoutAHostThatFailedBeforeJoining) {
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
+// This machine among the hosts, its workers fine: the host whose worker
+// failed gives the job its status and the head's error file (this
+// machine's agent, ended by that failure, had given 1 and its own words).
+// This machine's workers are told apart by their count (2 GPUs; the host
+// 3).
+TEST(MultiHostHead, AnotherHostsRootCauseGivesTheJobItsStatusAndErrorFile) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  const std::string file = (dir / "head.json").string();
+  CommandResult r = testing::run_command(
+      cmd(head("local", "localhost,127.0.0.3", mark,
+               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 3),
+                "--nproc-per-node", "gpu", "sh", "-c",
+                "if [ $LOCAL_WORLD_SIZE = 3 ] && [ $LOCAL_RANK = 2 ]; then "
+                "exit 5; fi; exec sleep 300"}),
+          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)},
+           {"TORCHELASTIC_ERROR_FILE", file}}),
+      90s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  const nlohmann::json j = error_file(file);
+  ASSERT_FALSE(j.is_discarded()) << testing::read_file(file);
+  EXPECT_THAT(j["message"]["message"].get<std::string>(),
+              ::testing::MatchesRegex("dlaunch: local rank 2 \\(pid [0-9]+\\) "
+                                      "failed with exit code 5"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 // An elastic job whose group fails with no restart left fails everywhere:
 // its status is the root cause's, though this machine's agent (whose
 // worker failed) ended first and 2 of 3 hosts would be enough. This
@@ -1197,9 +1245,10 @@ TEST(MultiHostHead, NprocGpuOnAHostWithoutGpusFailsNamingIt) {
 TEST(MultiHostHead, PreflightTablesEveryFailedHost) {
   const std::string mark = unique_mark("m");
   TempDir dir;
+  const std::string file = (dir / "head.json").string();
   CommandResult r = testing::run_command(
-      cmd(head("local", "127.0.0.2,127.0.0.3", mark, {"./no-such-program"}), {},
-          dir.path().string()),
+      cmd(head("local", "127.0.0.2,127.0.0.3", mark, {"./no-such-program"}),
+          {{"TORCHELASTIC_ERROR_FILE", file}}, dir.path().string()),
       60s);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("pre-flight failed on 2 of 2 host(s)"));
@@ -1207,6 +1256,12 @@ TEST(MultiHostHead, PreflightTablesEveryFailedHost) {
               HasSubstr("127.0.0.2  program-missing: ./no-such-program"));
   EXPECT_THAT(r.err,
               HasSubstr("127.0.0.3  program-missing: ./no-such-program"));
+  // The head's error file holds the table (no agent ran to write one).
+  const nlohmann::json j = error_file(file);
+  ASSERT_FALSE(j.is_discarded()) << testing::read_file(file);
+  EXPECT_THAT(j["message"]["message"].get<std::string>(),
+              AllOf(HasSubstr("pre-flight failed on 2 of 2 host(s)"),
+                    HasSubstr("127.0.0.3  program-missing")));
   // A host without dlaunch gets the head's, whose own check then fails.
   TempDir cache("dlaunch-cache");
   CommandResult v = testing::run_command(

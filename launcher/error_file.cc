@@ -1,0 +1,95 @@
+#include "launcher/error_file.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "agent/posix_env.h"
+#include "agent/report.h"
+
+namespace dlaunch::launcher {
+namespace {
+
+std::mutex mu;
+std::string last_error;  // under mu
+bool left = false;       // under mu
+
+}  // namespace
+
+std::string encode_host_failure(const HostFailure& f) {
+  nlohmann::json j;
+  j["code"] = f.code;
+  j["root_time"] = f.root_time;
+  j["error_text"] = f.error_text;
+  return j.dump();
+}
+
+HostFailure decode_host_failure(const std::string& text) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("code") ||
+      !j["code"].is_number_integer() ||
+      !j.value("root_time", nlohmann::json()).is_string() ||
+      !j.value("error_text", nlohmann::json()).is_string()) {
+    throw std::runtime_error("not a host's failure record: " +
+                             text.substr(0, 80));
+  }
+  return {j["code"].get<int>(), j["root_time"].get<std::string>(),
+          j["error_text"].get<std::string>()};
+}
+
+void note_error(const std::string& text) {
+  if (text.find("dlaunch: warning:") != std::string::npos ||
+      text.find("dlaunch: note:") != std::string::npos) {
+    return;
+  }
+  std::string t = text;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  if (t.empty()) return;
+  std::lock_guard<std::mutex> lock(mu);
+  last_error = t;
+}
+
+void write_error_file(const std::string& json) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    left = true;
+  }
+  if (path == nullptr || *path == '\0') return;
+  std::ofstream out(path, std::ios::trunc);
+  out << json;
+  out.close();
+  static std::atomic<bool> warned{false};
+  if (!out && !warned.exchange(true)) {
+    agent::write_all(STDERR_FILENO,
+                     std::string("dlaunch: warning: cannot write "
+                                 "TORCHELASTIC_ERROR_FILE ") +
+                         path + ": " + std::strerror(errno) + "\n");
+  }
+}
+
+void error_file_left() {
+  std::lock_guard<std::mutex> lock(mu);
+  left = true;
+}
+
+void leave_error_file(int code) {
+  if (code == 0) return;
+  std::string why;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (left) return;
+    why = last_error.empty() ? "dlaunch: exit " + std::to_string(code)
+                             : last_error;
+  }
+  write_error_file(agent::launcher_error_json(agent::RunResult{}, why));
+}
+
+}  // namespace dlaunch::launcher

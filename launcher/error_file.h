@@ -1,0 +1,42 @@
+#pragma once
+
+// dlaunch's own error file: TORCHELASTIC_ERROR_FILE in its environment (as
+// TorchX starts torchrun), where a failed run leaves its root cause as
+// torchrun's @record main does. An agent writes it (agent.h); these cover
+// the failures outside one: the head's own errors, a remote host's failure
+// (its agent's file travels through the head's store), the pre-flight.
+
+#include <string>
+
+namespace dlaunch::launcher {
+
+// Set by a multi-host head for every agent: KEY, under which a failed
+// agent leaves its HostFailure in the head's store as KEY/HOST.
+inline constexpr char kErrorKeyEnv[] = "DLAUNCH_ERROR_KEY";
+
+// What a failed agent tells the head: its status, when its own root-cause
+// worker failed ("" when another node's failure ended it: the head then
+// looks for that node's), and the text of its error file ("" if none).
+struct HostFailure {
+  int code = 1;
+  std::string root_time;  // format_time(): sorts as text
+  std::string error_text;
+};
+std::string encode_host_failure(const HostFailure& f);
+// Throws std::runtime_error on text that is not one.
+HostFailure decode_host_failure(const std::string& text);
+
+// Notes `text`, an error dlaunch printed, as the one to leave should no
+// agent or host leave one (the last noted wins; warnings and notes are
+// not noted).
+void note_error(const std::string& text);
+// Writes `json` (a whole error file) to the file, when there is one, and
+// counts it as left.
+void write_error_file(const std::string& json);
+// An agent of this process wrote the file (it failed).
+void error_file_left();
+// For a run that ended with `code`: when not 0 and no error file was left,
+// writes the last noted error (else "dlaunch: exit CODE").
+void leave_error_file(int code);
+
+}  // namespace dlaunch::launcher
