@@ -396,9 +396,11 @@ std::vector<std::pair<std::string, int>> lost_hosts(
     const AgentCommand& command, const CommandResult& result) {
   if (!result.failed_hosts.empty()) return result.failed_hosts;
   std::vector<std::pair<std::string, int>> out;
-  if (result.exited && result.exit_code != 0) {
+  // (Not started and saying why: it could not be spawned.)
+  if ((result.exited && result.exit_code != 0) ||
+      (!result.started && !result.out.empty())) {
     for (const std::string& h : command.hosts) {
-      out.emplace_back(h, result.exit_code);
+      out.emplace_back(h, result.started ? result.exit_code : 1);
     }
   }
   return out;

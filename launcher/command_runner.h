@@ -76,7 +76,7 @@ std::string_view task_label(std::string_view line, int& task);
 
 // The hosts `command` lost so far, with their status, as `result` says:
 // those a command for many hosts (pdsh) reported failed; else, once it
-// ended in failure, all of its hosts.
+// ended in failure or could not start (status 1), all of its hosts.
 std::vector<std::pair<std::string, int>> lost_hosts(
     const AgentCommand& command, const CommandResult& result);
 

@@ -36,17 +36,21 @@ std::vector<std::pair<std::string, int>> HostLosses::lost() const {
   return gone_;
 }
 
+// These wait for an abort being told: its reader may have seen the key.
 bool HostLosses::aborted() const {
+  std::lock_guard<std::mutex> told(tell_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   return aborted_;
 }
 
 std::string HostLosses::abort_text() const {
+  std::lock_guard<std::mutex> told(tell_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   return abort_text_;
 }
 
 int HostLosses::abort_code() const {
+  std::lock_guard<std::mutex> told(tell_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   return abort_code_;
 }
@@ -87,6 +91,7 @@ void HostLosses::run(const std::stop_token& stop) {
             ", leaving " + std::to_string(left) + " of " +
             std::to_string(hosts_) + " hosts where the job needs " +
             std::to_string(min_nodes_);
+        std::lock_guard<std::mutex> told_lock(tell_mu_);
         if (tell_("aborted", why)) {
           std::lock_guard<std::mutex> l(mu_);
           aborted_ = true;

@@ -52,6 +52,8 @@ class HostLosses {
   const size_t hosts_;
   const int min_nodes_;
   const Tell tell_;
+  // Held while the abort is told and its fields set.
+  mutable std::mutex tell_mu_;
   mutable std::mutex mu_;
   std::vector<std::pair<std::string, int>> gone_;
   bool aborted_ = false;

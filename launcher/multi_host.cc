@@ -180,6 +180,18 @@ std::map<std::string, HostFailure> host_failures(
   return out;
 }
 
+// Whether the job's rendezvous says every member of a round succeeded
+// (c10d's `finished`); false when the store cannot be read.
+bool job_finished(uint16_t port, const std::string& token,
+                  const std::string& run_id) {
+  try {
+    return own_store(port, token)
+        ->check({"dlaunch/rdzv/" + run_id + "/finished"});
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 // The line of an elastic job that finished without the `lost` hosts.
 std::string finished_without(
     const std::vector<std::pair<std::string, int>>& lost, int min_nodes,
@@ -656,8 +668,10 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   const bool elastic = o.rdzv.min_nodes != o.rdzv.max_nodes;
   const int min_nodes =
       elastic ? o.rdzv.min_nodes : static_cast<int>(o.hosts.size());
+  // (A head that is no host of a fixed-size job stops every host at the
+  // first failure itself.)
   std::unique_ptr<HostLosses> losses;
-  if (remote) {
+  if (remote && (head_host || elastic)) {
     losses = std::make_unique<HostLosses>(
         *remote, o.hosts.size(), min_nodes,
         [&](const std::string& key, const std::string& value) {
@@ -678,6 +692,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   int head_code = 0;
   bool head_failed = false;
   bool head_lost = false;  // elastic: the job went on without this agent
+  int head_signal = 0;     // the stop signal this machine's agent had
   std::string root_host;   // another host whose failure is the job's status
   std::string root_error;  // its error file's text, if it told one
   if (head_host) {
@@ -731,6 +746,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
         write_stderr(std::string("dlaunch: ") + e.what() + "\n");
         head_code = 1;
       }
+      head_signal = mine_result.stop_signal;
       // The failed host's status is the job's, as when the head is no host,
       // when the abort is what ended this machine's agent (not a signal or
       // a failure of its own that the host's failure followed).
@@ -739,22 +755,22 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
         head_code = losses->abort_code();
         root_host = losses->lost().front().first;
       }
-      // An elastic job loses this machine's agent as it would another's.
-      if (head_code != 0 && elastic && losses && mine_result.stop_signal == 0 &&
-          !losses->aborted()) {
-        losses->lose(head_host->name, head_code);
-        const size_t left = o.hosts.size() - losses->lost().size();
-        head_lost = static_cast<int>(left) >= min_nodes;
-        if (head_lost) {
-          write_stderr("dlaunch: this machine's agent ended with exit " +
-                       std::to_string(head_code) +
-                       "; waiting for the other hosts' agents (an elastic "
-                       "job, --nnodes " +
-                       std::to_string(o.rdzv.min_nodes) + ":" +
-                       std::to_string(o.rdzv.max_nodes) +
-                       ", goes on while at least " +
-                       std::to_string(o.rdzv.min_nodes) + " hosts are left)\n");
-        }
+    }
+    // An elastic job loses this machine's agent as it would another's.
+    if (head_code != 0 && elastic && losses && head_signal == 0 &&
+        !losses->aborted()) {
+      losses->lose(head_host->name, head_code);
+      const size_t left = o.hosts.size() - losses->lost().size();
+      head_lost = static_cast<int>(left) >= min_nodes;
+      if (head_lost && !remote->wait(milliseconds(0))) {
+        write_stderr("dlaunch: this machine's agent ended with exit " +
+                     std::to_string(head_code) +
+                     "; waiting for the other hosts' agents (an elastic "
+                     "job, --nnodes " +
+                     std::to_string(o.rdzv.min_nodes) + ":" +
+                     std::to_string(o.rdzv.max_nodes) +
+                     ", goes on while at least " +
+                     std::to_string(o.rdzv.min_nodes) + " hosts are left)\n");
       }
     }
     head_failed = head_code != 0;
@@ -764,9 +780,14 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   if (remote && (!head_host || head_lost)) {
     if (elastic) {
       // Every host's end, too few hosts left, or a signal.
+      // Once the job finished, the hosts still running get the bounded
+      // wait below (a frozen host's ssh would hold the head).
       if (head_lost) handle_signals();
-      while (!remote->wait(milliseconds(200)) && stop_signal == 0 &&
-             !losses->aborted()) {
+      for (int i = 1;
+           !remote->wait(milliseconds(200)) && stop_signal == 0 &&
+           !losses->aborted() &&
+           !(i % 5 == 0 && job_finished(store->port(), token, run_id));
+           ++i) {
       }
     } else {
       // The end, a failed host, or a signal (interrupt()).
@@ -869,10 +890,12 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
         root_error = f->second.error_text;
       }
     }
-    losses->stop();
-    // An elastic job whose last round trained to the end (some host's agent
-    // succeeded) succeeded: the hosts lost on the way are named.
-    if (elastic && code != 0 && stop_signal == 0) {
+    if (losses) losses->stop();
+    // An elastic job whose last round trained to the end (every member's
+    // workers succeeded: the rendezvous's `finished`) succeeded: the hosts
+    // lost on the way are named.
+    if (elastic && code != 0 && stop_signal == 0 && head_signal == 0 &&
+        !losses->aborted() && job_finished(store->port(), token, run_id)) {
       size_t succeeded = head_host && !head_failed ? 1 : 0;
       std::vector<std::pair<std::string, int>> lost;
       if (head_host && head_failed)

@@ -1026,18 +1026,28 @@ TEST(MultiHostHead, AHostFailingBeforeJoiningEndsTheJobAtOnce) {
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
-// An elastic job (--nnodes 2:3, then `rest`) on this machine, which
-// counts 2 GPUs, and 127.0.0.3-4, which count theirs with `counter`.
+// A job on this machine, which counts 2 GPUs, and the other `hosts`
+// (--hosts, this machine first), which count theirs with `counter`; then
+// `rest`, under the head's `env` on top of the GPU count.
+CommandResult run_with_the_head(const TempDir& dir, const std::string& mark,
+                                const std::string& hosts,
+                                const std::string& counter,
+                                std::vector<std::string> rest,
+                                std::map<std::string, std::string> env = {}) {
+  rest.insert(rest.begin(), {"-x", "DLAUNCH_CUDA_DEVICES=" + counter});
+  env["DLAUNCH_CUDA_DEVICES"] = fake_gpu_counter(dir, 2);
+  return testing::run_command(cmd(head("local", hosts, mark, rest), env), 90s);
+}
+
+// An elastic job (--nnodes 2:3, then `rest`) on this machine and
+// 127.0.0.3-4, as run_with_the_head.
 CommandResult run_elastic_with_the_head(const TempDir& dir,
                                         const std::string& mark,
                                         const std::string& counter,
                                         std::vector<std::string> rest) {
-  rest.insert(rest.begin(),
-              {"-x", "DLAUNCH_CUDA_DEVICES=" + counter, "--nnodes", "2:3"});
-  return testing::run_command(
-      cmd(head("local", "localhost,127.0.0.3,127.0.0.4", mark, rest),
-          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)}}),
-      90s);
+  rest.insert(rest.begin(), {"--nnodes", "2:3"});
+  return run_with_the_head(dir, mark, "localhost,127.0.0.3,127.0.0.4", counter,
+                           rest);
 }
 
 // The same with this machine among the hosts (its agent in-process): the
@@ -1068,15 +1078,12 @@ TEST(MultiHostHead, AnotherHostsRootCauseGivesTheJobItsStatusAndErrorFile) {
   TempDir dir;
   const std::string mark = unique_mark("m");
   const std::string file = (dir / "head.json").string();
-  CommandResult r = testing::run_command(
-      cmd(head("local", "localhost,127.0.0.3", mark,
-               {"-x", "DLAUNCH_CUDA_DEVICES=" + fake_gpu_counter(dir, 3),
-                "--nproc-per-node", "gpu", "sh", "-c",
-                "if [ $LOCAL_WORLD_SIZE = 3 ] && [ $LOCAL_RANK = 2 ]; then "
-                "exit 5; fi; exec sleep 300"}),
-          {{"DLAUNCH_CUDA_DEVICES", fake_gpu_counter(dir, 2)},
-           {"TORCHELASTIC_ERROR_FILE", file}}),
-      90s);
+  CommandResult r = run_with_the_head(
+      dir, mark, "localhost,127.0.0.3", fake_gpu_counter(dir, 3),
+      {"--nproc-per-node", "gpu", "sh", "-c",
+       "if [ $LOCAL_WORLD_SIZE = 3 ] && [ $LOCAL_RANK = 2 ]; then exit 5; fi; "
+       "exec sleep 300"},
+      {{"TORCHELASTIC_ERROR_FILE", file}});
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 5) << r.err;
   const nlohmann::json j = error_file(file);
@@ -1100,6 +1107,25 @@ TEST(MultiHostHead, AnElasticGroupThatFailsEverywhereEndsWithItsStatus) {
        "if [ $LOCAL_WORLD_SIZE = 2 ]; then exit 3; fi; exec sleep 300"});
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_THAT(r.err, Not(HasSubstr("the job finished without")));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
+// An elastic job succeeds only when a round's members all succeeded: a
+// host that exits 0 after its exit barrier timed out (2 s) while this
+// machine's workers still run does not make their later failure (exit 7)
+// a success (the job once exited 0 "without localhost"). This machine's
+// workers are told apart by their count (2 GPUs; the host 3).
+TEST(MultiHostHead, AnElasticJobWhoseLastRoundFailedFails) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  CommandResult r = run_with_the_head(
+      dir, mark, "localhost,127.0.0.3", fake_gpu_counter(dir, 3),
+      {"--nnodes", "1:2", "--exit-barrier-timeout", "2", "--nproc-per-node",
+       "gpu", "sh", "-c",
+       "if [ $LOCAL_WORLD_SIZE = 2 ]; then sleep 4; exit 7; fi"});
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 7) << r.err;
   EXPECT_THAT(r.err, Not(HasSubstr("the job finished without")));
   EXPECT_TRUE(none_marked(mark, 30s));
 }
