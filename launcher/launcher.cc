@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -45,6 +46,9 @@ void write_stderr(const std::string& s) {
   note_error(s);
   agent::write_all(STDERR_FILENO, s);
 }
+
+// The bound on handing a node's end to a multi-host head's store.
+constexpr std::chrono::milliseconds kHandOffTimeout(5000);
 
 // The text of the file at `path` ("" when unset or unreadable).
 std::string read_error_text(const std::string& path) {
@@ -285,8 +289,9 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
     hand_off.emplace_back(key + "/" + options.agent.hostname,
                           encode_drill_part(result));
   }
+  // (An agent stopped by a signal was stopped by the head, or lost it.)
   if (std::string key = env_key(kErrorKeyEnv);
-      !key.empty() && result.exit_code != 0) {
+      !key.empty() && result.exit_code != 0 && result.stop_signal == 0) {
     const agent::WorkerRecord* root = result.root_cause();
     hand_off.emplace_back(
         key + "/" + options.agent.hostname,
@@ -302,8 +307,9 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
       auto s = comm::store::TcpStore::connect(
           {.host = r.endpoint_host,
            .port = static_cast<uint16_t>(r.endpoint_port),
-           .connect_timeout = r.read_timeout,
-           .timeout = r.read_timeout,
+           // A head that died must not hold this agent long.
+           .connect_timeout = std::min(r.read_timeout, kHandOffTimeout),
+           .timeout = std::min(r.read_timeout, kHandOffTimeout),
            .token = token.job});
       for (const auto& [key, value] : hand_off) s->set(key, value);
     } catch (const std::exception& e) {
