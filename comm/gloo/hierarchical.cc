@@ -35,9 +35,13 @@ bool GlooProcessGroup::ensure_hierarchy() {
       if (hosts[j] == h) members.push_back(j);
     }
     leaders.push_back(members.front());
-    if (auto g = new_group(members)) local_ = std::move(g);
+    if (auto g = new_group(members)) {
+      local_ = std::move(g);
+      local_ranks_ = members;
+    }
   }
   leaders_ = new_group(leaders);
+  if (leaders_) leader_ranks_ = leaders;
   return true;
 }
 
@@ -53,16 +57,41 @@ bool GlooProcessGroup::ensure_hierarchy() {
 bool GlooProcessGroup::hier_all_reduce(Tensor t, ReduceOp rop) {
   if (g_->all_local || !ensure_hierarchy()) return false;
   const ReduceOp op = rop == ReduceOp::kAvg ? ReduceOp::kSum : rop;
+  // The phase's group and its members' world ranks.
+  const GlooProcessGroup* phase = nullptr;
+  const std::vector<int>* members = &local_ranks_;
   try {
+    phase = dynamic_cast<const GlooProcessGroup*>(local_.get());
     local_->reduce(t, 0, op);
-    if (leaders_) leaders_->all_reduce(t, op);
+    if (leaders_) {
+      phase = dynamic_cast<const GlooProcessGroup*>(leaders_.get());
+      members = &leader_ranks_;
+      leaders_->all_reduce(t, op);
+    }
+    phase = dynamic_cast<const GlooProcessGroup*>(local_.get());
+    members = &local_ranks_;
     local_->broadcast(t, 0);
   } catch (const CommError& e) {
     const bool timed_out = dynamic_cast<const CommTimeoutError*>(&e);
     const std::string what = e.what();
+    // The ranks the phase named, as world ranks (a timeout once said
+    // "none reported a failure" here, naming them only in the phase's).
+    auto world = [&](const std::vector<int>& ranks) {
+      std::vector<int> out;
+      for (int r : ranks) {
+        if (r >= 0 && static_cast<size_t>(r) < members->size()) {
+          out.push_back((*members)[static_cast<size_t>(r)]);
+        }
+      }
+      return out;
+    };
+    const std::vector<int> missing =
+        phase ? world(phase->failed_missing_) : std::vector<int>{};
+    const std::vector<int> gone =
+        phase ? world(phase->failed_gone_) : std::vector<int>{};
     leaders_.reset();
     local_.reset();
-    fail("all_reduce", what, {}, {}, timed_out);
+    fail("all_reduce", what, missing, gone, timed_out);
   }
   if (rop == ReduceOp::kAvg) divide_in_place(t, size());
   took("hierarchical");

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -35,6 +36,7 @@ using dlaunch::testing::Subprocess;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const std::string kWorker = dlaunch::testing::bin("comm_test_worker");
 const std::string kDlaunch = dlaunch::testing::bin("dlaunch");
@@ -428,6 +430,26 @@ TEST(MultiProcessTest, PeerKilledMidEachSharedMemoryOperationFailsTheOthers) {
   expect_no_new_shm(before);
 }
 
+// Four ranks on two simulated hosts (ranks 0,1 and 2,3) looping over
+// 16 MiB all_reduces (the hierarchical path) with DLAUNCH_COMM_TIMEOUT
+// `timeout`; empty unless every rank got ready.
+std::vector<std::unique_ptr<Subprocess>> start_on_two_hosts(
+    const std::string& timeout) {
+  auto procs = start_workers(4, {"op-loop", "all_reduce", "16777216"},
+                             {{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", std::to_string(free_port())},
+                              {"DLAUNCH_COMM_TIMEOUT", timeout},
+                              {"DLAUNCH_COMM_TEST_HOSTS", "a,a,b,b"}});
+  for (int r = 0; r < 4; ++r) {
+    if (!procs[r]->wait_for_output("rank " + std::to_string(r) + " ready",
+                                   seconds(30))) {
+      ADD_FAILURE() << "rank " << r << " not ready: " << procs[r]->err();
+      return {};
+    }
+  }
+  return procs;
+}
+
 // Two simulated hosts (ranks 0,1 and 2,3): the hierarchical all_reduce.
 // Rank 2, host b's leader, is stopped (rank 0 waits for it among the
 // leaders, rank 1 for rank 0 in its host's broadcast, rank 3 for rank 2),
@@ -437,16 +459,8 @@ TEST(MultiProcessTest, PeerKilledMidEachSharedMemoryOperationFailsTheOthers) {
 // rank 1 lost" on group 'world/3').
 TEST(MultiProcessTest, ARankKilledMidHierarchicalAllReduceFailsTheOthers) {
   const std::set<std::string> before = shm_names();
-  auto procs = start_workers(4, {"op-loop", "all_reduce", "16777216"},
-                             {{"MASTER_ADDR", "127.0.0.1"},
-                              {"MASTER_PORT", std::to_string(free_port())},
-                              {"DLAUNCH_COMM_TIMEOUT", "60"},
-                              {"DLAUNCH_COMM_TEST_HOSTS", "a,a,b,b"}});
-  for (int r = 0; r < 4; ++r) {
-    ASSERT_TRUE(procs[r]->wait_for_output(
-        "rank " + std::to_string(r) + " ready", seconds(30)))
-        << procs[r]->err();
-  }
+  auto procs = start_on_two_hosts("60");
+  ASSERT_EQ(procs.size(), 4u);
   procs[2]->signal(SIGSTOP);
   ASSERT_TRUE(eventually([&] { return process_state(procs[2]->pid()) == 'T'; },
                          seconds(10)));
@@ -465,6 +479,32 @@ TEST(MultiProcessTest, ARankKilledMidHierarchicalAllReduceFailsTheOthers) {
         << res.err;
   }
   expect_no_new_shm(before);
+}
+
+// The same hierarchy, rank 3 (host b, not its leader) stopped for good in
+// the middle of 16 MiB all_reduces: the others time out naming the late
+// ranks as world ranks before any sub-group's words; a phase's timeout
+// said "none reported a failure" on the world group and named them only
+// as the sub-group's ranks.
+TEST(MultiProcessTest, AHierarchicalAllReduceTimeoutNamesTheLateWorldRanks) {
+  auto procs = start_on_two_hosts("3");
+  ASSERT_EQ(procs.size(), 4u);
+  procs[3]->signal(SIGSTOP);
+  // Rank 2 waits for rank 3 in host b's reduce; ranks 0 and 1 for whom
+  // their phase lacks (rank 2 among the leaders, rank 0 in host a's).
+  for (int r : {0, 1, 2}) {
+    CommandResult res = procs[r]->wait(seconds(30));
+    EXPECT_FALSE(res.timed_out) << "rank " << r << " hung";
+    EXPECT_EQ(res.exit_code, 3) << "rank " << r << ": " << res.err;
+    EXPECT_THAT(res.err,
+                ::testing::ContainsRegex(
+                    "all_reduce on group 'world' \\(rank " + std::to_string(r) +
+                    " of 4\\) failed: timed out after [^[]*waiting for rank " +
+                    (r == 2 ? "3" : "[0-3]")))
+        << res.err;
+    EXPECT_THAT(res.err, Not(HasSubstr("none reported a failure")));
+  }
+  procs[3]->signal(SIGKILL);
 }
 
 // Rank 1 is SIGKILLed while rank 2 is stopped: rank 0 sees it leave (also
