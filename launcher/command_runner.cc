@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -192,6 +193,10 @@ struct CommandRunner::Impl {
           c.reaped = true;
           c.result.exited = !ec;
           c.result.exit_code = ec ? -1 : code;
+          // Boost gives a signal's number as the code: a shell's 128+N.
+          if (!ec && WIFSIGNALED(c.proc->native_exit_code())) {
+            c.result.exit_code = 128 + WTERMSIG(c.proc->native_exit_code());
+          }
           if (!ec && code != 0 && failed < 0) {
             failed = index(c);
           }

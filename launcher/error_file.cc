@@ -44,7 +44,7 @@ HostFailure decode_host_failure(const std::string& text) {
           j["error_text"].get<std::string>()};
 }
 
-void note_error(const std::string& text) {
+void note_error(const std::string& text, bool replace) {
   if (text.find("dlaunch: warning:") != std::string::npos ||
       text.find("dlaunch: note:") != std::string::npos) {
     return;
@@ -53,7 +53,7 @@ void note_error(const std::string& text) {
   while (!t.empty() && t.back() == '\n') t.pop_back();
   if (t.empty()) return;
   std::lock_guard<std::mutex> lock(mu);
-  last_error = t;
+  if (replace || last_error.empty()) last_error = t;
 }
 
 void write_error_file(const std::string& json) {

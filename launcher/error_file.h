@@ -27,9 +27,9 @@ std::string encode_host_failure(const HostFailure& f);
 HostFailure decode_host_failure(const std::string& text);
 
 // Notes `text`, an error dlaunch printed, as the one to leave should no
-// agent or host leave one (the last noted wins; warnings and notes are
-// not noted).
-void note_error(const std::string& text);
+// agent or host leave one: the first noted, unless `replace` (later lines
+// tend to be the teardown's); warnings and notes are not noted.
+void note_error(const std::string& text, bool replace = false);
 // Writes `json` (a whole error file) to the file, when there is one, and
 // counts it as left.
 void write_error_file(const std::string& json);

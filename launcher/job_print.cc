@@ -29,8 +29,11 @@ std::vector<std::string> split(const std::string& s, char sep) {
 std::string absolute(const std::string& p, bool command,
                      const fs::path& base = {}) {
   if (p.empty() || (command && p.find('/') == std::string::npos)) return p;
-  const fs::path full =
-      base.empty() || fs::path(p).is_absolute() ? fs::absolute(p) : base / p;
+  std::error_code ec;  // (the current folder unreadable: as given)
+  const fs::path here = fs::absolute(p, ec);
+  const fs::path full = base.empty() || fs::path(p).is_absolute()
+                            ? (ec ? fs::path(p) : here)
+                            : base / p;
   return full.lexically_normal().string();
 }
 
@@ -72,8 +75,10 @@ std::string host_text(const Host& h) {
 // Where the agents run: --chdir from the launch folder; empty: here.
 fs::path agents_dir(const LaunchOptions& o) {
   if (o.remote.chdir.empty()) return {};
+  std::error_code ec;  // (the current folder unreadable: as given)
+  const fs::path absolute = fs::absolute(o.remote.chdir, ec);
   return fs::path(o.remote.chdir).is_absolute() || o.launch_dir.empty()
-             ? fs::absolute(o.remote.chdir)
+             ? (ec ? fs::path(o.remote.chdir) : absolute)
              : o.launch_dir / o.remote.chdir;
 }
 

@@ -1,6 +1,7 @@
 #include "launcher/multi_host.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -178,6 +179,27 @@ std::map<std::string, HostFailure> host_failures(
                  e.what() + "\n");
   }
   return out;
+}
+
+// Whether `a` and `b` name one folder (device and inode).
+bool same_folder(const fs::path& a, const fs::path& b) {
+  struct stat sa {
+  }, sb{};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
+         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+// This process's folder as its shell named it: $PWD when it names the
+// current folder (links kept, as the hosts may know only that path: NFS
+// or autofs homes), else the resolved path (OpenMPI's getcwd does so).
+fs::path head_folder(std::error_code& ec) {
+  const fs::path resolved = fs::current_path(ec);
+  if (const char* pwd = std::getenv("PWD");
+      pwd != nullptr && fs::path(pwd).is_absolute() && same_folder(pwd, ".")) {
+    ec.clear();
+    return pwd;
+  }
+  return resolved;
 }
 
 // Whether the job's rendezvous says every member of a round succeeded
@@ -434,7 +456,12 @@ std::string settle_host(const std::map<std::string, std::string>& env,
   // after a shell's cd (workers read it: sh's pwd, os.environ).
   const std::filesystem::path entered = std::filesystem::current_path(ec);
   const std::string folder = (ec ? where : entered).string();
-  ::setenv("PWD", folder.c_str(), 1);
+  // PWD as a shell's cd leaves it: the path given (links kept) when it
+  // names the folder entered, else the resolved one.
+  const std::string pwd = same_folder(where.lexically_normal(), ".")
+                              ? where.lexically_normal().string()
+                              : folder;
+  ::setenv("PWD", pwd.c_str(), 1);
   return folder;
 }
 
@@ -557,7 +584,16 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       error_file_env != head_env.end() && !error_file_env->second.empty();
 
   std::error_code ec;
-  const fs::path cwd = fs::current_path(ec);
+  const fs::path cwd = head_folder(ec);
+  if (ec && !fs::path(o.remote.chdir).is_absolute()) {
+    write_stderr("dlaunch: cannot read the current folder (" + ec.message() +
+                 "), where the hosts would run" +
+                 (o.remote.chdir.empty()
+                      ? ""
+                      : " (--chdir " + o.remote.chdir + " is relative to it)") +
+                 "; give an absolute --chdir\n");
+    return 2;
+  }
   // A relative --chdir is the head's folder's on every host, as mpirun's
   // -wdir (a remote shell starts elsewhere: ssh in the user's home).
   const std::string chdir =
@@ -629,7 +665,10 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     failures = ship_where_missing(
         *backend, plan, std::move(failures), self,
         [&](const LaunchPlan& p) { return preflight(*backend, p); },
-        [](const std::string& line) { write_stderr(line + "\n"); });
+        // (Progress, not errors: not noted for the error file.)
+        [](const std::string& line) {
+          agent::write_all(STDERR_FILENO, line + "\n");
+        });
     if (!failures.empty()) {
       write_stderr(preflight_table(failures, plan.jobs.size()));
       // The pdsh job file may be in place on the hosts that passed.
@@ -763,14 +802,15 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       const size_t left = o.hosts.size() - losses->lost().size();
       head_lost = static_cast<int>(left) >= min_nodes;
       if (head_lost && !remote->wait(milliseconds(0))) {
-        write_stderr("dlaunch: this machine's agent ended with exit " +
-                     std::to_string(head_code) +
-                     "; waiting for the other hosts' agents (an elastic "
-                     "job, --nnodes " +
-                     std::to_string(o.rdzv.min_nodes) + ":" +
-                     std::to_string(o.rdzv.max_nodes) +
-                     ", goes on while at least " +
-                     std::to_string(o.rdzv.min_nodes) + " hosts are left)\n");
+        agent::write_all(
+            STDERR_FILENO,
+            "dlaunch: this machine's agent ended with exit " +
+                std::to_string(head_code) +
+                "; waiting for the other hosts' agents (an elastic "
+                "job, --nnodes " +
+                std::to_string(o.rdzv.min_nodes) + ":" +
+                std::to_string(o.rdzv.max_nodes) + ", goes on while at least " +
+                std::to_string(o.rdzv.min_nodes) + " hosts are left)\n");
       }
     }
     head_failed = head_code != 0;
@@ -783,10 +823,18 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       // Once the job finished, the hosts still running get the bounded
       // wait below (a frozen host's ssh would hold the head).
       if (head_lost) handle_signals();
-      for (int i = 1;
-           !remote->wait(milliseconds(200)) && stop_signal == 0 &&
-           !losses->aborted() &&
-           !(i % 5 == 0 && job_finished(store->port(), token, run_id));
+      std::unique_ptr<comm::store::TcpStore> watch;  // one, kept open
+      auto finished = [&] {
+        try {
+          if (!watch) watch = own_store(store->port(), token);
+          return watch->check({"dlaunch/rdzv/" + run_id + "/finished"});
+        } catch (const std::exception&) {
+          watch.reset();
+          return false;
+        }
+      };
+      for (int i = 1; !remote->wait(milliseconds(200)) && stop_signal == 0 &&
+                      !losses->aborted() && !(i % 5 == 0 && finished());
            ++i) {
       }
     } else {
@@ -874,11 +922,14 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     // The host whose own worker failed first gives the job its status and
     // error file: the others' agents failed because it did (they tell
     // what ended them through the store, error_file.h).
-    if (code != 0 && stop_signal == 0 && !drill) {
+    // (Not over a signal this machine's agent took; and a first lost host
+    // that told nothing, killed, may be the root itself.)
+    if (code != 0 && stop_signal == 0 && head_signal == 0 && !drill) {
       const std::map<std::string, HostFailure> told =
           host_failures(store->port(), token, error_key, o.hosts);
       const HostFailure* root = nullptr;
       for (const auto& [host, f] : told) {
+        if (!root_host.empty() && !told.contains(root_host)) break;
         if (!f.root_time.empty() &&
             (root == nullptr || f.root_time < root->root_time)) {
           root = &f;
@@ -917,7 +968,8 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   sig_io.stop();
   if (stop_signal != 0) {
     code = 128 + stop_signal;
-    note_error("dlaunch: stopped by " + agent::signal_name(stop_signal));
+    note_error("dlaunch: stopped by " + agent::signal_name(stop_signal),
+               /*replace=*/true);
   } else if (code != 0 && !root_host.empty() && error_file &&
              !(head_host && root_host == head_host->name)) {
     // (This machine's agent wrote its own.)

@@ -929,6 +929,11 @@ TEST(Launch, ExportEnvFileAndChdirHoldOnOneNode) {
   CommandResult p = dlaunch({"--nproc-per-node", "1", "--chdir",
                              (dir / "work").string(), "printenv", "PWD"});
   EXPECT_EQ(p.out, "[default0]:" + (dir / "work").string() + "\n") << p.err;
+  // Through a link, the path given, as a shell's cd keeps it.
+  std::filesystem::create_directory_symlink(dir / "work", dir / "link");
+  p = dlaunch({"--nproc-per-node", "1", "--chdir", (dir / "link").string(),
+               "printenv", "PWD"});
+  EXPECT_EQ(p.out, "[default0]:" + (dir / "link").string() + "\n") << p.err;
   // Their bad values are errors here too, before any worker starts.
   for (std::vector<std::string> flags :
        {std::vector<std::string>{"--chdir", (dir / "none").string()},

@@ -679,6 +679,34 @@ TEST(MultiHostHead, ARemoteAgentsMissingChdirNamesTheHostAndTheFix) {
   EXPECT_THAT(r.out, Not(HasSubstr("STARTED")));
 }
 
+// A head whose current folder was removed cannot say where the hosts run
+// (with no --chdir, or a relative one): a clear error, not a crash (an
+// abort) or hosts quietly running in their home folders; --print-config
+// prints the folder as given.
+TEST(MultiHostHead, AnUnreadableCurrentFolderNeedsAnAbsoluteChdir) {
+  TempDir dir;
+  auto from_removed = [&](const std::string& flags) {
+    return testing::run_command(
+        cmd({"sh", "-c",
+             "mkdir gone && cd gone && rmdir ../gone && exec " + kDlaunch +
+                 " --launcher local --hosts 127.0.0.2,127.0.0.3 --local-addr "
+                 "127.0.0.1 " +
+                 flags + " true"},
+            {}, dir.path().string()),
+        60s);
+  };
+  for (const std::string flags : {"", "--chdir ../sub"}) {
+    CommandResult r = from_removed(flags);
+    EXPECT_EQ(r.exit_code, 2) << flags << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("dlaunch: cannot read the current folder"))
+        << flags;
+    EXPECT_THAT(r.err, HasSubstr("give an absolute --chdir")) << flags;
+  }
+  CommandResult p = from_removed("--chdir ../sub --print-config");
+  EXPECT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_THAT(p.out, HasSubstr("chdir: ../sub\n"));
+}
+
 TEST(MultiHostHead, AHostfileWithSlotsAndExcludedGpusSetsWorkers) {
   TempDir dir;
   const std::string mark = unique_mark("m");

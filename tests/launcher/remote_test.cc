@@ -1128,6 +1128,18 @@ TEST(BackendsTest, ShellCommandQuotesOnlyWhatNeedsIt) {
             "a 'b c' 'it'\\''s' '' '$X'");
 }
 
+// A command killed by a signal ends with a shell's status, 128+N (it was
+// N: a host's agent SIGKILLed read as "exit 9").
+TEST(CommandRunnerTest, ACommandKilledByASignalEndsWith128PlusIt) {
+  std::vector<AgentCommand> cmds(2);
+  cmds[0].argv = {"sh", "-c", "kill -9 $$"};
+  cmds[1].argv = {"sh", "-c", "exit 9"};
+  CommandRunner run(cmds, CommandOutput::kCapture);
+  ASSERT_TRUE(run.wait(std::chrono::seconds(30)));
+  EXPECT_EQ(run.results()[0].exit_code, 137);
+  EXPECT_EQ(run.results()[1].exit_code, 9);
+}
+
 // HostLosses over real commands, one per "host": `scripts[i]` runs for
 // host hosts[i]; what it tells is collected in order.
 struct Losses {
