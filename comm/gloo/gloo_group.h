@@ -488,9 +488,9 @@ class GlooProcessGroup : public ProcessGroup {
   std::unique_ptr<ProcessGroup> local_;
   std::unique_ptr<ProcessGroup> leaders_;
   std::vector<int> local_ranks_, leader_ranks_;  // their members, world ranks
-  // The ranks the failure named (fail()): late to the call, or gone; the
-  // hierarchy names a sub-group's in the world's ranks.
-  std::vector<int> failed_missing_, failed_gone_;
+  // The ranks the failure named late to the call (fail()); the hierarchy
+  // names a sub-group's in the world's ranks.
+  std::vector<int> failed_missing_;
   // async.cc
   std::unique_ptr<Work> enqueue(const char* op, std::function<void()> fn);
   uint64_t async_seq_ = 0;  // number of the next asynchronous operation

@@ -74,24 +74,21 @@ bool GlooProcessGroup::hier_all_reduce(Tensor t, ReduceOp rop) {
   } catch (const CommError& e) {
     const bool timed_out = dynamic_cast<const CommTimeoutError*>(&e);
     const std::string what = e.what();
-    // The ranks the phase named, as world ranks (a timeout once said
-    // "none reported a failure" here, naming them only in the phase's).
-    auto world = [&](const std::vector<int>& ranks) {
-      std::vector<int> out;
-      for (int r : ranks) {
+    // A timed-out phase's late ranks, as world ranks (it once said "none
+    // reported a failure" here, naming them only in the phase's ranks). A
+    // rank that left is not passed on: the world group names the lost one
+    // (the rank that left may have left because of it).
+    std::vector<int> missing;
+    if (phase != nullptr) {
+      for (int r : phase->failed_missing_) {
         if (r >= 0 && static_cast<size_t>(r) < members->size()) {
-          out.push_back((*members)[static_cast<size_t>(r)]);
+          missing.push_back((*members)[static_cast<size_t>(r)]);
         }
       }
-      return out;
-    };
-    const std::vector<int> missing =
-        phase ? world(phase->failed_missing_) : std::vector<int>{};
-    const std::vector<int> gone =
-        phase ? world(phase->failed_gone_) : std::vector<int>{};
+    }
     leaders_.reset();
     local_.reset();
-    fail("all_reduce", what, missing, gone, timed_out);
+    fail("all_reduce", what, missing, {}, timed_out);
   }
   if (rop == ReduceOp::kAvg) divide_in_place(t, size());
   took("hierarchical");

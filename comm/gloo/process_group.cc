@@ -134,7 +134,6 @@ void GlooProcessGroup::fail(const char* op, const std::string& what,
                             const std::vector<int>& missing,
                             const std::vector<int>& gone, bool timed_out) {
   failed_missing_ = missing;
-  failed_gone_ = gone;
   const std::vector<int> failed = !gone.empty() ? gone
                                   : missing.empty() && !timed_out
                                       ? g_->failed_peers()
