@@ -36,23 +36,10 @@ std::vector<std::pair<std::string, int>> HostLosses::lost() const {
   return gone_;
 }
 
-// These wait for an abort being told: its reader may have seen the key.
-bool HostLosses::aborted() const {
+std::optional<HostLosses::Abort> HostLosses::abort() const {
   std::lock_guard<std::mutex> told(tell_mu_);
   std::lock_guard<std::mutex> lock(mu_);
-  return aborted_;
-}
-
-std::string HostLosses::abort_text() const {
-  std::lock_guard<std::mutex> told(tell_mu_);
-  std::lock_guard<std::mutex> lock(mu_);
-  return abort_text_;
-}
-
-int HostLosses::abort_code() const {
-  std::lock_guard<std::mutex> told(tell_mu_);
-  std::lock_guard<std::mutex> lock(mu_);
-  return abort_code_;
+  return abort_;
 }
 
 void HostLosses::run(const std::stop_token& stop) {
@@ -94,9 +81,7 @@ void HostLosses::run(const std::stop_token& stop) {
         std::lock_guard<std::mutex> told_lock(tell_mu_);
         if (tell_("aborted", why)) {
           std::lock_guard<std::mutex> l(mu_);
-          aborted_ = true;
-          abort_text_ = why;
-          abort_code_ = code;
+          abort_ = Abort{why, code};
         }
         return;
       }

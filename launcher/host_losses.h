@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -39,11 +40,15 @@ class HostLosses {
 
   // The hosts lost so far with their status, in the order they were seen.
   std::vector<std::pair<std::string, int>> lost() const;
-  // Set once the job was told it cannot go on: WHY as told, and the first
-  // lost host's status.
-  bool aborted() const;
-  std::string abort_text() const;
-  int abort_code() const;
+  // Once the job was told it cannot go on: WHY as told, and the first
+  // lost host's status. Waits while an abort is being told: its reader may
+  // have seen the key.
+  struct Abort {
+    std::string text;
+    int code = 0;
+  };
+  std::optional<Abort> abort() const;
+  bool aborted() const { return abort().has_value(); }
 
  private:
   void run(const std::stop_token& stop);
@@ -56,9 +61,7 @@ class HostLosses {
   mutable std::mutex tell_mu_;
   mutable std::mutex mu_;
   std::vector<std::pair<std::string, int>> gone_;
-  bool aborted_ = false;
-  std::string abort_text_;
-  int abort_code_ = 0;
+  std::optional<Abort> abort_;
   std::jthread thread_;  // last: started once the rest is set
 };
 

@@ -13,7 +13,6 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <variant>
@@ -36,6 +35,7 @@
 #include "launcher/job_print.h"
 #include "launcher/job_token.h"
 #include "launcher/multi_host.h"
+#include "launcher/read_text.h"
 #include "launcher/remote_agent.h"
 #include "launcher/this_machine.h"
 
@@ -52,11 +52,9 @@ constexpr std::chrono::milliseconds kHandOffTimeout(5000);
 
 // The text of the file at `path` ("" when unset or unreadable).
 std::string read_error_text(const std::string& path) {
-  if (path.empty()) return "";
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return in ? text.str() : "";
+  std::string text;
+  if (path.empty() || !read_whole_file(path, text).empty()) return "";
+  return text;
 }
 
 // Makes LOG_DIR/RUN_ID for this run, or LOG_DIR/RUN_ID.N (the first N

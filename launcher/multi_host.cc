@@ -202,18 +202,6 @@ fs::path head_folder(std::error_code& ec) {
   return resolved;
 }
 
-// Whether the job's rendezvous says every member of a round succeeded
-// (c10d's `finished`); false when the store cannot be read.
-bool job_finished(uint16_t port, const std::string& token,
-                  const std::string& run_id) {
-  try {
-    return own_store(port, token)
-        ->check({"dlaunch/rdzv/" + run_id + "/finished"});
-  } catch (const std::exception&) {
-    return false;
-  }
-}
-
 // The line of an elastic job that finished without the `lost` hosts.
 std::string finished_without(
     const std::vector<std::pair<std::string, int>>& lost, int min_nodes,
@@ -789,9 +777,9 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       // The failed host's status is the job's, as when the head is no host,
       // when the abort is what ended this machine's agent (not a signal or
       // a failure of its own that the host's failure followed).
-      if (losses && losses->aborted() &&
-          mine_result.error.find(losses->abort_text()) != std::string::npos) {
-        head_code = losses->abort_code();
+      if (const auto a = losses ? losses->abort() : std::nullopt;
+          a && mine_result.error.find(a->text) != std::string::npos) {
+        head_code = a->code;
         root_host = losses->lost().front().first;
       }
     }
@@ -817,22 +805,25 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     // Once the job ended here, later losses are no one's to hear.
     if (losses && !head_lost) losses->stop();
   }
+  // Whether the job's rendezvous says every member of a round succeeded
+  // (c10d's `finished`); false while the store cannot be read. One
+  // connection, kept open.
+  std::unique_ptr<comm::store::TcpStore> watch;
+  auto finished = [&] {
+    try {
+      if (!watch) watch = own_store(store->port(), token);
+      return watch->check({"dlaunch/rdzv/" + run_id + "/finished"});
+    } catch (const std::exception&) {
+      watch.reset();
+      return false;
+    }
+  };
   if (remote && (!head_host || head_lost)) {
     if (elastic) {
       // Every host's end, too few hosts left, or a signal.
       // Once the job finished, the hosts still running get the bounded
       // wait below (a frozen host's ssh would hold the head).
       if (head_lost) handle_signals();
-      std::unique_ptr<comm::store::TcpStore> watch;  // one, kept open
-      auto finished = [&] {
-        try {
-          if (!watch) watch = own_store(store->port(), token);
-          return watch->check({"dlaunch/rdzv/" + run_id + "/finished"});
-        } catch (const std::exception&) {
-          watch.reset();
-          return false;
-        }
-      };
       for (int i = 1; !remote->wait(milliseconds(200)) && stop_signal == 0 &&
                       !losses->aborted() && !(i % 5 == 0 && finished());
            ++i) {
@@ -928,9 +919,9 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
       const std::map<std::string, HostFailure> told =
           host_failures(store->port(), token, error_key, o.hosts);
       const HostFailure* root = nullptr;
+      const bool may_replace = root_host.empty() || told.contains(root_host);
       for (const auto& [host, f] : told) {
-        if (!root_host.empty() && !told.contains(root_host)) break;
-        if (!f.root_time.empty() &&
+        if (may_replace && !f.root_time.empty() &&
             (root == nullptr || f.root_time < root->root_time)) {
           root = &f;
           root_host = host;
@@ -946,7 +937,7 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     // workers succeeded: the rendezvous's `finished`) succeeded: the hosts
     // lost on the way are named.
     if (elastic && code != 0 && stop_signal == 0 && head_signal == 0 &&
-        !losses->aborted() && job_finished(store->port(), token, run_id)) {
+        !losses->aborted() && finished()) {
       size_t succeeded = head_host && !head_failed ? 1 : 0;
       std::vector<std::pair<std::string, int>> lost;
       if (head_host && head_failed)

@@ -222,9 +222,9 @@ int remote_agent_main(const std::vector<std::string>& args) {
     return 1;
   }
   // The head's own error file (TORCH* travels, and settle_host set it) is
-  // the head's to write: a head that has one asks for this agent's (its
-  // key set), which the agent writes to a file in memory (no file left if
-  // killed) and hands to the head's store (launch()).
+  // the head's to write: this agent writes its own to a file in memory (no
+  // file left if killed), which launch() hands to the head's store with
+  // its status (the head sets kErrorKeyEnv).
   ::unsetenv("TORCHELASTIC_ERROR_FILE");
   if (const char* key = std::getenv(kErrorKeyEnv); key && *key) {
     const int fd = ::memfd_create("dlaunch-error-file", MFD_CLOEXEC);

@@ -1200,8 +1200,8 @@ TEST(HostLossesTest, TooFewLeftAbortsNamingTheLostHosts) {
       "the agents on a, b ended, the first with exit 3 (their lines above "
       "say why), leaving 1 of 3 hosts where the job needs 2";
   EXPECT_EQ(l.seen(), (Told{{"hosts_left", "2"}, {"aborted", why}}));
-  EXPECT_EQ(losses.abort_text(), why);
-  EXPECT_EQ(losses.abort_code(), 3);
+  EXPECT_EQ(losses.abort()->text, why);
+  EXPECT_EQ(losses.abort()->code, 3);
   run.signal_all(SIGKILL);
 }
 
