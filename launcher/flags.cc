@@ -1038,8 +1038,9 @@ std::vector<FlagSpec> make_table() {
        .type = T::kSeconds,
        .key = "connect_timeout",
        .default_text = "10",
-       .help = "ssh's ConnectTimeout, and how long each host's pre-flight "
-               "check may take.",
+       .help = "ssh's ConnectTimeout, how long each host's pre-flight "
+               "check may take, and how long the lookup of a host's or "
+               "the rendezvous endpoint's name may take.",
        .section = "HOSTS",
        .apply =
            [](const FlagSpec& f, const std::string& v, Options& o,

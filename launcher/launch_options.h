@@ -43,7 +43,8 @@ struct RemoteOptions {
   // every ssh before the host. Default none.
   std::vector<std::string> ssh_args;
   // --connect-timeout: ssh's ConnectTimeout and the bound on each host's
-  // pre-flight. Default 10 s.
+  // pre-flight and on each name lookup deciding whether a host (or the
+  // rendezvous endpoint) is this machine. Default 10 s.
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(10)};
   // --pdsh-fanout: hosts pdsh reaches at once (pdsh -f). Default 32.
   int pdsh_fanout = 32;

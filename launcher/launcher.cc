@@ -218,9 +218,10 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   } else {
     const bool asked = r.is_host.has_value();
     int port = r.endpoint_port;
-    if (asked ? *r.is_host
-              : names_this_machine(r.endpoint_host, r.local_addr,
-                                   Loopback::kAny)) {
+    if (asked
+            ? *r.is_host
+            : names_this_machine(r.endpoint_host, r.local_addr, Loopback::kAny,
+                                 options.remote.connect_timeout)) {
       store_logs_to_stderr();
       try {
         store = comm::store::StoreServer::start(
@@ -361,7 +362,12 @@ int run_main(const std::vector<std::string>& args) {
       agent::write_all(STDOUT_FILENO, job_yaml(options, true));
       return 0;
     case LaunchOptions::Mode::kDryRun:
-      agent::write_all(STDOUT_FILENO, dry_run_plan(options));
+      try {
+        agent::write_all(STDOUT_FILENO, dry_run_plan(options));
+      } catch (const LookupTimeout& e) {
+        write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+        return 2;
+      }
       return 0;
     case LaunchOptions::Mode::kRun:
       break;
@@ -373,7 +379,13 @@ int run_main(const std::vector<std::string>& args) {
   }
   // Other hosts: this machine is the head (multi_host.h). This one alone:
   // its slots or GPUs decide its workers, as they would there.
-  const HostPlan hosts = plan_hosts(options);
+  HostPlan hosts;
+  try {
+    hosts = plan_hosts(options);
+  } catch (const LookupTimeout& e) {
+    write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+    return 2;
+  }
   // A .py program where this machine runs workers (one host that is this
   // machine, or the head's own host); the other hosts' pre-flight looks
   // there.
@@ -428,6 +440,9 @@ int run_main(const std::vector<std::string>& args) {
     }
     return launch(here);
   } catch (const comm::store::TokenError& e) {
+    write_stderr(std::string("dlaunch: ") + e.what() + "\n");
+    return 2;
+  } catch (const LookupTimeout& e) {  // the rendezvous endpoint's name
     write_stderr(std::string("dlaunch: ") + e.what() + "\n");
     return 2;
   } catch (const std::exception& e) {

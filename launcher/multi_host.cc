@@ -354,7 +354,8 @@ HostPlan plan_hosts(const LaunchOptions& o,
       const std::string& name = o.hosts[i].name;
       if (is_here ? is_here(name)
                   : names_this_machine(name, o.rdzv.local_addr,
-                                       Loopback::kDefaultOnly)) {
+                                       Loopback::kDefaultOnly,
+                                       o.remote.connect_timeout)) {
         plan.in_process = i;
         break;
       }

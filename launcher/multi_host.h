@@ -29,8 +29,9 @@ struct HostPlan {
 
 // The plan of options.hosts. `is_here` (default: names_this_machine with
 // --local-addr, 127.0.0.1 and ::1 the only loopback addresses of this
-// machine) is asked about each host in order until one names this
-// machine, and only when the backend may run that agent in-process.
+// machine, each lookup bounded by --connect-timeout: throws LookupTimeout)
+// is asked about each host in order until one names this machine, and
+// only when the backend may run that agent in-process.
 HostPlan plan_hosts(
     const LaunchOptions& options,
     const std::function<bool(const std::string&)>& is_here = nullptr);

@@ -10,6 +10,7 @@
 
 #include "agent/posix_env.h"
 #include "comm/store/resolve.h"
+#include "comm/store/text.h"
 
 namespace dlaunch::launcher {
 namespace {
@@ -28,25 +29,44 @@ std::string address_text(const sockaddr* a) {
   return buf;
 }
 
-// The addresses `host` (a name or an address) stands for; none when it
-// does not resolve.
-// An address written as one is parsed, not looked up: a hosts list of
-// addresses costs no DNS query, however slow the resolver.
-std::vector<std::string> addresses_of(const std::string& host) {
+// The lookup of `name` (`host` itself, or this machine's name for `host`),
+// giving up after `timeout`: empty when it does not resolve; throws
+// LookupTimeout when the resolver does not answer in time.
+comm::store::AddrInfoList look_up(const std::string& host,
+                                  const std::string& name, int flags,
+                                  std::chrono::milliseconds timeout) {
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICHOST;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) {
-    hints.ai_flags = 0;
-    if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return {};
+  hints.ai_flags = flags;
+  std::string error;
+  bool no_answer = false;
+  comm::store::AddrInfoList res = comm::store::resolve(
+      name, "0", hints, std::chrono::steady_clock::now() + timeout, error,
+      &no_answer);
+  if (no_answer) {
+    throw LookupTimeout(
+        "cannot tell whether host '" + host + "' is this machine: " +
+        (name == host ? "its name lookup"
+                      : "the lookup of this machine's name '" + name + "'") +
+        " got no answer from the resolver within " +
+        comm::store::format_duration(timeout) +
+        " (--connect-timeout); check the nameservers in /etc/resolv.conf, "
+        "or give the host by its address");
   }
+  return res;
+}
+
+// The addresses `host` (a name or an address) stands for; none when it
+// does not resolve. An address written as one is parsed, not looked up: a
+// hosts list of addresses costs no DNS query, however slow the resolver.
+std::vector<std::string> addresses_of(const std::string& host,
+                                      std::chrono::milliseconds timeout) {
   std::vector<std::string> out;
-  for (addrinfo* a = res; a; a = a->ai_next) {
+  comm::store::AddrInfoList res = look_up(host, host, 0, timeout);
+  for (addrinfo* a = res.get(); a; a = a->ai_next) {
     std::string text = address_text(a->ai_addr);
     if (!text.empty()) out.push_back(std::move(text));
   }
-  ::freeaddrinfo(res);
   return out;
 }
 
@@ -63,29 +83,25 @@ std::set<std::string> interface_addresses() {
   return out;
 }
 
-// The host name's canonical name (what `hostname -f` prints), "" when it
-// does not resolve.
-std::string canonical_name(const std::string& name) {
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_CANONNAME;
-  addrinfo* res = nullptr;
-  if (::getaddrinfo(name.c_str(), nullptr, &hints, &res) != 0) return "";
-  std::string out = res->ai_canonname ? res->ai_canonname : "";
-  ::freeaddrinfo(res);
-  return out;
+// This machine's name `me`'s canonical name (what `hostname -f` prints),
+// "" when it does not resolve; asked about `host`.
+std::string canonical_name(const std::string& host, const std::string& me,
+                           std::chrono::milliseconds timeout) {
+  comm::store::AddrInfoList res = look_up(host, me, AI_CANONNAME, timeout);
+  return res && res->ai_canonname ? res->ai_canonname : "";
 }
 
 }  // namespace
 
 bool names_this_machine(const std::string& host, const std::string& local_addr,
-                        Loopback loopback) {
+                        Loopback loopback,
+                        std::chrono::milliseconds lookup_timeout) {
   const std::string me = agent::host_name();
   if ((!local_addr.empty() && host == local_addr) || host == me ||
       host == me.substr(0, me.find('.')) || host == "localhost") {
     return true;
   }
-  const std::vector<std::string> addresses = addresses_of(host);
+  const std::vector<std::string> addresses = addresses_of(host, lookup_timeout);
   std::set<std::string> mine;  // read once, when first needed
   bool elsewhere = false;      // an address that is not loopback nor ours
   for (const std::string& a : addresses) {
@@ -106,7 +122,7 @@ bool names_this_machine(const std::string& host, const std::string& local_addr,
   // machine's address is that machine, even if a search domain made our
   // own name's canonical form the same.
   return !elsewhere && host.find('.') != std::string::npos &&
-         host == canonical_name(me);
+         host == canonical_name(host, me, lookup_timeout);
 }
 
 }  // namespace dlaunch::launcher

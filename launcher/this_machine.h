@@ -1,5 +1,7 @@
 #pragma once
 
+#include <chrono>
+#include <stdexcept>
 #include <string>
 
 namespace dlaunch::launcher {
@@ -18,8 +20,18 @@ enum class Loopback {
 // none), its host name (full or short), its canonical name (FQDN),
 // localhost, a loopback address as `loopback` says, an address of one of
 // its interfaces, or a name that resolves to one of these addresses.
-// May resolve names (getaddrinfo); no other I/O.
-bool names_this_machine(const std::string& host, const std::string& local_addr,
-                        Loopback loopback);
+// May resolve names, each lookup bounded by `lookup_timeout` (the head's
+// --connect-timeout); no other I/O. A name that does not resolve is
+// another machine's; a lookup the resolver does not answer in time throws
+// LookupTimeout, naming the host and the fix.
+bool names_this_machine(
+    const std::string& host, const std::string& local_addr, Loopback loopback,
+    std::chrono::milliseconds lookup_timeout = std::chrono::seconds(10));
+
+// A name lookup got no answer from the resolver within its bound.
+class LookupTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 }  // namespace dlaunch::launcher

@@ -51,7 +51,8 @@ std::string failure(const std::string& host, const std::string& why) {
 
 AddrInfoList resolve(const std::string& host, const std::string& service,
                      const addrinfo& hints, Clock::time_point deadline,
-                     std::string& error) {
+                     std::string& error, bool* no_answer) {
+  if (no_answer) *no_answer = false;
   // A numeric address needs no resolver: answer in the caller.
   addrinfo numeric = hints;
   numeric.ai_flags |= AI_NUMERICHOST;
@@ -86,6 +87,7 @@ AddrInfoList resolve(const std::string& host, const std::string& service,
   if (!l->cv.wait_until(lock, deadline, [&] { return l->done; })) {
     // Left to finish on glibc's thread, which frees it.
     error = failure(host, "no answer from the resolver in time");
+    if (no_answer) *no_answer = true;
     return AddrInfoList(nullptr, ::freeaddrinfo);
   }
   rc = ::gai_error(&l->cb);

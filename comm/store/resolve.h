@@ -18,11 +18,12 @@ using AddrInfoList = std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)>;
 // names through glibc's getaddrinfo_a, and a lookup abandoned at the
 // deadline finishes on glibc's thread and frees itself. On failure returns
 // an empty list and sets `error` ("cannot resolve host 'x': ...", or "...:
-// no answer within 1 s").
+// no answer from the resolver in time"), and `no_answer` (when given) to
+// whether the deadline passed.
 AddrInfoList resolve(const std::string& host, const std::string& service,
                      const addrinfo& hints,
                      std::chrono::steady_clock::time_point deadline,
-                     std::string& error);
+                     std::string& error, bool* no_answer = nullptr);
 
 // Whether `host` is a loopback name or address ("localhost", 127.x.y.z,
 // "::1"): reachable from this machine only.

@@ -561,47 +561,20 @@ TEST(MultiProcessTest, PeerKilledMidSharedMemoryTransferFailsReceivesFast) {
 }
 
 TEST(MultiProcessTest, StoreAddressThatNeverResolvesFailsAtTheTimeout) {
-  // A nameserver that never answers (a bound, silent UDP socket), given to
-  // the worker through a private mount of /etc/resolv.conf; the resolver
-  // alone would wait 30 s per try, 5 tries. The store connect must give up at
-  // the 1 s timeout, naming the host.
-  int dns = socket(AF_INET, SOCK_DGRAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(53);
-  inet_pton(AF_INET, "127.83.41.7", &a.sin_addr);
-  if (bind(dns, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(dns);
-    GTEST_SKIP() << "cannot bind a silent nameserver on 127.83.41.7:53";
-  }
+  // The resolver alone would wait 30 s per try, 5 tries. The store connect
+  // must give up at the 1 s timeout, naming the host.
   dlaunch::testing::TempDir dir;
-  const std::string conf = (dir / "resolv.conf").string();
-  std::ofstream(conf) << "nameserver 127.83.41.7\n";
-  CommandOptions probe;
-  probe.argv = {
-      "unshare", "-m", "sh", "-c", "mount --bind \"$0\" /etc/resolv.conf",
-      conf};
-  if (dlaunch::testing::run_command(probe, seconds(10)).exit_code != 0) {
-    close(dns);
-    GTEST_SKIP() << "no private mount namespace here (unshare -m)";
-  }
+  dlaunch::testing::SilentNameserver dns((dir / "resolv.conf").string());
+  if (!dns.ok()) GTEST_SKIP() << dns.why();
   CommandOptions o;
-  o.argv = {"unshare",
-            "-m",
-            "sh",
-            "-c",
-            "mount --bind \"$0\" /etc/resolv.conf && exec \"$@\"",
-            conf,
-            kWorker,
-            "collectives"};
+  o.argv = dns.wrap({kWorker, "collectives"});
   o.env = {{"MASTER_ADDR", "dlaunch-test.invalid"},
            {"MASTER_PORT", std::to_string(free_port())},
            {"RANK", "1"},
            {"WORLD_SIZE", "2"},
            {"DLAUNCH_COMM_TIMEOUT", "1"},
-           {"RES_OPTIONS", "timeout:30 attempts:5"}};
+           {"RES_OPTIONS", dlaunch::testing::SilentNameserver::kResOptions}};
   CommandResult res = dlaunch::testing::run_command(o, seconds(60));
-  close(dns);
   EXPECT_EQ(res.exit_code, 3) << res.out << res.err;
   EXPECT_THAT(res.err, HasSubstr("cannot resolve host 'dlaunch-test.invalid'"));
   EXPECT_THAT(res.err, HasSubstr("unreachable after 1 s"));

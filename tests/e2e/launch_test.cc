@@ -20,6 +20,7 @@
 
 #include "agent/cpu_cores.h"
 #include "tests/testing/bin.h"
+#include "tests/testing/net.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -859,6 +860,36 @@ TEST(Launch, AMasterAddressNotOnThisHostFailsTheRendezvousClearly) {
                                "'203.0.113.1': cannot assign requested "
                                "address"));
   EXPECT_THAT(r.err, HasSubstr("check --master-addr"));
+}
+
+// Deciding whether a host (or the rendezvous endpoint) is this machine
+// looks its name up: with a resolver that never answers (150 s of its own
+// tries), dlaunch gives up at --connect-timeout, naming the host and the
+// fix, for a plan, a launch over hosts and a c10d endpoint alike.
+TEST(Launch, ANameTheResolverNeverAnswersFailsAtTheConnectTimeout) {
+  TempDir dir;
+  testing::SilentNameserver dns((dir.path() / "resolv.conf").string());
+  if (!dns.ok()) GTEST_SKIP() << dns.why();
+  const std::string host = "dlaunch-test.invalid";
+  for (std::vector<std::string> args : {
+           std::vector<std::string>{"--hosts", host, "--dry-run", "true"},
+           {"--hosts", host + ",127.0.0.2", "true"},
+           {"--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            host + ":29400", "true"},
+       }) {
+    args.insert(args.begin(), {kDlaunch, "--connect-timeout", "1"});
+    testing::CommandOptions o;
+    o.argv = dns.wrap(args);
+    o.env = {{"RES_OPTIONS", testing::SilentNameserver::kResOptions}};
+    CommandResult r = testing::run_command(o, 60s);
+    EXPECT_FALSE(r.timed_out) << "the resolver's 150 s, not the 1 s";
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err,
+                HasSubstr("cannot tell whether host '" + host +
+                          "' is this machine: its name lookup got no answer "
+                          "from the resolver within 1 s (--connect-timeout)"))
+        << args[3];
+  }
 }
 
 TEST(Launch, AKilledLaunchTakesTheGpuCountHelperWithIt) {

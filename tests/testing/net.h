@@ -1,5 +1,8 @@
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace dlaunch::testing {
 
 // A TCP port free on every address right now, for servers a test starts
@@ -11,5 +14,32 @@ namespace dlaunch::testing {
 // only another explicit choice of the same port. Fails the test (and
 // returns -1) when none can be had.
 int free_port();
+
+// A nameserver that never answers (a bound, silent UDP socket on
+// 127.83.41.7:53) and a resolv.conf naming it, which wrap() gives a command
+// through a private mount of /etc/resolv.conf (unshare -m): that command's
+// name lookups wait for the resolver's own timeouts. RES_OPTIONS (set by
+// wrap) makes those 30 s a try, 5 tries. ok() false, with why(), where the
+// port or a private mount namespace cannot be had (the test skips).
+class SilentNameserver {
+ public:
+  // `conf`: where to write its resolv.conf (a test's temporary folder).
+  explicit SilentNameserver(std::string conf);
+  ~SilentNameserver();
+  SilentNameserver(const SilentNameserver&) = delete;
+  SilentNameserver& operator=(const SilentNameserver&) = delete;
+
+  bool ok() const { return why_.empty(); }
+  const std::string& why() const { return why_; }
+  // `argv` run with this nameserver alone (the environment's RES_OPTIONS
+  // must be added: see kResOptions).
+  std::vector<std::string> wrap(const std::vector<std::string>& argv) const;
+  static constexpr char kResOptions[] = "timeout:30 attempts:5";
+
+ private:
+  std::string conf_;
+  int fd_ = -1;
+  std::string why_;
+};
 
 }  // namespace dlaunch::testing
