@@ -27,6 +27,7 @@ std::string encode_host_failure(const HostFailure& f) {
   nlohmann::json j;
   j["code"] = f.code;
   j["root_time"] = f.root_time;
+  j["round"] = f.round;
   j["error_text"] = f.error_text;
   return j.dump();
 }
@@ -36,12 +37,29 @@ HostFailure decode_host_failure(const std::string& text) {
   if (j.is_discarded() || !j.is_object() || !j.contains("code") ||
       !j["code"].is_number_integer() ||
       !j.value("root_time", nlohmann::json()).is_string() ||
+      !j.value("round", nlohmann::json()).is_number_integer() ||
       !j.value("error_text", nlohmann::json()).is_string()) {
     throw std::runtime_error("not a host's failure record: " +
                              text.substr(0, 80));
   }
-  return {j["code"].get<int>(), j["root_time"].get<std::string>(),
-          j["error_text"].get<std::string>()};
+  return {.code = j["code"].get<int>(),
+          .root_time = j["root_time"].get<std::string>(),
+          .round = j["round"].get<int>(),
+          .error_text = j["error_text"].get<std::string>()};
+}
+
+std::string root_cause_host(const std::map<std::string, HostFailure>& told) {
+  std::string host;
+  const HostFailure* root = nullptr;
+  for (const auto& [h, f] : told) {
+    if (f.root_time.empty()) continue;
+    if (root == nullptr || f.round > root->round ||
+        (f.round == root->round && f.root_time < root->root_time)) {
+      root = &f;
+      host = h;
+    }
+  }
+  return host;
 }
 
 void note_error(const std::string& text, bool replace) {

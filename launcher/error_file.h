@@ -6,6 +6,7 @@
 // the failures outside one: the head's own errors, a remote host's failure
 // (its agent's file travels through the head's store), the pre-flight.
 
+#include <map>
 #include <string>
 
 namespace dlaunch::launcher {
@@ -16,15 +17,23 @@ inline constexpr char kErrorKeyEnv[] = "DLAUNCH_ERROR_KEY";
 
 // What a failed agent tells the head: its status, when its own root-cause
 // worker failed ("" when another node's failure ended it: the head then
-// looks for that node's), and the text of its error file ("" if none).
+// looks for that node's) and in which rendezvous round, and the text of its
+// error file ("" if none).
 struct HostFailure {
   int code = 1;
   std::string root_time;  // format_time(): sorts as text
+  int round = 0;          // of root_time
   std::string error_text;
 };
 std::string encode_host_failure(const HostFailure& f);
 // Throws std::runtime_error on text that is not one.
 HostFailure decode_host_failure(const std::string& text);
+// The host of `told` (host -> what its agent told) whose own worker failed
+// first in the latest round any did: the job's root cause. An elastic job
+// goes on without hosts that failed in earlier rounds, so the round that
+// ended it ranks first; within it, the earliest failure. "" when no host's
+// own worker failed.
+std::string root_cause_host(const std::map<std::string, HostFailure>& told);
 
 // Notes `text`, an error dlaunch printed, as the one to leave should no
 // agent or host leave one: the first noted, unless `replace` (later lines

@@ -298,6 +298,8 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
             {.code = root && root->status ? root->status->shell_code()
                                           : result.exit_code,
              .root_time = root ? agent::format_time(root->end_time) : "",
+             .round =
+                 result.attempts.empty() ? 0 : result.attempts.back().round,
              .error_text =
                  read_error_text(env_key("TORCHELASTIC_ERROR_FILE"))}));
   }

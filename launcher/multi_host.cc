@@ -919,16 +919,12 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     if (code != 0 && stop_signal == 0 && head_signal == 0 && !drill) {
       const std::map<std::string, HostFailure> told =
           host_failures(store->port(), token, error_key, o.hosts);
-      const HostFailure* root = nullptr;
-      const bool may_replace = root_host.empty() || told.contains(root_host);
-      for (const auto& [host, f] : told) {
-        if (may_replace && !f.root_time.empty() &&
-            (root == nullptr || f.root_time < root->root_time)) {
-          root = &f;
-          root_host = host;
+      if (root_host.empty() || told.contains(root_host)) {
+        if (std::string root = root_cause_host(told); !root.empty()) {
+          root_host = root;
+          code = told.at(root).code;
         }
       }
-      if (root != nullptr) code = root->code;
       if (auto f = told.find(root_host); f != told.end()) {
         root_error = f->second.error_text;
       }
