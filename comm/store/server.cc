@@ -75,6 +75,7 @@ std::string too_big(const char* op, std::string_view key, uint64_t bytes,
 }  // namespace
 
 void StoreServer::Impl::on_closed(Connection& c) {
+  if (c.pending()) admitted(c);
   if (c.parked()) unpark(c);
   // A peer that died (or went silent) is announced to whoever waits on the
   // keys it named; a server shutting down announces nothing.
@@ -380,6 +381,11 @@ std::unique_ptr<StoreServer> StoreServer::start(
                      std::to_string(options.max_server_buffer_bytes) +
                      ") must be at least max_connection_buffer_bytes (" +
                      std::to_string(options.max_connection_buffer_bytes) + ")");
+  }
+  if (options.max_pending_connections == 0) {
+    throw StoreError(
+        "max_pending_connections must be at least 1 (0 would accept no "
+        "connection)");
   }
   raise_fd_limit();
   auto impl = std::make_unique<Impl>(options);

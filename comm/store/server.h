@@ -38,6 +38,15 @@ struct StoreServerOptions {
   // one's first 64 KiB; a connection whose data would go over it is closed
   // with a log line. At least max_connection_buffer_bytes. Default 1 GiB.
   size_t max_server_buffer_bytes = size_t{1} << 30;
+  // Connections accepted that have not yet completed their hello (and the
+  // token, when one is required): at this many the server accepts no more,
+  // leaving new ones in the listen backlog, until one completes or its
+  // handshake_timeout closes it (a pause that lasts a second is logged).
+  // Strangers that connect and say nothing so hold at most this many
+  // descriptors, and admitted clients are served meanwhile. At least 1.
+  // Default 16384: a connect storm of 10000 ranks never reaches it (a pause
+  // mid-storm fills the backlog, and dropped SYNs cost a 1 s retry).
+  size_t max_pending_connections = 16384;
   // A connection that has not completed its hello this long after it was
   // accepted is closed with a log line. Default 10 s.
   std::chrono::milliseconds handshake_timeout{std::chrono::seconds(10)};

@@ -37,6 +37,9 @@ constexpr size_t kMinReadBytes = 16 * 1024;
 constexpr size_t kInitialBufferBytes = 64 * 1024;
 // Buffers grown past this by a large frame are given back once drained.
 constexpr size_t kShrinkAboveBytes = size_t{1} << 20;
+// A pause in accepting (max_pending_connections) that lasts this long is
+// logged.
+constexpr std::chrono::milliseconds kPauseNoteAfter{1000};
 // A connection with this much output not yet written is not read from or
 // served until the client reads: a client that sends without reading
 // cannot make the server buffer without bound.
@@ -310,6 +313,7 @@ bool Connection::authenticate(const wire::Request& r) {
     // incomplete (process()).
     deadline_.cancel();
     deadline_armed_ = false;
+    server_.admitted(*this);
   }
   wire::Response ok;
   ok.type = MsgType::kOk;
@@ -389,6 +393,7 @@ bool Connection::handshake(const wire::Hello& hello) {
   if (authenticated_) {
     deadline_.cancel();
     deadline_armed_ = false;
+    server_.admitted(*this);
   }
   return true;
 }
@@ -442,10 +447,37 @@ void StoreServer::Impl::accept() {
                        });
 }
 
+void StoreServer::Impl::admitted(Connection& c) {
+  c.set_admitted();
+  --pending_;
+  if (accept_paused_ && !shutting_down_ &&
+      pending_ < options_.max_pending_connections) {
+    accept_paused_ = false;
+    pause_note_.cancel();
+    accept();
+  }
+}
+
 void StoreServer::Impl::accept_ready() {
   // Drains the accept queue (a connect storm arrives in bursts), with
   // accept4 so every connection is close-on-exec from birth.
   while (true) {
+    if (pending_ >= options_.max_pending_connections) {
+      // Resumed by admitted(). A connect storm pauses briefly (the hellos
+      // are on their way): said only when a pause lasts.
+      accept_paused_ = true;
+      pause_note_.expires_after(kPauseNoteAfter);
+      pause_note_.async_wait([this](const boost::system::error_code& e) {
+        if (e || !accept_paused_ || shutting_down_) return;
+        spdlog::warn(
+            "store: {} connections have not completed their hello and "
+            "token for {}; accepting no more until one does or its "
+            "handshake timeout ({}) closes it (max_pending_connections)",
+            pending_, format_duration(kPauseNoteAfter),
+            format_duration(options_.handshake_timeout));
+      });
+      return;
+    }
     int fd = ::accept4(acceptor_.native_handle(), nullptr, nullptr,
                        SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd >= 0) {
@@ -458,6 +490,7 @@ void StoreServer::Impl::accept_ready() {
       }
       accept_failing_ = false;
       auto c = std::make_shared<Connection>(*this, std::move(socket));
+      ++pending_;
       connections_.emplace(c.get(), c);
       num_connections_.store(connections_.size(), std::memory_order_relaxed);
       c->start();
@@ -494,6 +527,7 @@ void StoreServer::Impl::stop() {
     boost::system::error_code ec;
     acceptor_.close(ec);
     accept_retry_.cancel();
+    pause_note_.cancel();
     auto all = std::move(connections_);
     connections_.clear();
     for (auto& [ptr, c] : all) c->close();

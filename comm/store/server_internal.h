@@ -84,7 +84,11 @@ class Connection;
 class StoreServer::Impl {
  public:
   explicit Impl(const StoreServerOptions& options)
-      : options_(options), io_(1), acceptor_(io_), accept_retry_(io_) {}
+      : options_(options),
+        io_(1),
+        acceptor_(io_),
+        accept_retry_(io_),
+        pause_note_(io_) {}
 
   void bind();
   void run() {
@@ -104,6 +108,9 @@ class StoreServer::Impl {
 
   // Called on the event-loop thread by connections.
   void handle(Connection& c, const wire::Request& r);
+  // `c` completed its hello and token, or closed before: it no longer
+  // counts against max_pending_connections.
+  void admitted(Connection& c);
   void on_closed(Connection& c);
   void on_wait_timeout(Connection& c);
   size_t max_frame_bytes() const { return options_.max_frame_bytes; }
@@ -156,7 +163,8 @@ class StoreServer::Impl {
   asio::io_context io_;
   tcp::acceptor acceptor_;
   asio::steady_timer accept_retry_;
-  tcp protocol_ = tcp::v4();  // of the bound address, for accepted sockets
+  asio::steady_timer pause_note_;  // logs a lasting pause in accepting
+  tcp protocol_ = tcp::v4();       // of the bound address, for accepted sockets
   uint16_t port_ = 0;
   std::thread thread_;
   std::mutex stop_mu_;
@@ -173,7 +181,11 @@ class StoreServer::Impl {
   uint64_t next_wait_id_ = 0;
   bool shutting_down_ = false;
   bool accept_failing_ = false;  // logged the current accept failure
-  size_t buffered_ = 0;          // charged request-buffer growth
+  // Accepted connections still pending (Connection::pending()), and whether
+  // accepting waits for one of them to leave that state.
+  size_t pending_ = 0;
+  bool accept_paused_ = false;
+  size_t buffered_ = 0;  // charged request-buffer growth
   // Written by the event loop, read by any thread.
   std::atomic<size_t> num_connections_{0};
   std::atomic<size_t> num_waiting_{0};
@@ -233,6 +245,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<std::pair<std::string, std::string>>& on_close() {
     return on_close_;
   }
+
+  // Accepted, and not yet through its hello and token nor closed.
+  bool pending() const { return pending_; }
+  void set_admitted() { pending_ = false; }
 
   std::optional<Parked>& parked() { return parked_; }
   std::string& out() { return out_; }
@@ -299,6 +315,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool deadline_armed_ = false;
   bool handshaken_ = false;
   bool authenticated_ = server_.options().token.empty();
+  bool pending_ = true;
   bool reading_ = false;
   bool writing_ = false;
   bool closed_ = false;

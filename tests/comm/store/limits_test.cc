@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <thread>
+#include <vector>
 
 #include "comm/store/wire.h"
 #include "tests/comm/store/store_test_util.h"
@@ -261,6 +263,43 @@ TEST_F(LimitsTest, NoHandshakeWithinTheDeadlineCloses) {
   RawSocket silent(server_->port());
   EXPECT_TRUE(silent.closed_by_peer());
   EXPECT_THAT(log_lines(2), HasSubstr("(0 of its 8 bytes received)"));
+}
+
+// Strangers that connect and say nothing hold at most
+// max_pending_connections of the server's descriptors (the rest wait in the
+// listen backlog); admitted clients are served meanwhile, and a newcomer
+// gets in once the handshake timeout has closed the silent ones before it.
+TEST_F(LimitsTest, SilentConnectionsHoldAtMostThePendingCap) {
+  StoreServerOptions o;
+  o.max_pending_connections = 4;
+  o.handshake_timeout = 2s;
+  start(o);
+  auto admitted = testing::connect_to(server_->port());
+  admitted->set("a", "1");
+  std::vector<std::unique_ptr<RawSocket>> silent;
+  for (int i = 0; i < 5; ++i) {
+    silent.push_back(std::make_unique<RawSocket>(server_->port()));
+  }
+  EXPECT_TRUE(
+      testing::eventually([&] { return server_->num_connections() >= 5; }, 5s));
+  std::this_thread::sleep_for(200ms);  // within their handshake timeout
+  EXPECT_EQ(server_->num_connections(), 5u) << "1 admitted + 4 pending";
+  EXPECT_EQ(admitted->get("a"), "1");
+  auto newcomer = testing::connect_to(server_->port());
+  EXPECT_EQ(newcomer->get("a"), "1");
+  EXPECT_THAT(log_.text(),
+              HasSubstr("store: 4 connections have not completed their hello "
+                        "and token for 1 s; accepting no more until one does "
+                        "or its handshake timeout (2 s) closes it"));
+}
+
+TEST(StoreBudgetsTest, APendingCapOfZeroIsRefused) {
+  StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.max_pending_connections = 0;
+  EXPECT_THAT([&] { StoreServer::start(o); },
+              ::testing::ThrowsMessage<StoreError>(
+                  HasSubstr("max_pending_connections must be at least 1")));
 }
 
 TEST_F(LimitsTest, AStalledPartialRequestIsClosedAfterTheIdleDeadline) {
