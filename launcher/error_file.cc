@@ -23,6 +23,15 @@ bool left = false;       // under mu
 
 }  // namespace
 
+HostFailure failure_of(const agent::RunResult& result, std::string error_text) {
+  const agent::WorkerRecord* root = result.root_cause();
+  return {.code = root && root->status ? root->status->shell_code()
+                                       : result.exit_code,
+          .root_time = root ? agent::format_time(root->end_time) : "",
+          .round = result.attempts.empty() ? 0 : result.attempts.back().round,
+          .error_text = std::move(error_text)};
+}
+
 std::string encode_host_failure(const HostFailure& f) {
   nlohmann::json j;
   j["code"] = f.code;

@@ -9,6 +9,8 @@
 #include <map>
 #include <string>
 
+#include "agent/run_record.h"
+
 namespace dlaunch::launcher {
 
 // Set by a multi-host head for every agent: KEY, under which a failed
@@ -25,6 +27,9 @@ struct HostFailure {
   int round = 0;          // of root_time
   std::string error_text;
 };
+// What the agent that returned `result` (failed, not stopped by a signal)
+// tells: its root-cause worker's code and end, else its own exit code.
+HostFailure failure_of(const agent::RunResult& result, std::string error_text);
 std::string encode_host_failure(const HostFailure& f);
 // Throws std::runtime_error on text that is not one.
 HostFailure decode_host_failure(const std::string& text);

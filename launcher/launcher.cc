@@ -176,6 +176,15 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   if (options.agent.run_id.empty() && !options.rdzv.endpoint_host.empty()) {
     options.agent.run_id = "none";
   }
+  // Whether this agent hosts the c10d store: decided before the run folder
+  // is made, as the endpoint's name lookup may fail (LookupTimeout).
+  const agent::rendezvous::RendezvousOptions& r = options.rdzv;
+  const bool hosts_c10d_store =
+      !r.endpoint_host.empty() && r.backend != "etcd" &&
+      (r.is_host.has_value()
+           ? *r.is_host
+           : names_this_machine(r.endpoint_host, r.local_addr, Loopback::kAny,
+                                options.remote.connect_timeout));
   if (!options.agent.log_dir.empty()) {
     if (options.agent.run_id.empty())
       options.agent.run_id = agent::random_run_id();
@@ -186,7 +195,6 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
     if (!options.agent.run_dir_name.empty()) write_job_yaml(options);
   }
   agent::PosixEnv env;  // first: it records the limits workers get
-  const agent::rendezvous::RendezvousOptions& r = options.rdzv;
   const JobToken token = job_token(r, agent::current_environment());
   if (auto warning = tokenless_warning(r, token)) write_stderr(*warning);
   auto pick_port = [&env](const std::string& host) {
@@ -218,10 +226,7 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   } else {
     const bool asked = r.is_host.has_value();
     int port = r.endpoint_port;
-    if (asked
-            ? *r.is_host
-            : names_this_machine(r.endpoint_host, r.local_addr, Loopback::kAny,
-                                 options.remote.connect_timeout)) {
+    if (hosts_c10d_store) {
       store_logs_to_stderr();
       try {
         store = comm::store::StoreServer::start(
@@ -291,17 +296,10 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   // (An agent stopped by a signal was stopped by the head, or lost it.)
   if (std::string key = env_key(kErrorKeyEnv);
       !key.empty() && result.exit_code != 0 && result.stop_signal == 0) {
-    const agent::WorkerRecord* root = result.root_cause();
     hand_off.emplace_back(
         key + "/" + options.agent.hostname,
-        encode_host_failure(
-            {.code = root && root->status ? root->status->shell_code()
-                                          : result.exit_code,
-             .root_time = root ? agent::format_time(root->end_time) : "",
-             .round =
-                 result.attempts.empty() ? 0 : result.attempts.back().round,
-             .error_text =
-                 read_error_text(env_key("TORCHELASTIC_ERROR_FILE"))}));
+        encode_host_failure(failure_of(
+            result, read_error_text(env_key("TORCHELASTIC_ERROR_FILE")))));
   }
   if (!hand_off.empty() && !r.endpoint_host.empty()) {
     try {

@@ -723,6 +723,9 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
   int head_signal = 0;     // the stop signal this machine's agent had
   std::string root_host;   // another host whose failure is the job's status
   std::string root_error;  // its error file's text, if it told one
+  // This machine's agent's failure, weighed with the hosts' (it wrote its
+  // own error file).
+  std::optional<HostFailure> head_failure;
   if (head_host) {
     // This machine's agent, in-process, meeting the others in the store.
     LaunchOptions mine = o;
@@ -775,6 +778,9 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
         head_code = 1;
       }
       head_signal = mine_result.stop_signal;
+      if (head_code != 0 && head_signal == 0) {
+        head_failure = failure_of(mine_result, "");
+      }
       // The failed host's status is the job's, as when the head is no host,
       // when the abort is what ended this machine's agent (not a signal or
       // a failure of its own that the host's failure followed).
@@ -917,8 +923,11 @@ int launch_hosts(const LaunchOptions& job, const HostPlan& hosts) {
     // (Not over a signal this machine's agent took; and a first lost host
     // that told nothing, killed, may be the root itself.)
     if (code != 0 && stop_signal == 0 && head_signal == 0 && !drill) {
-      const std::map<std::string, HostFailure> told =
+      std::map<std::string, HostFailure> told =
           host_failures(store->port(), token, error_key, o.hosts);
+      // (Its worker may have failed first: a host's later failure, before
+      // it heard, is not the root cause.)
+      if (head_failure) told.emplace(head_host->name, *head_failure);
       if (root_host.empty() || told.contains(root_host)) {
         if (std::string root = root_cause_host(told); !root.empty()) {
           root_host = root;

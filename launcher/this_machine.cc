@@ -70,6 +70,13 @@ std::vector<std::string> addresses_of(const std::string& host,
   return out;
 }
 
+// Whether `host` is written as an IPv4 or IPv6 address.
+bool is_address(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return ::inet_pton(AF_INET, host.c_str(), buf) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
 std::set<std::string> interface_addresses() {
   std::set<std::string> out;
   ifaddrs* ifs = nullptr;
@@ -121,8 +128,9 @@ bool names_this_machine(const std::string& host, const std::string& local_addr,
   // its own name to 127.0.1.1) or not at all. A name that reaches another
   // machine's address is that machine, even if a search domain made our
   // own name's canonical form the same.
+  // (An address is never a name: no lookup for it.)
   return !elsewhere && host.find('.') != std::string::npos &&
-         host == canonical_name(host, me, lookup_timeout);
+         !is_address(host) && host == canonical_name(host, me, lookup_timeout);
 }
 
 }  // namespace dlaunch::launcher

@@ -466,9 +466,12 @@ void StoreServer::Impl::accept_ready() {
       // Resumed by admitted(). A connect storm pauses briefly (the hellos
       // are on their way): said only when a pause lasts.
       accept_paused_ = true;
+      // (A handler already queued when a pause ended must not speak for
+      // the next one: each pause has its number.)
+      const uint64_t pause = ++pauses_;
       pause_note_.expires_after(kPauseNoteAfter);
-      pause_note_.async_wait([this](const boost::system::error_code& e) {
-        if (e || !accept_paused_ || shutting_down_) return;
+      pause_note_.async_wait([this, pause](const boost::system::error_code& e) {
+        if (e || !accept_paused_ || pause != pauses_ || shutting_down_) return;
         spdlog::warn(
             "store: {} connections have not completed their hello and "
             "token for {}; accepting no more until one does or its "

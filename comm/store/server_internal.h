@@ -185,6 +185,7 @@ class StoreServer::Impl {
   // accepting waits for one of them to leave that state.
   size_t pending_ = 0;
   bool accept_paused_ = false;
+  uint64_t pauses_ = 0;  // pauses so far, the current one's number
   size_t buffered_ = 0;  // charged request-buffer growth
   // Written by the event loop, read by any thread.
   std::atomic<size_t> num_connections_{0};

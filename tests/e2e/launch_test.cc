@@ -888,7 +888,7 @@ TEST(Launch, ANameTheResolverNeverAnswersFailsAtTheConnectTimeout) {
                 HasSubstr("cannot tell whether host '" + host +
                           "' is this machine: its name lookup got no answer "
                           "from the resolver within 1 s (--connect-timeout)"))
-        << args[3];
+        << args[3] << " " << args[4];
   }
 }
 

@@ -1122,6 +1122,41 @@ TEST(MultiHostHead, AnotherHostsRootCauseGivesTheJobItsStatusAndErrorFile) {
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
+// This machine's worker fails first (exit 7); its agent tells the others
+// only after its group stopped, which its other worker (ignoring SIGTERM)
+// holds for --term-timeout. Meanwhile the host's worker fails on its own
+// (exit 3): the job's status and error file stay this machine's (the
+// host's later failure once gave them, the head's own not weighed).
+// This machine's workers are told apart by their count (2 GPUs; the host
+// 3).
+TEST(MultiHostHead, ThisMachinesEarlierRootCauseOutranksAHostsLaterOne) {
+  TempDir dir;
+  const std::string mark = unique_mark("m");
+  const std::string file = (dir / "head.json").string();
+  const std::string gate = (dir / "failed").string();  // "$1" below
+  CommandResult r = run_with_the_head(
+      dir, mark, "localhost,127.0.0.3", fake_gpu_counter(dir, 3),
+      {"--nproc-per-node", "gpu", "--term-timeout", "5", "sh", "-c",
+       "if [ $LOCAL_WORLD_SIZE = 2 ]; then"
+       "  if [ $LOCAL_RANK = 0 ]; then touch \"$1\"; exit 7; fi;"
+       "  trap '' TERM; exec sleep 300; "
+       "fi; "
+       "while [ ! -e \"$1\" ]; do sleep 0.05; done; sleep 0.5; exit 3",
+       "sh", gate},
+      {{"TORCHELASTIC_ERROR_FILE", file}});
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+  const nlohmann::json j = error_file(file);
+  ASSERT_FALSE(j.is_discarded()) << testing::read_file(file);
+  EXPECT_THAT(j["message"]["message"].get<std::string>(),
+              ::testing::MatchesRegex("dlaunch: local rank 0 \\(pid [0-9]+\\) "
+                                      "failed with exit code 7"));
+  // The host's worker did fail on its own, before it heard.
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "127\\.0\\.0\\.3 +exit +: exit code 3"));
+  EXPECT_TRUE(none_marked(mark, 30s));
+}
+
 // An elastic job whose group fails with no restart left fails everywhere:
 // its status is the root cause's, though this machine's agent (whose
 // worker failed) ended first and 2 of 3 hosts would be enough. This

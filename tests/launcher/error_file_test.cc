@@ -28,7 +28,10 @@ TEST(HostFailureTest, TextThatIsNoRecordIsRefusedNamingIt) {
   for (const std::string text :
        {"", "not json", "[1]", "{\"root_time\": \"\"}",
         "{\"code\": \"7\", \"root_time\": \"\", \"error_text\": \"\"}",
-        "{\"code\": 7, \"round\": \"2\"}", "{\"code\": 7, \"root_time\": 5}"}) {
+        "{\"code\": 7, \"round\": \"2\"}", "{\"code\": 7, \"root_time\": 5}",
+        "{\"code\": 7, \"root_time\": \"\", \"round\": \"2\", "
+        "\"error_text\": \"\"}",
+        "{\"code\": 7, \"root_time\": \"\", \"error_text\": \"\"}"}) {
     try {
       decode_host_failure(text);
       ADD_FAILURE() << "accepted: " << text;

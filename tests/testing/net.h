@@ -15,12 +15,13 @@ namespace dlaunch::testing {
 // returns -1) when none can be had.
 int free_port();
 
-// A nameserver that never answers (a bound, silent UDP socket on
-// 127.83.41.7:53) and a resolv.conf naming it, which wrap() gives a command
-// through a private mount of /etc/resolv.conf (unshare -m): that command's
-// name lookups wait for the resolver's own timeouts. RES_OPTIONS (set by
-// wrap) makes those 30 s a try, 5 tries. ok() false, with why(), where the
-// port or a private mount namespace cannot be had (the test skips).
+// A nameserver that never answers (a bound, silent UDP socket on port 53
+// of a random 127.83.x.y) and a resolv.conf naming it, which wrap() gives a
+// command through a private mount of /etc/resolv.conf (unshare -m): that
+// command's name lookups wait for the resolver's own timeouts, 30 s a try
+// and 5 tries with RES_OPTIONS=kResOptions in its environment (the caller
+// sets it). ok() false, with why(), where the port or a private mount
+// namespace cannot be had (the test skips).
 class SilentNameserver {
  public:
   // `conf`: where to write its resolv.conf (a test's temporary folder).
@@ -31,8 +32,7 @@ class SilentNameserver {
 
   bool ok() const { return why_.empty(); }
   const std::string& why() const { return why_; }
-  // `argv` run with this nameserver alone (the environment's RES_OPTIONS
-  // must be added: see kResOptions).
+  // `argv` run with this nameserver alone.
   std::vector<std::string> wrap(const std::vector<std::string>& argv) const;
   static constexpr char kResOptions[] = "timeout:30 attempts:5";
 
