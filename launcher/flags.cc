@@ -209,6 +209,12 @@ std::string host_arg(const std::string& v) {
   if (::inet_pton(AF_INET6, host.c_str(), &a) == 1 &&
       ::inet_ntop(AF_INET6, &a, text, sizeof text) != nullptr) {
     host = text;
+  } else if (host.find(':') != std::string::npos) {
+    // (node0:29400:1 was taken for a name, failing at the join timeout.)
+    throw BadValue{"'" + v +
+                   "' is not a host: a name or IPv4 address holds no ':'; "
+                   "write HOST or HOST:PORT without a scheme (no http://), "
+                   "and an IPv6 address as [::1] or [::1]:PORT"};
   }
   return host;
 }

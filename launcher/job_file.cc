@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "launcher/flags.h"
 #include "launcher/hostfile.h"
@@ -34,7 +35,7 @@ class Loader {
   }
 
   JobFile load() {
-    YAML::Node root;
+    std::vector<YAML::Node> docs;
     std::string text = read_text<JobFileError>(
         name_, flag_, "give the path of a YAML job file");
     // yaml-cpp takes a quote left open on the last line, when a newline
@@ -46,7 +47,7 @@ class Loader {
         std::count(text.begin(), text.end(), '\n'));  // 0-based
     text += "...";
     try {
-      root = YAML::Load(text);
+      docs = YAML::LoadAll(text);
     } catch (const YAML::ParserException& e) {
       if (e.mark.line == end_line && (e.msg == YAML::ErrorMsg::DOC_IN_SCALAR ||
                                       e.msg == YAML::ErrorMsg::EOF_IN_SCALAR)) {
@@ -59,6 +60,17 @@ class Loader {
       // Not a parse error with a position: yaml-cpp's own text, then.
       throw JobFileError(flag_ + ": '" + name_ + "': not valid YAML (" +
                          e.what() + "); give the path of a YAML job file");
+    }
+    // One document: keys after a '---' or '...' were silently dropped.
+    YAML::Node root;
+    for (const YAML::Node& d : docs) {
+      if (d.IsNull()) continue;
+      if (!root.IsNull()) {
+        fail(d,
+             "a second YAML document (after a '---' or '...' line): a job "
+             "file holds one; remove the marker or split the file");
+      }
+      root = d;
     }
     if (root.IsNull()) return job_;
     if (!root.IsMap()) {
@@ -245,8 +257,12 @@ class Loader {
     }
     if (f.type == T::kMap && v.IsMap()) {
       std::string out;
+      std::set<std::string> names;
       for (const auto& e : v) {
         const std::string name = scalar(e.first, key, "a name");
+        if (!names.insert(name).second) {
+          fail(e.first, key + "." + name + ": appears twice; keep one");
+        }
         out += (out.empty() ? "" : ",") + name + "=" +
                map_value(name, scalar(e.second, key, "a value"));
       }
@@ -456,12 +472,27 @@ JobFile load_job_file(const std::string& path, const agent::EnvMap& env,
 }
 
 bool is_secret_name(const std::string& name) {
-  std::string up = name;
-  for (char& c : up) c = static_cast<char>(std::toupper(c));
-  for (const char* word :
-       {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY",
-        "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL", "AUTH"}) {
-    if (up.find(word) != std::string::npos) return true;
+  // By whole words between '_' (TOKENIZERS_PARALLELISM, MAX_TOKENS and
+  // AUTHOR are no secrets; HF_TOKEN, DB_PASSWORD and WANDB_API_KEY are).
+  std::vector<std::string> words(1);
+  for (char c : name) {
+    if (c == '_') {
+      words.emplace_back();
+    } else {
+      words.back() += static_cast<char>(std::toupper(c));
+    }
+  }
+  for (size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    for (const char* secret :
+         {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "APIKEY",
+          "CREDENTIAL", "CREDENTIALS", "AUTH"}) {
+      if (w == secret) return true;
+    }
+    if (i + 1 < words.size() && words[i + 1] == "KEY" &&
+        (w == "API" || w == "ACCESS" || w == "PRIVATE")) {
+      return true;
+    }
   }
   return false;
 }

@@ -98,8 +98,8 @@ struct LaunchOptions {
   // $PYTHON, else "python3".
   std::string python = "python3";
   // Set in every worker's environment on top of dlaunch's own (a job
-  // file's `env` map); the worker contract (RANK, ...) still wins. Default
-  // empty.
+  // file's `env` map); --env-file and -x win over it, and the worker
+  // contract (RANK, ...) over all. Default empty.
   std::map<std::string, std::string> env;
   // The job's hosts (--hosts, --hostfile, or a job file's `hosts`: a list
   // or a hostfile), parsed and validated, after --include/--exclude.

@@ -260,9 +260,9 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
     rdzv = std::make_unique<agent::rendezvous::C10dRendezvous>(std::move(p));
   }
   env.set_drain_timeout(options.agent.drain_timeout);
-  // Workers inherit dlaunch's environment with the job's env map on top.
+  // Workers inherit dlaunch's environment, where settle_host() put the
+  // job's env map, --env-file and -x.
   agent::EnvMap base = agent::current_environment();
-  for (const auto& [name, value] : options.env) base[name] = value;
   // The workers' env:// store (served by rank 0) takes only this token.
   if (!token.workers.empty()) base[comm::store::kTokenEnv] = token.workers;
   // A drill's failures are its point, not the job's: its verdict is the

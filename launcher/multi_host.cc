@@ -391,7 +391,9 @@ std::map<std::string, std::string> remote_environment(
 
 std::map<std::string, std::string> asked_environment(
     const LaunchOptions& o, const agent::EnvMap& head_env) {
-  std::map<std::string, std::string> env;
+  // A job file's env map, then --env-file, then -x: the flags win over the
+  // file (-x X=1 once lost to the file's env: {X: 2}).
+  std::map<std::string, std::string> env(o.env.begin(), o.env.end());
   if (!o.remote.env_file.empty()) {
     std::istringstream in(read_text<std::runtime_error>(
         o.remote.env_file, "--env-file",
@@ -424,7 +426,6 @@ std::map<std::string, std::string> asked_environment(
       env[item] = it->second;
     }
   }
-  for (const auto& [k, v] : o.env) env[k] = v;
   return env;
 }
 

@@ -57,9 +57,10 @@ int launch_hosts(const LaunchOptions& options, const HostPlan& hosts);
 std::map<std::string, std::string> remote_environment(
     const LaunchOptions& options, const agent::EnvMap& head_env);
 
-// The part of remote_environment the user asked for: --env-file's, then
-// --export's (a bare NAME takes `head_env`'s value, if set), then the job
-// file's env map. Throws like remote_environment.
+// The part of remote_environment the user asked for: the job file's env
+// map, then --env-file's, then --export's (a bare NAME takes `head_env`'s
+// value, if set), each over the ones before. Throws like
+// remote_environment.
 std::map<std::string, std::string> asked_environment(
     const LaunchOptions& options, const agent::EnvMap& head_env);
 

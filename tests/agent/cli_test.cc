@@ -398,6 +398,13 @@ TEST(Cli, EachBadInputGetsOneLineNamingItAndExit2) {
       {{"--nnodes", "1:2:3", "true"}, "--nnodes: '1:2:3' is not valid"},
       {{"--rdzv-endpoint", "host:", "true"}, "'host:' is not valid"},
       {{"--rdzv-endpoint", "host:x", "true"}, "'host:x' is not valid"},
+      // A name holds no ':' (these were names, failing at the join timeout).
+      {{"--rdzv-endpoint", "node0:29400:1", "true"},
+       "--rdzv-endpoint: 'node0:29400:1' is not a host: a name or IPv4 "
+       "address holds no ':'"},
+      {{"--rdzv-backend", "etcd", "--rdzv-endpoint", "http://h:2379", "true"},
+       "'http://h:2379' is not a host"},
+      {{"--master-addr", "h:80", "true"}, "'h:80' is not a host"},
       {{"--rdzv-id", "../x", "true"}, "--rdzv-id: '../x' cannot name a folder"},
       {{"--rdzv-endpoint", "a b:29400", "true"},
        "--rdzv-endpoint: 'a b' is not a host name or address"},

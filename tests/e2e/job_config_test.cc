@@ -35,6 +35,25 @@ CommandResult dlaunch(std::vector<std::string> args,
   return testing::run_command({args, env, {}, cwd}, 120s);
 }
 
+// -x beats a job file's env map on this machine and on every host (the
+// map won on this machine).
+TEST(JobConfig, AnExportBeatsTheFilesEnvOnEveryHost) {
+  TempDir dir;
+  const std::string f = (dir / "job.yaml").string();
+  write_file(f, "program: sh\nargs: [-c, 'echo X=$X']\nenv: {X: file}\n");
+  CommandResult one = dlaunch({"--config", f, "-x", "X=flag"});
+  EXPECT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_THAT(one.out, HasSubstr("X=flag"));
+  EXPECT_THAT(one.out, Not(HasSubstr("X=file")));
+  CommandResult two =
+      dlaunch({"--config", f, "-x", "X=flag", "--launcher", "local", "--hosts",
+               "127.0.0.1,127.0.0.2", "--local-addr", "127.0.0.1"});
+  EXPECT_EQ(two.exit_code, 0) << two.err;
+  EXPECT_THAT(two.out, HasSubstr("127.0.0.1 [default0]:X=flag"));
+  EXPECT_THAT(two.out, HasSubstr("127.0.0.2 [default0]:X=flag"));
+  EXPECT_THAT(two.out, Not(HasSubstr("X=file")));
+}
+
 // The run folders under `log_dir`.
 std::vector<fs::path> runs(const fs::path& log_dir) {
   std::vector<fs::path> out;

@@ -11,6 +11,7 @@
 #include "launcher/cli.h"
 #include "launcher/flags.h"
 #include "launcher/job_print.h"
+#include "launcher/multi_host.h"
 #include "tests/testing/temp_dir.h"
 
 namespace dlaunch::launcher {
@@ -86,6 +87,14 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
        "job.yaml:2:1: 'dry_run' is a command-line action (--dry-run), not a "
        "job key"},
       {"program: x\nprogram: y\n", "job.yaml:2:1: program: appears twice"},
+      {"program: x\nrdzv_conf: {join_timeout: 1, join_timeout: 2}\n",
+       "job.yaml:2:30: rdzv_conf.join_timeout: appears twice; keep one"},
+      // One document: a second one's keys were dropped unsaid.
+      {"---\nprogram: x\n---\nnproc_per_node: 4\n",
+       "job.yaml:4:1: a second YAML document (after a '---' or '...' line): "
+       "a job file holds one"},
+      {"program: x\n...\nnproc_per_node: 4\n",
+       "job.yaml:3:1: a second YAML document"},
       // Wrong types.
       {"program: x\nnnodes: two\n",
        "job.yaml:2:9: nnodes: 'two' is not valid; use N or MIN:MAX"},
@@ -293,6 +302,19 @@ TEST_F(JobFileTest, OverrideOrderIsFileThenPetThenFlag) {
             (std::vector<std::string>{"sh", "-c", "exit 3"}));
   EXPECT_EQ(ok({"--config", f, "echo", "hi"}).agent.entrypoint,
             (std::vector<std::string>{"echo", "hi"}));
+}
+
+// The file's env map < --env-file < -x, as for every other key (the map
+// once won over both).
+TEST_F(JobFileTest, ExportsAndTheEnvFileBeatTheFilesEnvMap) {
+  const std::string f =
+      write("program: true\nenv: {X: file, Y: file, Z: file}\n");
+  const std::string e = write("Y=env-file\nZ=env-file\n", "vars.env");
+  const auto env = asked_environment(
+      ok({"--config", f, "--env-file", e, "-x", "Z=flag"}), {});
+  EXPECT_EQ(env.at("X"), "file");
+  EXPECT_EQ(env.at("Y"), "env-file");
+  EXPECT_EQ(env.at("Z"), "flag");
 }
 
 // --hosts and PET_HOSTS replace the file's hosts whether it names them by
@@ -606,8 +628,17 @@ TEST_F(JobFileTest, SecretsNeverAppearInPrintedOutput) {
     }
     EXPECT_THAT(out, HasSubstr("visible"));
   }
-  EXPECT_TRUE(is_secret_name("HF_TOKEN"));
-  EXPECT_FALSE(is_secret_name("NCCL_DEBUG"));
+  // By whole words: common settings that merely contain one print as they
+  // are, so that the printed job reruns without them in the environment.
+  for (const char* name :
+       {"HF_TOKEN", "auth_token", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY",
+        "WANDB_API_KEY", "MY_APIKEY", "SSH_PRIVATE_KEY", "GCP_CREDENTIALS"}) {
+    EXPECT_TRUE(is_secret_name(name)) << name;
+  }
+  for (const char* name : {"NCCL_DEBUG", "TOKENIZERS_PARALLELISM", "MAX_TOKENS",
+                           "AUTHOR", "KEY_COLUMN", "SECRETARY"}) {
+    EXPECT_FALSE(is_secret_name(name)) << name;
+  }
 }
 
 TEST_F(JobFileTest, DryRunShowsWhatOnlyARendezvousDecides) {
