@@ -1,7 +1,12 @@
 #include "agent/report.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <ctime>
-#include <fstream>
 #include <sstream>
 
 namespace dlaunch::agent {
@@ -27,14 +32,46 @@ std::string format_time(WallTime t) {
   return buf;
 }
 
+std::string read_error_bytes(const std::filesystem::path& path, bool* more) {
+  if (more) *more = false;
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return "";
+  std::string text;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    text.resize(kMaxErrorFileBytes + 1);
+    size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    text.resize(got);
+    if (got > kMaxErrorFileBytes) {
+      text.resize(kMaxErrorFileBytes);
+      if (more) *more = true;
+    }
+  }
+  ::close(fd);
+  return text;
+}
+
 std::string read_error_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) return "";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string text = ss.str();
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  bool more = false;
+  std::string text = read_error_bytes(path, &more);
+  nlohmann::json j = more ? nlohmann::json(nlohmann::json::value_t::discarded)
+                          : nlohmann::json::parse(text, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("message")) {
+    if (text.size() > kMaxErrorTextShown || more) {
+      const std::string size =
+          more ? "over " + std::to_string(kMaxErrorFileBytes)
+               : std::to_string(text.size());
+      text.resize(std::min(text.size(), kMaxErrorTextShown));
+      text += "... (the first " + std::to_string(kMaxErrorTextShown) + " of " +
+              size + " bytes of " + path.string() + ")";
+    }
     return text;
   }
   const nlohmann::json& m = j["message"];
@@ -49,11 +86,12 @@ std::string launcher_error_json(const RunResult& result,
                                 const std::string& why) {
   if (const WorkerRecord* root = result.root_cause();
       root && !root->error_file.empty()) {
-    std::ifstream in(root->error_file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
-    if (in && !j.is_discarded() && j.is_object() && j.contains("message") &&
+    bool more = false;
+    const std::string text = read_error_bytes(root->error_file, &more);
+    nlohmann::json j = more || text.empty()
+                           ? nlohmann::json(nlohmann::json::value_t::discarded)
+                           : nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_discarded() && j.is_object() && j.contains("message") &&
         j["message"].is_object()) {
       // torch's: the exit code, or minus the signal.
       if (root->status) {

@@ -19,9 +19,23 @@ std::string failure_report(const RunResult& result);
 // The whole run, every attempt and worker, as written to summary.json.
 nlohmann::json summary_json(const RunResult& result);
 
+// A worker's TORCHELASTIC_ERROR_FILE is read only when it is a regular
+// file, never waiting (a FIFO there would hold the agent's event loop, a
+// link to /dev/zero read forever), and at most this much of it.
+inline constexpr size_t kMaxErrorFileBytes = size_t{1} << 20;
+// What a failure report shows of text that is not torch's JSON.
+inline constexpr size_t kMaxErrorTextShown = 4096;
+
+// The first kMaxErrorFileBytes of the regular file at `path`; "" when it is
+// missing or not a regular file. `more` (when given): whether it is longer.
+std::string read_error_bytes(const std::filesystem::path& path,
+                             bool* more = nullptr);
+
 // Reads the message of a TORCHELASTIC_ERROR_FILE written by torch's @record
 // ({"message": {"message": ..., "extraInfo": ...}} or {"message": "..."}).
-// Empty when the file is missing; the raw text when it is not that JSON.
+// Empty when the file is missing or not a regular file; the raw text when
+// it is not that JSON, its first kMaxErrorTextShown bytes and how much was
+// left out.
 std::string read_error_file(const std::filesystem::path& path);
 
 // What a failed run leaves in the launcher's own TORCHELASTIC_ERROR_FILE,

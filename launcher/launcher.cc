@@ -50,11 +50,10 @@ void write_stderr(const std::string& s) {
 // The bound on handing a node's end to a multi-host head's store.
 constexpr std::chrono::milliseconds kHandOffTimeout(5000);
 
-// The text of the file at `path` ("" when unset or unreadable).
+// The text of the error file at `path` ("" when unset, unreadable or not
+// a regular file; bounded as a worker's is).
 std::string read_error_text(const std::string& path) {
-  std::string text;
-  if (path.empty() || !read_whole_file(path, text).empty()) return "";
-  return text;
+  return path.empty() ? "" : agent::read_error_bytes(path);
 }
 
 // Makes LOG_DIR/RUN_ID for this run, or LOG_DIR/RUN_ID.N (the first N

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "agent/cpu_cores.h"
@@ -276,6 +277,32 @@ TEST(Report, ReadsTorchErrorFilesInBothShapes) {
   EXPECT_EQ(read_error_file(dir / "b.json"), "plain");
   EXPECT_EQ(read_error_file(dir / "c.json"), "not json");
   EXPECT_EQ(read_error_file(dir / "missing.json"), "");
+}
+
+// A worker's error file is read without waiting and within a bound: a
+// FIFO there held the agent in open(), a link to /dev/zero read forever,
+// and 5 MB of text went whole into the failure report.
+TEST(Report, ErrorFilesThatAreNoFilesOrHugeAreReadWithinBounds) {
+  dlaunch::testing::TempDir dir;
+  const std::filesystem::path fifo = dir / "fifo.json";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(read_error_file(fifo), "") << "a FIFO nobody writes";
+  const std::filesystem::path zero = dir / "zero.json";
+  std::filesystem::create_symlink("/dev/zero", zero);
+  EXPECT_EQ(read_error_file(zero), "");
+  const std::filesystem::path big = dir / "big.json";
+  dlaunch::testing::write_file(big, std::string(5 << 20, 'x'));
+  const std::string shown = read_error_file(big);
+  EXPECT_EQ(shown, std::string(kMaxErrorTextShown, 'x') +
+                       "... (the first 4096 of over 1048576 bytes of " +
+                       big.string() + ")");
+  bool more = false;
+  EXPECT_EQ(read_error_bytes(big, &more).size(), kMaxErrorFileBytes);
+  EXPECT_TRUE(more);
+  // Text under the file bound but over what is shown: its size is said.
+  dlaunch::testing::write_file(big, std::string(5000, 'y'));
+  EXPECT_THAT(read_error_file(big),
+              HasSubstr("... (the first 4096 of 5000 bytes of "));
 }
 
 TEST(Report, SummaryHasEveryAttemptAndTheRootCause) {

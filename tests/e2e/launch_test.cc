@@ -781,6 +781,16 @@ TEST(Launch, ReportsTheWorkersErrorFileMessage) {
   EXPECT_EQ(summary["attempts"][0]["workers"][0]["stopped_by_agent"], true);
 }
 
+// A worker's error file that is a FIFO no one writes held the agent in
+// open() for good; it is passed over now, as any file that is not a
+// regular one, and the job ends with the worker's status.
+TEST(Launch, AnErrorFileThatIsAFifoDoesNotHoldTheAgent) {
+  CommandResult r = sh(1, "mkfifo $TORCHELASTIC_ERROR_FILE; exit 4");
+  EXPECT_FALSE(r.timed_out) << "the agent waited on the FIFO";
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("exit       : exit code 4"));
+}
+
 // A relative --log-dir still gives workers an absolute error file: one
 // that changes folder leaves its message for the report.
 TEST(Launch, AWorkerThatChangesFolderStillWritesItsErrorFile) {
