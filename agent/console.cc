@@ -169,6 +169,8 @@ size_t Console::finish(std::chrono::milliseconds timeout) {
       dropped += c.text.size();
       if (c.backlog && !c.backlog->log.empty()) {
         lost[c.backlog->log] += c.text.size();
+      } else {
+        dropped_unlogged_ += c.text.size();
       }
     }
     state_->queue.clear();

@@ -57,6 +57,13 @@ class Console {
   // each source that lost output. Returns the bytes dropped. Later writes
   // are discarded.
   size_t finish(std::chrono::milliseconds timeout);
+  // Of the bytes finish() dropped, those no log file holds either.
+  size_t dropped_unlogged() const { return dropped_unlogged_; }
+  // Writes `text` if the console takes it at once (a last word after
+  // finish(); a stalled console loses it).
+  void write_if_taken(std::string_view text) {
+    if (!state_->gone) write_now(text);
+  }
 
   // Whether fds `a` and `b` are one file (`2>&1`, one terminal): they must
   // share one Console, or their lines could be cut into each other.
@@ -95,6 +102,7 @@ class Console {
   std::shared_ptr<State> state_ = std::make_shared<State>();
   std::thread thread_;
   bool finished_ = false;
+  size_t dropped_unlogged_ = 0;
 };
 
 }  // namespace dlaunch::agent

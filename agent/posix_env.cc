@@ -39,6 +39,7 @@
 #include "agent/watchdog.h"
 #include "comm/pidfd.h"
 #include "comm/store/resolve.h"
+#include "comm/store/text.h"
 
 namespace dlaunch::agent {
 
@@ -827,9 +828,27 @@ PosixEnv::~PosixEnv() {
     impl_->watchdog.stopped_cleanly();
   }
   // Whatever the console has not taken by now is dropped after the bound,
-  // so dlaunch exits even when nobody reads its output.
-  impl_->console_out.finish(impl_->drain_timeout);
-  impl_->console_err.finish(impl_->drain_timeout);  // a no-op when shared
+  // so dlaunch exits even when nobody reads its output; said on stderr
+  // when it takes it (the log files get their own note).
+  Console& out = impl_->console_out;
+  Console& err = impl_->console_err;  // finish() a no-op when shared
+  const size_t dropped =
+      out.finish(impl_->drain_timeout) + err.finish(impl_->drain_timeout);
+  if (dropped > 0) {
+    const size_t unlogged =
+        out.dropped_unlogged() + (&err == &out ? 0 : err.dropped_unlogged());
+    err.write_if_taken(
+        "dlaunch: " + std::to_string(dropped) +
+        " bytes of output never reached the console: it accepted nothing "
+        "for " +
+        comm::store::format_duration(impl_->drain_timeout) +
+        " after the job ended; " +
+        (unlogged == 0 ? std::string("the log files have them all")
+                       : std::to_string(unlogged) +
+                             " of them are in no log file (--log-dir with "
+                             "-t/--tee keeps a copy)") +
+        "\n");
+  }
 }
 
 void PosixEnv::set_drain_timeout(std::chrono::milliseconds t) {

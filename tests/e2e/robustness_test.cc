@@ -119,6 +119,28 @@ TEST(Robustness, AStalledConsoleDelaysNeitherSignalsNorTheExit) {
   EXPECT_THAT(logs, HasSubstr("line-0-x"));
   EXPECT_THAT(logs, HasSubstr("line-1-x"));
   EXPECT_THAT(logs, HasSubstr("never reached the console"));
+  // And stderr (not stalled) says so.
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "dlaunch: [0-9]+ bytes of output never reached the "
+                         "console: it accepted nothing for [0-9.]+ m?s after "
+                         "the job ended; the log files have them all"));
+}
+
+// Without log files, output the console never took is lost: said on
+// stderr (it was lost silently: `dlaunch ... | (sleep 6; wc -l)`).
+TEST(Robustness, OutputAStalledConsoleNeverTookIsCountedOnStderr) {
+  Pipe console;  // read by nobody
+  Subprocess p({{kDlaunch, "--nproc-per-node", "1", "sh", "-c", "seq 1 30000"},
+                {},
+                {},
+                "",
+                console.writer()});
+  CommandResult r = p.wait(60s);
+  EXPECT_FALSE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, ::testing::ContainsRegex(
+                         "dlaunch: [0-9]+ bytes of output never reached the "
+                         "console: .*; [0-9]+ of them are in no log file"));
 }
 
 TEST(Robustness, AVanishedConsoleStopsOutputNotTheJob) {
