@@ -308,8 +308,11 @@ std::string dry_run_plan(const LaunchOptions& o) {
       << format_seconds(o.agent.hang_timeout) << " s is failed\n";
   }
 
-  agent::EnvMap shown;  // the env map, secrets hidden
-  for (const auto& [name, value] : o.env) {
+  // What the job sets (env map, --env-file, -x: a bad --env-file throws as
+  // the run would), secrets hidden.
+  agent::EnvMap shown;
+  for (const auto& [name, value] :
+       asked_environment(o, agent::current_environment())) {
     shown[name] = is_secret_name(name) ? "<secret, not shown>" : value;
   }
   // A count the host makes: worker 0 stands for them all. Hosts: the

@@ -13,7 +13,8 @@ std::string job_yaml(const LaunchOptions& options, bool with_run_id);
 
 // The --dry-run plan: what the job runs where, each worker's environment
 // (the part dlaunch sets) and command line; what only a rendezvous or
-// other hosts decide is shown as such.
+// other hosts decide is shown as such. Throws std::runtime_error where the
+// run would stop first (an unreadable or bad --env-file; LookupTimeout).
 std::string dry_run_plan(const LaunchOptions& options);
 
 }  // namespace dlaunch::launcher

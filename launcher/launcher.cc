@@ -363,7 +363,7 @@ int run_main(const std::vector<std::string>& args) {
     case LaunchOptions::Mode::kDryRun:
       try {
         agent::write_all(STDOUT_FILENO, dry_run_plan(options));
-      } catch (const LookupTimeout& e) {
+      } catch (const std::runtime_error& e) {  // LookupTimeout, --env-file
         write_stderr(std::string("dlaunch: ") + e.what() + "\n");
         return 2;
       }

@@ -317,6 +317,24 @@ TEST_F(JobFileTest, ExportsAndTheEnvFileBeatTheFilesEnvMap) {
   EXPECT_EQ(env.at("Z"), "flag");
 }
 
+// The dry run shows what --env-file and -x set, and stops where the run
+// would (it showed neither and passed an unreadable --env-file).
+TEST_F(JobFileTest, TheDryRunShowsAndChecksTheEnvFileAndExports) {
+  const std::string e = write("FROM_FILE=1\nHF_TOKEN=t0k\n", "vars.env");
+  const std::string plan =
+      dry_run_plan(ok({"--env-file", e, "-x", "FROM_FLAG=2", "true"}));
+  EXPECT_THAT(plan, HasSubstr("    FROM_FILE=1\n"));
+  EXPECT_THAT(plan, HasSubstr("    FROM_FLAG=2\n"));
+  EXPECT_THAT(plan, HasSubstr("    HF_TOKEN=<secret, not shown>\n"));
+  EXPECT_THAT(plan, Not(HasSubstr("t0k")));
+  EXPECT_THAT(
+      [&] {
+        dry_run_plan(ok({"--env-file", e + ".gone", "true"}));
+      },
+      ::testing::ThrowsMessage<std::runtime_error>(
+          HasSubstr("--env-file: '" + e + ".gone': no such file")));
+}
+
 // --hosts and PET_HOSTS replace the file's hosts whether it names them by
 // `hosts:` or by `hostfile:` (the latter once failed: "--hosts and
 // --hostfile both name the hosts", a --hostfile nobody typed); --hostfile
@@ -594,6 +612,7 @@ TEST_F(JobFileTest, APrintedHostsJobCanBeRetargeted) {
   const std::string inside = job_yaml(entered, true);
   EXPECT_THAT(inside, HasSubstr("env_file: /launch/vars.env\n"));
   EXPECT_THAT(inside, HasSubstr("log_dir: /srv/job/logs\n"));
+  entered.remote.env_file.clear();  // the dry run reads it (not there)
   EXPECT_THAT(dry_run_plan(entered), HasSubstr("logs:      /srv/job/logs/"));
   // A script run by the interpreter is a path without a '/' too (it
   // stayed train.py, a PATH lookup on the rerun).
