@@ -150,6 +150,13 @@ void Console::writer(int fd, std::shared_ptr<State> state) {
   }
 }
 
+void Console::write_if_taken(std::string_view text) {
+  // Only while no chunk is being written: the note must not land inside
+  // one (write_now's contract).
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!state_->gone && state_->idle) write_now(text);
+}
+
 size_t Console::finish(std::chrono::milliseconds timeout) {
   if (finished_) return 0;
   finished_ = true;

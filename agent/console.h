@@ -61,9 +61,7 @@ class Console {
   size_t dropped_unlogged() const { return dropped_unlogged_; }
   // Writes `text` if the console takes it at once (a last word after
   // finish(); a stalled console loses it).
-  void write_if_taken(std::string_view text) {
-    if (!state_->gone) write_now(text);
-  }
+  void write_if_taken(std::string_view text);
 
   // Whether fds `a` and `b` are one file (`2>&1`, one terminal): they must
   // share one Console, or their lines could be cut into each other.

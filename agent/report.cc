@@ -34,6 +34,11 @@ std::string format_time(WallTime t) {
 
 std::string read_error_bytes(const std::filesystem::path& path, bool* more) {
   if (more) *more = false;
+  // Only a regular file is opened (opening a FIFO or a device may act).
+  struct stat before {};
+  if (::stat(path.c_str(), &before) != 0 || !S_ISREG(before.st_mode)) {
+    return "";
+  }
   const int fd =
       ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) return "";
@@ -68,9 +73,15 @@ std::string read_error_file(const std::filesystem::path& path) {
       const std::string size =
           more ? "over " + std::to_string(kMaxErrorFileBytes)
                : std::to_string(text.size());
-      text.resize(std::min(text.size(), kMaxErrorTextShown));
-      text += "... (the first " + std::to_string(kMaxErrorTextShown) + " of " +
-              size + " bytes of " + path.string() + ")";
+      // Not inside a UTF-8 character: the summary's JSON refuses one cut.
+      size_t keep = std::min(text.size(), kMaxErrorTextShown);
+      while (keep > 0 && keep < text.size() &&
+             (static_cast<unsigned char>(text[keep]) & 0xC0) == 0x80) {
+        --keep;
+      }
+      text.resize(keep);
+      text += "... (the first " + std::to_string(keep) + " of " + size +
+              " bytes of " + path.string() + ")";
     }
     return text;
   }
@@ -79,7 +90,7 @@ std::string read_error_file(const std::filesystem::path& path) {
   if (m.is_object() && m.contains("message") && m["message"].is_string()) {
     return m["message"].get<std::string>();
   }
-  return m.dump();
+  return m.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string launcher_error_json(const RunResult& result,
@@ -99,14 +110,16 @@ std::string launcher_error_json(const RunResult& result,
                                         ? -root->status->signal
                                         : root->status->code;
       }
-      return j.dump() + "\n";
+      return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+             "\n";
     }
   }
   nlohmann::json j;
   j["message"]["message"] = why;
   j["message"]["extraInfo"]["py_callstack"] = "";
   j["message"]["extraInfo"]["timestamp"] = std::to_string(std::time(nullptr));
-  return j.dump() + "\n";
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         "\n";
 }
 
 namespace {

@@ -55,7 +55,7 @@ std::string encode_drill_part(const agent::RunResult& r) {
                       {"running_again", to_ns(f.running_again)}});
   }
   j["faults"] = std::move(faults);
-  return j.dump();
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 void merge_drill_part(const std::string& part, agent::RunResult& merged) {

@@ -206,9 +206,12 @@ std::string host_arg(const std::string& v) {
   check_host(host);
   in6_addr a{};
   char text[INET6_ADDRSTRLEN];
-  if (::inet_pton(AF_INET6, host.c_str(), &a) == 1 &&
+  // A link-local address keeps its zone (fe80::1%eth0).
+  const size_t zone = host.find('%');
+  const std::string address = host.substr(0, zone);
+  if (::inet_pton(AF_INET6, address.c_str(), &a) == 1 &&
       ::inet_ntop(AF_INET6, &a, text, sizeof text) != nullptr) {
-    host = text;
+    host = text + (zone == std::string::npos ? "" : host.substr(zone));
   } else if (host.find(':') != std::string::npos) {
     // (node0:29400:1 was taken for a name, failing at the join timeout.)
     throw BadValue{"'" + v +

@@ -472,25 +472,32 @@ JobFile load_job_file(const std::string& path, const agent::EnvMap& env,
 }
 
 bool is_secret_name(const std::string& name) {
-  // By whole words between '_' (TOKENIZERS_PARALLELISM, MAX_TOKENS and
-  // AUTHOR are no secrets; HF_TOKEN, DB_PASSWORD and WANDB_API_KEY are).
+  // By words between '_': TOKENIZERS_PARALLELISM, MAX_TOKENS and AUTHOR
+  // are settings (printed as ${NAME} they broke a printed job's rerun);
+  // HF_TOKEN, PGPASSWORD, NPM_CONFIG__AUTHTOKEN, WANDB_API_KEY are not.
+  std::string up;
+  for (char c : name) up += static_cast<char>(std::toupper(c));
+  if (up == "SSH_AUTH_SOCK") return false;  // a socket's path
   std::vector<std::string> words(1);
-  for (char c : name) {
+  for (char c : up) {
     if (c == '_') {
       words.emplace_back();
     } else {
-      words.back() += static_cast<char>(std::toupper(c));
+      words.back() += c;
     }
   }
   for (size_t i = 0; i < words.size(); ++i) {
     const std::string& w = words[i];
-    for (const char* secret :
-         {"TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "APIKEY",
-          "CREDENTIAL", "CREDENTIALS", "AUTH"}) {
-      if (w == secret) return true;
+    // Inside a word: PGPASSWORD, DJANGO_SECRETKEY, APITOKEN.
+    for (const char* part : {"PASSWORD", "PASSWD", "SECRET", "CREDENTIAL"}) {
+      if (w.find(part) != std::string::npos) return true;
+    }
+    if (w.ends_with("TOKEN") || w == "APIKEY" || w == "AUTH" || w == "PASS" ||
+        w == "PAT" || (w == "PWD" && words.size() > 1)) {
+      return true;
     }
     if (i + 1 < words.size() && words[i + 1] == "KEY" &&
-        (w == "API" || w == "ACCESS" || w == "PRIVATE")) {
+        (w == "API" || w == "ACCESS" || w == "PRIVATE" || w == "SECRET")) {
       return true;
     }
   }

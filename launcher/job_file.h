@@ -56,9 +56,12 @@ struct JobFile {
 JobFile load_job_file(const std::string& path, const agent::EnvMap& env,
                       const std::string& flag = "--config");
 
-// Whether an environment variable's name says it holds a secret (TOKEN,
-// SECRET, PASSWORD, API_KEY, ...): its value is never printed or written;
-// --print-config and job.yaml write `${NAME}` instead.
+// Whether an environment variable's name says it holds a secret, by its
+// words between '_': one ending in TOKEN, one holding PASSWORD, PASSWD,
+// SECRET or CREDENTIAL, or AUTH, PASS, PAT, APIKEY, a PWD not alone, and
+// API/ACCESS/PRIVATE/SECRET followed by KEY (SSH_AUTH_SOCK is none): its
+// value is never printed or written; --print-config and job.yaml write
+// `${NAME}` instead.
 bool is_secret_name(const std::string& name);
 
 }  // namespace dlaunch::launcher

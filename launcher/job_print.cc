@@ -310,10 +310,16 @@ std::string dry_run_plan(const LaunchOptions& o) {
 
   // What the job sets (env map, --env-file, -x: a bad --env-file throws as
   // the run would), secrets hidden.
+  // A bare -x NAME's value is the launching environment's: named, not
+  // shown (dry runs end up in CI logs).
   agent::EnvMap shown;
   for (const auto& [name, value] :
        asked_environment(o, agent::current_environment())) {
-    shown[name] = is_secret_name(name) ? "<secret, not shown>" : value;
+    const bool bare =
+        std::ranges::find(o.remote.exports, name) != o.remote.exports.end();
+    shown[name] = is_secret_name(name) ? "<secret, not shown>"
+                  : bare               ? "<this environment's value>"
+                                       : value;
   }
   // A count the host makes: worker 0 stands for them all. Hosts: the
   // first host's workers stand for every host's.

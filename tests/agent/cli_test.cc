@@ -635,6 +635,14 @@ TEST(Cli, AnIpv6HostMayBeBracketed) {
     EXPECT_THAT(bad({"--master-addr", addr, "true"}).message,
                 HasSubstr("write an IPv6 address as [::1] or ::1"));
   }
+  // A link-local address keeps its zone; a v4-mapped one is IPv6 too.
+  EXPECT_EQ(ok({"--master-addr", "[fe80::1%eth0]", "true"}).agent.master_addr,
+            "fe80::1%eth0");
+  EXPECT_EQ(
+      ok({"--rdzv-endpoint", "[fe80::1%lo]:29500", "true"}).rdzv.endpoint_host,
+      "fe80::1%lo");
+  EXPECT_EQ(ok({"--local-addr", "::ffff:1.2.3.4", "true"}).rdzv.local_addr,
+            "::ffff:1.2.3.4");
 }
 
 TEST(Cli, EtcdTakesAListOfMembersAndItsTlsAndLogin) {

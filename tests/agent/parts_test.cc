@@ -299,6 +299,17 @@ TEST(Report, ErrorFilesThatAreNoFilesOrHugeAreReadWithinBounds) {
   bool more = false;
   EXPECT_EQ(read_error_bytes(big, &more).size(), kMaxErrorFileBytes);
   EXPECT_TRUE(more);
+  // The cut never splits a UTF-8 character: the summary's JSON threw on
+  // one ("invalid UTF-8 byte"), losing the report and the exit status.
+  {
+    std::string text = "x";
+    for (int i = 0; i < 3000; ++i) text += "\xc3\xa9";  // e-acute
+    dlaunch::testing::write_file(big, text);
+  }
+  const std::string cut = read_error_file(big);
+  ASSERT_EQ(cut.substr(4095, 20), "... (the first 4095 ")
+      << "cut at 4095, before a character";
+  EXPECT_NO_THROW(nlohmann::json(cut).dump());
   // Text under the file bound but over what is shown: its size is said.
   dlaunch::testing::write_file(big, std::string(5000, 'y'));
   EXPECT_THAT(read_error_file(big),

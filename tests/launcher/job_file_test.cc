@@ -327,6 +327,13 @@ TEST_F(JobFileTest, TheDryRunShowsAndChecksTheEnvFileAndExports) {
   EXPECT_THAT(plan, HasSubstr("    FROM_FLAG=2\n"));
   EXPECT_THAT(plan, HasSubstr("    HF_TOKEN=<secret, not shown>\n"));
   EXPECT_THAT(plan, Not(HasSubstr("t0k")));
+  // A bare -x NAME is named, its value (the environment's) not shown.
+  ::setenv("DLAUNCH_TEST_URL", "postgres://u:pw@h/db", 1);
+  const std::string bare = dry_run_plan(ok({"-x", "DLAUNCH_TEST_URL", "true"}));
+  ::unsetenv("DLAUNCH_TEST_URL");
+  EXPECT_THAT(bare,
+              HasSubstr("    DLAUNCH_TEST_URL=<this environment's value>\n"));
+  EXPECT_THAT(bare, Not(HasSubstr("pw@h")));
   EXPECT_THAT(
       [&] {
         dry_run_plan(ok({"--env-file", e + ".gone", "true"}));
@@ -651,11 +658,14 @@ TEST_F(JobFileTest, SecretsNeverAppearInPrintedOutput) {
   // are, so that the printed job reruns without them in the environment.
   for (const char* name :
        {"HF_TOKEN", "auth_token", "DB_PASSWORD", "AWS_SECRET_ACCESS_KEY",
-        "WANDB_API_KEY", "MY_APIKEY", "SSH_PRIVATE_KEY", "GCP_CREDENTIALS"}) {
+        "WANDB_API_KEY", "MY_APIKEY", "SSH_PRIVATE_KEY", "GCP_CREDENTIALS",
+        "PGPASSWORD", "NPM_CONFIG__AUTHTOKEN", "APITOKEN", "DJANGO_SECRETKEY",
+        "GITHUB_PAT", "DB_PASS", "MYSQL_PWD"}) {
     EXPECT_TRUE(is_secret_name(name)) << name;
   }
-  for (const char* name : {"NCCL_DEBUG", "TOKENIZERS_PARALLELISM", "MAX_TOKENS",
-                           "AUTHOR", "KEY_COLUMN", "SECRETARY"}) {
+  for (const char* name :
+       {"NCCL_DEBUG", "TOKENIZERS_PARALLELISM", "MAX_TOKENS", "AUTHOR",
+        "KEY_COLUMN", "PWD", "SSH_AUTH_SOCK", "PASSES", "PATH"}) {
     EXPECT_FALSE(is_secret_name(name)) << name;
   }
 }
