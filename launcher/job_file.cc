@@ -1,11 +1,13 @@
 #include "launcher/job_file.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <vector>
@@ -35,7 +37,8 @@ class Loader {
   }
 
   JobFile load() {
-    std::vector<YAML::Node> docs;
+    YAML::Node root;
+    std::optional<YAML::Mark> second;  // where a second document starts
     std::string text = read_text<JobFileError>(
         name_, flag_, "give the path of a YAML job file");
     // yaml-cpp takes a quote left open on the last line, when a newline
@@ -47,7 +50,8 @@ class Loader {
         std::count(text.begin(), text.end(), '\n'));  // 0-based
     text += "...";
     try {
-      docs = YAML::LoadAll(text);
+      root = YAML::Load(text);
+      second = second_document(text);
     } catch (const YAML::ParserException& e) {
       if (e.mark.line == end_line && (e.msg == YAML::ErrorMsg::DOC_IN_SCALAR ||
                                       e.msg == YAML::ErrorMsg::EOF_IN_SCALAR)) {
@@ -56,21 +60,19 @@ class Loader {
                            "at the end of the file; close its quote");
       }
       throw JobFileError(pos(e.mark).text() + ": not valid YAML: " + e.msg);
+    } catch (const JobFileError&) {
+      throw;  // second_document()'s, positioned
     } catch (const std::exception& e) {
       // Not a parse error with a position: yaml-cpp's own text, then.
       throw JobFileError(flag_ + ": '" + name_ + "': not valid YAML (" +
                          e.what() + "); give the path of a YAML job file");
     }
     // One document: keys after a '---' or '...' were silently dropped.
-    YAML::Node root;
-    for (const YAML::Node& d : docs) {
-      if (d.IsNull()) continue;
-      if (!root.IsNull()) {
-        fail(d,
-             "a second YAML document (after a '---' or '...' line): a job "
-             "file holds one; remove the marker or split the file");
-      }
-      root = d;
+    if (second) {
+      throw JobFileError(
+          pos(*second).text() +
+          ": a second YAML document (after a '---' or '...' line): a job "
+          "file holds one; remove the marker or split the file");
     }
     if (root.IsNull()) return job_;
     if (!root.IsMap()) {
@@ -100,6 +102,54 @@ class Loader {
   }
 
  private:
+  // Where the first document with content after the first such one starts
+  // (an empty one is no document). Parser events only, at most 64
+  // documents: yaml-cpp's LoadAll never ends on some inputs (a stray ']'
+  // after a comment gives endless empty documents; found by the fuzzer),
+  // which are refused as not valid YAML.
+  std::optional<YAML::Mark> second_document(const std::string& text) const {
+    struct Scan : YAML::EventHandler {
+      std::optional<YAML::Mark> content;
+      YAML::Mark start;
+      void see(const YAML::Mark& m) {
+        if (!content) content = m;
+      }
+      void OnDocumentStart(const YAML::Mark& m) override { start = m; }
+      void OnDocumentEnd() override {}
+      void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+      void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { see(m); }
+      void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                    const std::string&) override {
+        see(m);
+      }
+      void OnSequenceStart(const YAML::Mark& m, const std::string&,
+                           YAML::anchor_t, YAML::EmitterStyle::value) override {
+        see(m);
+      }
+      void OnSequenceEnd() override {}
+      void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                      YAML::EmitterStyle::value) override {
+        see(m);
+      }
+      void OnMapEnd() override {}
+    };
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    bool seen = false;
+    for (int i = 0; i < 64; ++i) {
+      Scan scan;
+      if (!parser.HandleNextDocument(scan)) return std::nullopt;
+      if (!scan.content) continue;
+      if (seen) return scan.content;
+      seen = true;
+    }
+    Scan last;
+    parser.HandleNextDocument(last);
+    throw JobFileError(pos(last.start).text() +
+                       ": not valid YAML: the parser makes no progress here "
+                       "(a stray ']' or '}'?)");
+  }
+
   FilePos pos(const YAML::Mark& m) const {
     if (m.is_null()) return job_.top;
     return {name_, m.line + 1, m.column + 1};
@@ -357,14 +407,17 @@ class Loader {
       std::string text = scalar(v, "hosts", "a hostlist or hostfile path");
       std::string file = resolve(text);
       const bool one = text.find_first_of("[,") == std::string::npos;
+      // (A name too long for a path is no file: exists() threw on it.)
+      std::error_code ec;
+      const bool there = one && fs::exists(file, ec);
       // A name no host has: a hostfile that is missing, not a host.
-      if (one && !fs::exists(file) && looks_like_a_file(text)) {
+      if (one && !there && looks_like_a_file(text)) {
         fail(v, "hosts: '" + file +
                     "': no such file; give the path of a hostfile (relative "
                     "to this file's folder) or a hostlist like node[01-04]");
       }
       try {
-        if (one && fs::exists(file)) {
+        if (there) {
           job_.hosts = read_hostfile(file);
         } else {
           job_.hosts = parse_host_list(text);

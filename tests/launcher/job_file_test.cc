@@ -95,6 +95,10 @@ TEST_F(JobFileTest, EachErrorKindNamesItsLineAndColumn) {
        "a job file holds one"},
       {"program: x\n...\nnproc_per_node: 4\n",
        "job.yaml:3:1: a second YAML document"},
+      // yaml-cpp gives endless empty documents here (the fuzzer's find: a
+      // look for a second document never ended).
+      {"# c\n, \"1\"]\nprogram: true\n",
+       "job.yaml:2:1: not valid YAML: the parser makes no progress here"},
       // Wrong types.
       {"program: x\nnnodes: two\n",
        "job.yaml:2:9: nnodes: 'two' is not valid; use N or MIN:MAX"},
@@ -315,6 +319,17 @@ TEST_F(JobFileTest, ExportsAndTheEnvFileBeatTheFilesEnvMap) {
   EXPECT_EQ(env.at("X"), "file");
   EXPECT_EQ(env.at("Y"), "env-file");
   EXPECT_EQ(env.at("Z"), "flag");
+}
+
+// A host name too long for a path is looked for as a hostfile without
+// throwing (std::filesystem::exists threw on it: an abort; the fuzzer's
+// find).
+TEST_F(JobFileTest, AHostNameTooLongForAPathIsNoFile) {
+  const std::string name(5000, 'a');
+  LaunchOptions o =
+      ok({"--config", write("program: x\nhosts: " + name + "\n")});
+  ASSERT_EQ(o.hosts.size(), 1u);
+  EXPECT_EQ(o.hosts[0].name, name);
 }
 
 // The dry run shows what --env-file and -x set, and stops where the run
