@@ -76,6 +76,16 @@ void expand_item(std::string_view whole, std::string_view item, size_t base,
                             std::to_string(base) + kForm.data(),
                         base);
   }
+  // ssh and pdsh would take such a name for an option (-F.evil reads a
+  // config file); no host name starts with one (RFC 1123).
+  if (item.front() == '-') {
+    throw HostlistError(quoted(whole) + ": a host name at offset " +
+                            std::to_string(base) +
+                            " starts with '-' (ssh would take it for an "
+                            "option); host names start with a letter or "
+                            "digit",
+                        base);
+  }
   // The item as literal text pieces and groups, alternating: text[0]
   // group[0] text[1] group[1] ... text[n].
   std::vector<std::string_view> texts;

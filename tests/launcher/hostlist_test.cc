@@ -59,6 +59,12 @@ TEST(HostlistTest, EveryBadFormIsAClearError) {
       {",a", "empty host name at offset 0", 0},
       {"a,", "empty host name at offset 2", 2},
       {"a,,b", "empty host name at offset 2", 2},
+      // ssh would read these as options (-F.evil loads a config file).
+      {"-F.evil",
+       "a host name at offset 0 starts with '-' (ssh would take "
+       "it for an option)",
+       0},
+      {"n1,-v", "a host name at offset 3 starts with '-'", 3},
       {"n[1-3", "'[' at offset 1 is never closed", 1},
       {"n1-3]", "']' at offset 4 has no '['", 4},
       {"n[1[2]]", "nested '[' at offset 3", 3},
