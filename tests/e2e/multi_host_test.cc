@@ -1137,9 +1137,13 @@ TEST(MultiHostHead, ThisMachinesEarlierRootCauseOutranksAHostsLaterOne) {
   CommandResult r = run_with_the_head(
       dir, mark, "localhost,127.0.0.3", fake_gpu_counter(dir, 3),
       {"--nproc-per-node", "gpu", "--term-timeout", "5", "sh", "-c",
+       // (Rank 0 fails once rank 1 ignores SIGTERM: a SIGTERM before its
+       // trap ended the group at once under CI's load.)
        "if [ $LOCAL_WORLD_SIZE = 2 ]; then"
-       "  if [ $LOCAL_RANK = 0 ]; then touch \"$1\"; exit 7; fi;"
-       "  trap '' TERM; exec sleep 300; "
+       "  if [ $LOCAL_RANK = 1 ]; then"
+       "    trap '' TERM; touch \"$1.trap\"; exec sleep 300; fi;"
+       "  while [ ! -e \"$1.trap\" ]; do sleep 0.05; done;"
+       "  touch \"$1\"; exit 7; "
        "fi; "
        "while [ ! -e \"$1\" ]; do sleep 0.05; done; sleep 0.5; exit 3",
        "sh", gate},
@@ -1152,8 +1156,8 @@ TEST(MultiHostHead, ThisMachinesEarlierRootCauseOutranksAHostsLaterOne) {
               ::testing::MatchesRegex("dlaunch: local rank 0 \\(pid [0-9]+\\) "
                                       "failed with exit code 7"));
   // The host's worker did fail on its own, before it heard.
-  EXPECT_THAT(r.err, ::testing::ContainsRegex(
-                         "127\\.0\\.0\\.3 +exit +: exit code 3"));
+  EXPECT_THAT(r.err,
+              ::testing::ContainsRegex("127\\.0\\.0\\.3 +exit +: exit code 3"));
   EXPECT_TRUE(none_marked(mark, 30s));
 }
 
