@@ -970,12 +970,7 @@ void Agent::write_summary() {
   // readers take for the summary.
   std::filesystem::path tmp = path;
   tmp += ".tmp";
-  // (A worker's error text need not be UTF-8: bad bytes become U+FFFD
-  // rather than an exception that lost the summary and the report.)
-  std::string text =
-      summary_json(result_).dump(2, ' ', false,
-                                 nlohmann::json::error_handler_t::replace) +
-      "\n";
+  std::string text = json_text(summary_json(result_), 2) + "\n";
   std::string why;
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) {

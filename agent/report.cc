@@ -32,6 +32,10 @@ std::string format_time(WallTime t) {
   return buf;
 }
 
+std::string json_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string read_error_bytes(const std::filesystem::path& path, bool* more) {
   if (more) *more = false;
   // Only a regular file is opened (opening a FIFO or a device may act).
@@ -90,7 +94,7 @@ std::string read_error_file(const std::filesystem::path& path) {
   if (m.is_object() && m.contains("message") && m["message"].is_string()) {
     return m["message"].get<std::string>();
   }
-  return m.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return json_text(m);
 }
 
 std::string launcher_error_json(const RunResult& result,
@@ -110,16 +114,14 @@ std::string launcher_error_json(const RunResult& result,
                                         ? -root->status->signal
                                         : root->status->code;
       }
-      return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-             "\n";
+      return json_text(j) + "\n";
     }
   }
   nlohmann::json j;
   j["message"]["message"] = why;
   j["message"]["extraInfo"]["py_callstack"] = "";
   j["message"]["extraInfo"]["timestamp"] = std::to_string(std::time(nullptr));
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
-         "\n";
+  return json_text(j) + "\n";
 }
 
 namespace {

@@ -16,6 +16,11 @@ std::string format_time(WallTime t);
 // error-file message and its log files. Empty when nothing failed.
 std::string failure_report(const RunResult& result);
 
+// `j` as JSON text (`indent` as json::dump's). A worker's error text need
+// not be UTF-8: bad bytes become U+FFFD, where json::dump threw and lost
+// the summary and the report.
+std::string json_text(const nlohmann::json& j, int indent = -1);
+
 // The whole run, every attempt and worker, as written to summary.json.
 nlohmann::json summary_json(const RunResult& result);
 

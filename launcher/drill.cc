@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "agent/report.h"
+
 namespace dlaunch::launcher {
 namespace {
 
@@ -55,7 +57,7 @@ std::string encode_drill_part(const agent::RunResult& r) {
                       {"running_again", to_ns(f.running_again)}});
   }
   j["faults"] = std::move(faults);
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return agent::json_text(j);
 }
 
 void merge_drill_part(const std::string& part, agent::RunResult& merged) {

@@ -38,7 +38,7 @@ std::string encode_host_failure(const HostFailure& f) {
   j["root_time"] = f.root_time;
   j["round"] = f.round;
   j["error_text"] = f.error_text;
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return agent::json_text(j);
 }
 
 HostFailure decode_host_failure(const std::string& text) {
