@@ -27,6 +27,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <set>
@@ -115,6 +116,18 @@ namespace {
 // started with an empty environment) ends this much later, once (the
 // child is not waited for again).
 constexpr auto kUnreadableFor = std::chrono::milliseconds(200);
+
+// What commands_may_orphan() and helper_started() record, process-wide.
+struct OwnChildren {
+  std::mutex mu;
+  std::set<pid_t> helpers;
+  bool commands_may_orphan = false;
+};
+
+OwnChildren& own_children() {
+  static OwnChildren own;
+  return own;
+}
 
 class Fd {
  public:
@@ -266,6 +279,10 @@ struct PosixEnv::Impl {
   // Adopted children whose environment read empty for all of
   // kUnreadableFor (end_strays()).
   std::set<pid_t> unreadable;
+  // The live children the process had when the env was made (a shell's
+  // `monitor & exec dlaunch ...`): not strays, and their own orphans may
+  // come to the agent, so strays are then known by their tag only.
+  std::set<pid_t> inherited;
   bool watchdog_warned = false;
   std::thread background;  // run_in_background()'s, joined before reuse
   // Declared last: destroyed (their writers stopped) before the loop.
@@ -390,15 +407,25 @@ struct PosixEnv::Impl {
     }
   }
 
-  // Children of ours that are not workers nor the watchdog and carry the
-  // tag: workers' descendants adopted after their parent died. `unsure`,
-  // when given, gets the live ones whose environment read empty (one in
-  // the middle of execve does for a moment), but for those given up on.
-  std::vector<pid_t> tagged_children(std::vector<pid_t>* unsure = nullptr) {
+  // Workers' descendants adopted after their parent died: every child of
+  // ours that is not a worker, the watchdog, a helper or inherited; where
+  // others' orphans may come to us too (commands_may_orphan(), inherited
+  // children), only those carrying the tag. A stray whose environment
+  // cannot be read (another user's non-dumpable daemon) or was overwritten
+  // (setproctitle) is then missed. `unsure`, when given, gets the live ones
+  // whose environment read empty (one in the middle of execve does for a
+  // moment), but for those given up on.
+  std::vector<pid_t> stray_children(std::vector<pid_t>* unsure = nullptr) {
     std::vector<pid_t> out;
+    OwnChildren& own = own_children();
+    std::lock_guard lock(own.mu);
+    const bool all_adopted = !own.commands_may_orphan && inherited.empty();
     for (pid_t c : adopted_children()) {
-      if (c == watchdog.pid() || workers.contains(c)) continue;
-      if (strays.contains(c)) {
+      if (c == watchdog.pid() || workers.contains(c) ||
+          own.helpers.contains(c) || inherited.contains(c)) {
+        continue;
+      }
+      if (all_adopted || strays.contains(c)) {
         out.push_back(c);
         continue;
       }
@@ -420,7 +447,7 @@ struct PosixEnv::Impl {
 
   void note_strays() {
     if (workers.empty() && strays.empty()) return;
-    for (pid_t c : tagged_children()) strays.insert(c);
+    for (pid_t c : stray_children()) strays.insert(c);
   }
 
   // Reaps the strays that have exited (never a worker or another child),
@@ -451,11 +478,12 @@ struct PosixEnv::Impl {
 
   // The group has stopped: SIGKILLs every process that descends from a
   // worker and left its process group (their groups are already killed),
-  // found as adopted children carrying the tag, with their descendants.
+  // found as stray children (stray_children()), with their descendants.
   // Repeated while a pass finds any, for children forked meanwhile, and,
-  // for at most kUnreadableFor, while an adopted child's environment reads
-  // empty: a stray caught in execve (a shell's `exec sleep`) would
-  // otherwise be taken for untagged and outlive the job.
+  // where strays are known by their tag, for at most kUnreadableFor while
+  // an adopted child's environment reads empty: a stray caught in execve
+  // (a shell's `exec sleep`) would otherwise be taken for untagged and
+  // outlive the job.
   void end_strays() {
     const auto give_up = std::chrono::steady_clock::now() + kUnreadableFor;
     // Given-up pids that are no longer ours may come back as new children.
@@ -466,7 +494,7 @@ struct PosixEnv::Impl {
     for (int pass = 0; pass < 8;) {
       std::vector<pid_t> unsure;
       std::vector<pid_t> doomed;
-      for (pid_t c : tagged_children(&unsure)) {
+      for (pid_t c : stray_children(&unsure)) {
         strays.insert(c);
         if (alive(c)) {
           doomed.push_back(c);
@@ -797,7 +825,28 @@ class AsioTimer : public Timer {
 
 }  // namespace
 
+void commands_may_orphan() {
+  OwnChildren& own = own_children();
+  std::lock_guard lock(own.mu);
+  own.commands_may_orphan = true;
+}
+
+void helper_started(pid_t pid) {
+  OwnChildren& own = own_children();
+  std::lock_guard lock(own.mu);
+  own.helpers.insert(pid);
+}
+
+void helper_gone(pid_t pid) {
+  OwnChildren& own = own_children();
+  std::lock_guard lock(own.mu);
+  own.helpers.erase(pid);
+}
+
 PosixEnv::PosixEnv() : impl_(std::make_unique<Impl>()) {
+  for (pid_t c : Impl::adopted_children()) {
+    if (Impl::alive(c)) impl_->inherited.insert(c);
+  }
   // The user's, not what the embedded store (a multi-host head's,
   // started before this env) raised it to.
   impl_->nofile = user_fd_limit();

@@ -39,13 +39,29 @@ void die_with_parent(pid_t parent);
 // multi-host head starts get this one back.
 const rlimit& user_fd_limit();
 
+// The agent, reaper of every orphan below it, takes each child it adopted
+// for a stray of its workers, and kills it when the group ends, unless it
+// is a worker, the watchdog, a helper named by helper_started(), or a child
+// the process had before its PosixEnv was made. A process that also runs
+// commands whose own children may be orphaned to it (the multi-host head's
+// ssh, pdsh, srun: an ssh ControlPersist master) calls
+// commands_may_orphan() first; its agent, like one whose process had
+// children before, then takes only the adopted children that carry
+// DLAUNCH_AGENT_TAG. Thread-safe.
+void commands_may_orphan();
+// `pid` is a helper this process started (the rendezvous helper), never a
+// stray; helper_gone() once it is reaped, as its pid may come back.
+void helper_started(pid_t pid);
+void helper_gone(pid_t pid);
+
 // The real Env: one Boost.Asio event loop (epoll) over pidfds (exits),
 // worker output pipes and a signal_set; no polling, so the agent sleeps
 // while its workers run. Workers are started with Boost.Process v2, each in
 // its own process group with PR_SET_PDEATHSIG=SIGKILL and
 // DLAUNCH_AGENT_TAG=<unique> in its environment; the agent is their
 // children's subreaper, and when no worker is left running it SIGKILLs
-// every adopted process carrying the tag (children that left their group).
+// every stray it adopted (children that left their group; see
+// commands_may_orphan()) with its descendants.
 // A watchdog process (dlaunch-watchdog in its own session, started by
 // make_temp_dir(), whose folder it removes, or by the first spawn;
 // agent/watchdog.h) SIGKILLs every worker's process group, and every

@@ -315,6 +315,9 @@ CommandRunner::CommandRunner(std::vector<AgentCommand> commands,
                              CommandOutput output)
     : commands_(std::move(commands)), impl_(std::make_unique<Impl>()) {
   impl_->output = output;
+  // ssh (a ControlPersist master), pdsh and srun may leave children that
+  // this process, the agent's, adopts: not the workers' strays.
+  agent::commands_may_orphan();
   // The environment is read here, on the caller's thread, never on the
   // runner's: the head's own agent setenv()s while the runner may still be
   // starting the others, and glibc's setenv frees the array a reader on

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "agent/posix_env.h"
 #include "agent/rendezvous/remote_wire.h"
 #include "comm/store/text.h"
 
@@ -49,6 +50,7 @@ RemoteRendezvous::RemoteRendezvous(Params params) : p_(std::move(params)) {
                           ": " + std::strerror(rc) +
                           " (build or install it beside dlaunch)");
   }
+  helper_started(pid_);
   fd_ = sv[0];
   reader_ = std::thread([this] { read_loop(); });
   auto settings = p_.settings;
@@ -89,6 +91,7 @@ void RemoteRendezvous::close() {
   flush_logs();
   while (::waitpid(pid_, nullptr, 0) < 0 && errno == EINTR) {
   }
+  helper_gone(pid_);
   ::close(fd_);
   fd_ = -1;
 }

@@ -1250,6 +1250,48 @@ TEST(MultiHostHead, AHostFailingUnderPdshEndsTheJobAtOnce) {
   EXPECT_TRUE(fs::exists(dir / "once"));
 }
 
+// The head's agent adopts what its commands leave (an ssh ControlPersist
+// master, the head being a subreaper): no stray of its workers, so it
+// outlives them. Here a pdsh that leaves a child 2 s after it starts, while
+// the head's workers run.
+TEST(MultiHostHead, ChildrenTheHeadsCommandsLeaveAreNoStrays) {
+  if (!have("pdsh")) {
+    GTEST_SKIP() << "pdsh is not installed (scripts/setup installs it)";
+  }
+  TempDir dir;
+  const std::string real =
+      testing::run_command(cmd({"sh", "-c", "command -v pdsh"})).out;
+  const fs::path left = dir / "left";
+  // The child holds no fd but /dev/null: pdsh's output pipes would hold
+  // the head.
+  testing::write_file(
+      dir / "pdsh",
+      "#!/bin/bash\n(exec </dev/null >/dev/null 2>&1; for fd in $(ls "
+      "/proc/$BASHPID/fd); do [ $fd -gt 2 ] && eval \"exec $fd>&-\"; done; "
+      "sleep 2; setsid sleep 300 & echo $! >> " +
+          left.string() + ") &\nexec " + real.substr(0, real.find('\n')) +
+          " \"$@\"\n",
+      0755);
+  const std::string mark = unique_mark("m");
+  CommandResult r = testing::run_command(
+      cmd(head("pdsh", "localhost,127.0.0.2", mark, {"sleep", "5"}),
+          {{"PDSH_RCMD_TYPE", "exec"},
+           {"PATH", dir.path().string() + ":" + std::getenv("PATH")}}),
+      90s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(none_marked(mark, 30s));
+  std::ifstream in(left);
+  int alive = 0;
+  for (pid_t pid; in >> pid;) {
+    EXPECT_TRUE(testing::process_alive(pid)) << "pdsh's child " << pid;
+    if (testing::process_alive(pid)) {
+      ++alive;
+      ::kill(pid, SIGKILL);
+    }
+  }
+  EXPECT_GT(alive, 0) << "pdsh left no child";
+}
+
 // pdsh writes the names of hosts of one domain cut at the first dot
 // ("a: dlaunch-check ..."): the pre-flight once looked for "a.x" and
 // refused every host ("cannot run dlaunch (exit 0)"). These names do not

@@ -206,20 +206,17 @@ TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithTheJob) {
   if (testing::process_alive(stray)) ::kill(stray, SIGKILL);
 }
 
-// A stray whose environment reads empty just when the job ends (as one
-// caught in execve does: the `exec sleep` above, as its parent exits) ends
-// with the job too: the agent looks again while an adopted child's
-// environment cannot be read. It hides its environment for 100 ms.
-TEST(Robustness, AStrayCaughtInExecEndsWithTheJob) {
+// Runs a worker that leaves a stray hiding its environment (`hide`:
+// stray-hiding-env's HIDE_MS) and expects the stray to end with the job.
+// With `before`, dlaunch's process already has a child (`sleep 300 & exec
+// dlaunch`): strays are then known by their tag only.
+void expect_stray_ends_with_the_job(const std::string& hide, bool before) {
   TempDir dir;
   const auto file = dir / "stray";
-  CommandResult r =
-      testing::run_command({{kDlaunch, testing::bin("stray-hiding-env"),
-                             file.string(), "100", std::string(8192, 'x')},
-                            {},
-                            {},
-                            ""},
-                           30s);
+  std::string job = kDlaunch + " " + testing::bin("stray-hiding-env") + " " +
+                    file.string() + " " + hide + " " + std::string(8192, 'x');
+  if (before) job = "sleep 300 >/dev/null 2>&1 & exec " + job;
+  CommandResult r = testing::run_command({{"sh", "-c", job}, {}, {}, ""}, 30s);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const std::string text = read_file(file);
   if (text.starts_with("skip")) GTEST_SKIP() << text;
@@ -229,6 +226,49 @@ TEST(Robustness, AStrayCaughtInExecEndsWithTheJob) {
       << "the worker's stray, its environment unreadable as the job ended, "
          "outlived the job";
   if (testing::process_alive(stray)) ::kill(stray, SIGKILL);
+}
+
+// A stray whose environment reads empty just when the job ends (as one
+// caught in execve does: the `exec sleep` above, as its parent exits) ends
+// with the job too where strays are known by their tag: the agent looks
+// again while an adopted child's environment cannot be read. It hides its
+// environment for 100 ms.
+TEST(Robustness, AStrayCaughtInExecEndsWithTheJob) {
+  expect_stray_ends_with_the_job("100", true);
+}
+
+// Elsewhere the agent takes every child it adopted for its workers': a
+// stray whose tag cannot be seen at all ends with the job too (one that
+// hides its environment for 10 minutes, as another user's non-dumpable
+// daemon's reads; one that cleared its environment, as setproctitle does:
+// Ray, gunicorn).
+TEST(Robustness, AStrayWhoseEnvironmentNeverReadsEndsWithTheJob) {
+  expect_stray_ends_with_the_job("600000", false);
+}
+
+TEST(Robustness, AStrayThatClearedItsEnvironmentEndsWithTheJob) {
+  expect_stray_ends_with_the_job("overwrite", false);
+}
+
+// A child the process had before it became dlaunch (`monitor & exec
+// dlaunch ...`) is no stray: it outlives the job.
+TEST(Robustness, AChildFromBeforeExecIsNoStray) {
+  TempDir dir;
+  const auto file = dir / "child";
+  CommandResult r = testing::run_command(
+      {{"sh", "-c",
+        "sleep 300 >/dev/null 2>&1 & echo $! > " + file.string() + "; exec " +
+            kDlaunch + " sh -c 'setsid sleep 300 >/dev/null 2>&1 & exit 0'"},
+       {},
+       {},
+       ""},
+      30s);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  pid_t child = pid_in(file);
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(testing::process_alive(child))
+      << "dlaunch killed a child its process had before exec";
+  if (testing::process_alive(child)) ::kill(child, SIGKILL);
 }
 
 TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithAKilledAgent) {

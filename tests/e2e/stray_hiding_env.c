@@ -8,6 +8,9 @@
  * that cannot be done safely the child writes "skip: <why>" to FILE instead and
  * exits.
  *
+ * With HIDE_MS "overwrite" the child clears its environment's strings in
+ * place instead, for good (as setproctitle does), and sleeps for 300 s.
+ *
  * Usage: stray-hiding-env FILE HIDE_MS PAD [stay]. PAD (any text of 8 KiB
  * or more) lies between the stack in use and the environment, which the
  * strings of argv precede: the hidden page holds none of the stack. */
@@ -31,8 +34,9 @@ static void put(const char* file, const char* text) {
   if (fclose(f) != 0 || rename(tmp, file) != 0) exit(3);
 }
 
-/* Field 50 of /proc/self/stat: where the environment starts; 0 if unknown. */
-static uintptr_t env_start(void) {
+/* Field `want` of /proc/self/stat (50: where the environment starts, 51:
+ * where it ends); 0 if unknown. */
+static uintptr_t stat_field(int want) {
   char buf[4096];
   FILE* f = fopen("/proc/self/stat", "r");
   if (f == NULL) return 0;
@@ -43,7 +47,7 @@ static uintptr_t env_start(void) {
   if (p == NULL) return 0;
   int field = 2;
   for (char* tok = strtok(p + 1, " "); tok != NULL; tok = strtok(NULL, " ")) {
-    if (++field == 50) return (uintptr_t)strtoull(tok, NULL, 10);
+    if (++field == want) return (uintptr_t)strtoull(tok, NULL, 10);
   }
   return 0;
 }
@@ -62,6 +66,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const char* file = argv[1];
+  const int overwrite = strcmp(argv[2], "overwrite") == 0;
   const long hide_ms = atol(argv[2]);
   const pid_t pid = fork();
   if (pid < 0) return 3;
@@ -71,8 +76,25 @@ int main(int argc, char** argv) {
     return 0;
   }
   setsid();
+  if (overwrite) {
+    /* As setproctitle does: the environment's strings are cleared where
+     * the kernel shows them (the process keeps no pointer into them). */
+    const uintptr_t from = stat_field(50);
+    const uintptr_t to = stat_field(51);
+    char text[64];
+    if (from == 0 || to <= from) {
+      put(file, "skip: cannot find the environment in /proc/self/stat");
+      return 0;
+    }
+    clearenv();
+    memset((void*)from, 0, to - from);
+    snprintf(text, sizeof text, "%d", (int)getpid());
+    put(file, text);
+    sleep(300);
+    return 0;
+  }
   const long page_size = sysconf(_SC_PAGESIZE);
-  const uintptr_t start = env_start();
+  const uintptr_t start = stat_field(50);
   const uintptr_t page = start & ~(uintptr_t)(page_size - 1);
   const uintptr_t here = (uintptr_t)&page;
   char text[256];
