@@ -283,6 +283,45 @@ bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min,
   return true;
 }
 
+std::vector<std::string> C10dRendezvous::round_members(comm::store::TcpStore& s,
+                                                       int r) const {
+  std::vector<std::string> ids;
+  if (!s.check({key(r, "closed")})) return ids;
+  const std::vector<int> seqs = parse_seqs(s.get(key(r, "closed")));
+  std::vector<std::string> keys;
+  for (int i : seqs) keys.push_back(key(r, "node/" + std::to_string(i)));
+  const std::vector<std::string> vals = s.multi_get(keys);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    ids.push_back(MemberRecord::decode(vals[i], seqs[i]).id);
+  }
+  return ids;
+}
+
+std::vector<std::string> C10dRendezvous::expected_after(
+    comm::store::TcpStore& s, int prev, std::vector<std::string> members,
+    bool& failed) const {
+  if (members.empty()) members = round_members(s, prev);
+  const std::string ev =
+      s.check({key(prev, "ev")}) ? s.get(key(prev, "ev")) : "";
+  std::set<std::string> gone;
+  std::vector<std::string> asked;
+  for (const auto& [verb, id] : entries(ev)) {
+    if (verb == "lost" || verb == "left") gone.insert(id);
+    if (verb == "joined") asked.push_back(id);
+    if (verb == "failed") failed = true;
+  }
+  std::vector<std::string> expected;
+  for (const std::vector<std::string>* ids : {&members, &asked}) {
+    for (const std::string& id : *ids) {
+      if (id != node_id_ && !gone.contains(id) &&
+          std::find(expected.begin(), expected.end(), id) == expected.end()) {
+        expected.push_back(id);
+      }
+    }
+  }
+  return expected;
+}
+
 void C10dRendezvous::start_closer(int r, std::vector<std::string> in_keys,
                                   Clock::time_point deadline) {
   stop_watcher();  // the last round's, done by now
@@ -337,50 +376,46 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
       throw RendezvousError(store_->get(prefix_ + "aborted"));
     }
     int r = 0;
-    // A re-formed round closes as soon as each node it expects (the
-    // survivors of the previous round and the nodes that asked to join it)
-    // is back or lost: no last call. A first round waits for max_nodes or
-    // the last call.
-    bool reformed = round_ >= 0 && !fixed;
+    // Every round after the first re-forms the one before, whoever joins
+    // it (a member, a node that round left out, a new one): it closes as
+    // soon as each node it expects (the survivors of the previous round and
+    // the nodes that asked to join it) is back or lost, with at least
+    // min_nodes; no last call, so a member slow to stop its workers is
+    // never left out (the nodes then took turns holding rounds alone). A
+    // first round, or one after a round none of whose nodes is left (for
+    // a node that was not in it), waits for max_nodes or the last call.
+    bool reformed = false;
     std::vector<std::string> expected;
     // Whether the others wait for this node's r/R/in/ID key.
-    bool awaited = reformed;
+    bool awaited = round_ >= 0 && !fixed;
     // A failure anywhere in the previous round spends a restart, even when
     // a node loss is what this node saw end it: every member proposes the
     // count it saw and the round takes the largest, so all agree.
     bool failed = reason == RoundReason::kFailure && round_ >= 0;
     if (round_ < 0) {
       r = to_int(store_->compare_set(prefix_ + "cur", "", "0"), 0);
+      if (r > 0 && !fixed) {
+        bool ignored = false;
+        expected = expected_after(*store_, r - 1, {}, ignored);
+        reformed = !expected.empty();  // none left: a first round again
+      }
     } else {
       r = round_ + 1;
       store_->compare_set(prefix_ + "cur", std::to_string(round_),
                           std::to_string(r));
-      std::string ev = store_->check({key(round_, "ev")})
-                           ? store_->get(key(round_, "ev"))
-                           : "";
-      std::set<std::string> gone;
-      std::vector<std::string> asked;
-      for (const auto& [verb, id] : entries(ev)) {
-        if (verb == "lost" || verb == "left") gone.insert(id);
-        if (verb == "joined") asked.push_back(id);
-        if (verb == "failed") failed = true;
-      }
-      if (reformed) {
-        for (const std::string& id : member_ids_) {
-          if (id != node_id_ && !gone.contains(id)) expected.push_back(id);
-        }
-        for (const std::string& id : asked) {
-          if (id != node_id_ && !gone.contains(id) &&
-              std::find(expected.begin(), expected.end(), id) ==
-                  expected.end()) {
-            expected.push_back(id);
-          }
-        }
+      std::vector<std::string> last =
+          expected_after(*store_, round_, member_ids_, failed);
+      if (!fixed) {
+        expected = std::move(last);
+        reformed = true;
       }
     }
-    int target = reformed ? std::clamp(static_cast<int>(expected.size()) + 1,
-                                       o.min_nodes, o.max_nodes)
-                          : o.max_nodes;
+    const auto target_for = [&o](bool re, size_t expecting) {
+      return re ? std::clamp(static_cast<int>(expecting) + 1, o.min_nodes,
+                             o.max_nodes)
+                : o.max_nodes;
+    };
+    int target = target_for(reformed, expected.size());
     const int restarts = restart_count_ + (failed ? 1 : 0);
     const milliseconds keep_alive =
         o.keep_alive_interval * o.keep_alive_max_attempt;
@@ -433,12 +468,12 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
           throw RendezvousError(store_->get(prefix_ + "aborted"));
         }
         auto now = Clock::now();
-        const bool last_call = !fixed && seq >= o.min_nodes;
+        const bool last_call = !fixed && !reformed && seq >= o.min_nodes;
         const auto call_ends = joined_at + o.last_call_timeout;
         if (last_call && now >= call_ends) try_close(*store_, r, true);
         // A multi-host head that lost hosts says how many can still join
         // (HostLosses): once they all have, no last call is waited out.
-        if (last_call && !reformed && now < call_ends &&
+        if (last_call && now < call_ends &&
             store_->check({prefix_ + "hosts_left"})) {
           try_close(*store_, r, false,
                     to_int(store_->get(prefix_ + "hosts_left"), o.max_nodes));
@@ -512,16 +547,7 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         p_.log(late_line(r, count, o.max_nodes));
         // The round's members, whose events alone end this wait (the
         // losses of other outsiders do not: the members go on).
-        std::vector<std::string> member_ids;
-        {
-          std::vector<std::string> keys;
-          for (int i : seqs)
-            keys.push_back(key(r, "node/" + std::to_string(i)));
-          std::vector<std::string> vals = store_->multi_get(keys);
-          for (int i = 0; i < count; ++i) {
-            member_ids.push_back(MemberRecord::decode(vals[i], seqs[i]).id);
-          }
-        }
+        const std::vector<std::string> member_ids = round_members(*store_, r);
         std::string ev;
         try {
           ev = wait_for_members(*store_, r, member_ids, deadline);
@@ -546,11 +572,12 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
         ++r;
         store_->compare_set(prefix_ + "cur", std::to_string(r - 1),
                             std::to_string(r));
-        // A newcomer there: the round's members wait for it, not it for
-        // them.
-        reformed = false;
-        expected.clear();
-        target = o.max_nodes;
+        // It re-forms the round that left this node out: this node waits
+        // for that round's members as they wait for it.
+        bool ignored = false;
+        expected = expected_after(*store_, r - 1, member_ids, ignored);
+        reformed = !expected.empty();
+        target = target_for(reformed, expected.size());
         continue;
       }
 

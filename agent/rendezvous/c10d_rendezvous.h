@@ -73,7 +73,15 @@ class C10dRendezvous : public Rendezvous {
   // thread stops it with stop_watcher().
   void start_closer(int r, std::vector<std::string> in_keys,
                     std::chrono::steady_clock::time_point deadline);
-  // Waits until round `r`'s event key exists; returns its text.
+  // The nodes round `prev`'s successor expects: `members` (round `prev`'s
+  // node ids; read from the store when empty) less those its event key
+  // names lost or left, plus the nodes that asked to join it; never this
+  // node. `failed` is set when a worker failed in it.
+  std::vector<std::string> expected_after(comm::store::TcpStore& s, int prev,
+                                          std::vector<std::string> members,
+                                          bool& failed) const;
+  // Round `r`'s node ids, in join order, from its closed key.
+  std::vector<std::string> round_members(comm::store::TcpStore& s, int r) const;
   // The nodes round `r`'s event key names lost or left.
   std::set<std::string> lost_in(comm::store::TcpStore& s, int r) const;
   // Round `round`'s events once its key holds one other than a loss of a

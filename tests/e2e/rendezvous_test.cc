@@ -572,6 +572,56 @@ TEST_F(Rendezvous, ALateNodeScalesTheJobUp) {
   }
 }
 
+// A re-formed round waits for each member of the last one (or its loss),
+// however long it takes to stop its workers: here node 0's ignore SIGTERM
+// for the 4 s of --term-timeout, past the 1 s last call. The round closed
+// without it at the last call, and the nodes took turns holding rounds
+// alone, for good: after a failure, and when a late node joined.
+TEST_F(Rendezvous, AMemberSlowToStopItsWorkersIsWaitedForAfterAFailure) {
+  conf_ = "join_timeout=60,last_call_timeout=1";
+  const std::string script =
+      kShowEnv +
+      "; if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then if [ $NODE = 1 ]; then "
+      "sleep 1; exit 3; fi; trap '' TERM; sleep 30; fi";
+  for (int i = 0; i < 2; ++i) {
+    start(i, {"--nnodes", "1:2", "--max-restarts", "3", "--term-timeout", "4"},
+          script);
+  }
+  EXPECT_TRUE(all_print(2, "round 1 (failure): 2 nodes"));
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_FALSE(lines.empty()) << r.out;
+    EXPECT_EQ(lines.back().gws, 2);
+    EXPECT_EQ(lines.back().rc, 1);
+  }
+}
+
+TEST_F(Rendezvous, AMemberSlowToStopItsWorkersIsWaitedForByALateNode) {
+  conf_ = "join_timeout=60,last_call_timeout=1";
+  const std::string script =
+      kShowEnv +
+      "; if [ $GROUP_WORLD_SIZE = 1 ]; then echo RUNNING; trap '' TERM; "
+      "sleep 30; fi";
+  const std::vector<std::string> flags = {"--nnodes", "1:2", "--term-timeout",
+                                          "4"};
+  start(0, flags, script);
+  ASSERT_TRUE(agents_[0]->wait_for_output("RUNNING", 60s)) << agents_[0]->err();
+  start(1, flags, script);
+  EXPECT_TRUE(all_print(2, "round 1 ("));
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_THAT(r.err,
+                ::testing::ContainsRegex("round 1 \\([a-z ]+\\): 2 nodes"));
+    auto lines = env_lines(r.out);
+    ASSERT_FALSE(lines.empty()) << r.out;
+    EXPECT_EQ(lines.back().gws, 2);
+    EXPECT_EQ(lines.back().rc, 0);
+  }
+}
+
 // A node outside the running round that goes (a spare waiting for a place
 // in a full round, or a static node given a taken --node-rank) leaves its
 // "lost" on the round's event key, as every joiner registers one: the
