@@ -157,6 +157,12 @@ std::unique_ptr<agent::rendezvous::Rendezvous> etcd_rendezvous(
   p.open_timeout = r.join_timeout + r.read_timeout;
   p.grace = r.read_timeout;
   p.close_timeout = r.close_timeout;
+  // A frozen agent loses its lease at its TTL, as c10d drops a silent one:
+  // the helper renews it only while the agent's pings come.
+  p.ping_every = std::clamp<std::chrono::milliseconds>(
+      r.keep_alive_interval / 2, std::chrono::milliseconds(50),
+      std::chrono::seconds(1));
+  p.settings["agent_silence"] = std::to_string(r.keep_alive_interval.count());
   return std::make_unique<agent::rendezvous::RemoteRendezvous>(std::move(p));
 }
 

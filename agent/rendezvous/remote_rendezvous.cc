@@ -60,6 +60,7 @@ RemoteRendezvous::RemoteRendezvous(Params params) : p_(std::move(params)) {
   // Its answer is read by the first next_round(): the helper starts and
   // connects while the agent gets ready.
   send(open);
+  if (p_.ping_every.count() > 0) pinger_ = std::thread([this] { ping_loop(); });
 }
 
 void RemoteRendezvous::await_open() {
@@ -74,8 +75,23 @@ void RemoteRendezvous::await_open() {
 
 RemoteRendezvous::~RemoteRendezvous() { close(); }
 
+void RemoteRendezvous::ping_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!cv_.wait_for(lock, p_.ping_every, [this] { return stop_pinging_; })) {
+    lock.unlock();
+    send({"alive"});
+    lock.lock();
+  }
+}
+
 void RemoteRendezvous::close() {
   if (fd_ < 0) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_pinging_ = true;
+    cv_.notify_all();
+  }
+  if (pinger_.joinable()) pinger_.join();
   ::shutdown(fd_, SHUT_WR);  // the helper leaves and exits
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -98,6 +114,7 @@ void RemoteRendezvous::close() {
 
 void RemoteRendezvous::send(const std::vector<std::string>& fields) {
   const std::string line = remote::encode_line(fields);
+  std::lock_guard<std::mutex> lock(send_mu_);
   size_t off = 0;
   while (off < line.size()) {
     ssize_t n = ::send(fd_, line.data() + off, line.size() - off, MSG_NOSIGNAL);

@@ -41,6 +41,11 @@ class RemoteRendezvous : public Rendezvous {
     std::chrono::milliseconds grace{std::chrono::seconds(60)};
     // How long the helper may take to leave at the end. Default 30 s.
     std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
+    // How often a thread of the agent pings the helper ("alive"), which
+    // stops keeping this node in the rendezvous when the pings stop (the
+    // agent frozen); settings["agent_silence"] says after how long. Zero:
+    // no pings. Default none.
+    std::chrono::milliseconds ping_every{0};
   };
 
   // Starts the helper (in a process group of its own: a Ctrl-C for the
@@ -78,9 +83,13 @@ class RemoteRendezvous : public Rendezvous {
   void flush_logs();
   // The destructor's work: the helper leaves, is reaped, the fd closed.
   void close();
+  void ping_loop();
 
   Params p_;
   int fd_ = -1;
+  std::mutex send_mu_;  // one line at a time: the pinger sends too
+  std::thread pinger_;
+  bool stop_pinging_ = false;  // guarded by mu_
   pid_t pid_ = -1;
   std::thread reader_;
   bool opened_ = false;  // the helper answered "ready" (agent's thread)

@@ -15,13 +15,16 @@ namespace dlaunch::agent::rendezvous::remote {
 //   agent -> helper: open K=V...; next NPROC REASON TIMEOUT_MS; watch;
 //                    report OUTCOME; cut MS (the cut fault, no answer);
 //                    unfinished (whom the exit barrier waits for);
+//                    alive (the agent's ping, no answer);
 //                    end-of-file: leave (revoke, exit)
 //   helper -> agent: ready; round FIELDS... (encode_result);
 //                    unfinished NODE... (Rendezvous::unfinished_nodes);
 //                    error closed|error TEXT; event KIND ROUND DETAIL; log TEXT
-// Version: the open message carries protocol=3 (2 added cut, 3
-// unfinished); a helper that does not speak it answers with an error.
-inline constexpr int kProtocolVersion = 3;
+// Version: the open message carries protocol=4 (2 added cut, 3
+// unfinished, 4 alive and the agent_silence setting: milliseconds without
+// a ping after which the helper stops renewing the lease, 0 never); a
+// helper that does not speak it answers with an error.
+inline constexpr int kProtocolVersion = 4;
 
 // "a b\n" from {"a", "b"}.
 std::string encode_line(const std::vector<std::string>& fields);

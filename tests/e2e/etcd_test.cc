@@ -590,6 +590,40 @@ TEST_F(EtcdRendezvous, AnAgentCutOffFromEtcdStopsItsWorkers) {
   }
 }
 
+// A frozen agent (SIGSTOP) loses its lease at its TTL, as a dead one does,
+// though its helper (a process of its own) runs on: the helper renews the
+// lease only while the agent's pings come. It once renewed it for good,
+// and the others waited on the frozen node.
+TEST_F(EtcdRendezvous, AFrozenAgentIsDroppedAndStopsItsWorkersWhenItWakes) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  for (int i = 0; i < 3; ++i) {
+    start(i, etcd.endpoint(0), {"--nnodes", "2:3"}, kBlockWhileThree);
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+        << agents_[i]->out() << agents_[i]->err();
+  }
+  std::vector<pid_t> workers = testing::descendants(agents_[2]->pid());
+  ASSERT_FALSE(workers.empty());
+  agents_[2]->signal(SIGSTOP);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(agents_[i]->wait_for_output("re-forming the worker group", 60s))
+        << agents_[i]->err();
+  }
+  agents_[2]->signal(SIGCONT);
+  expect_two_finish({0, 1});
+  CommandResult frozen = agents_[2]->wait(60s);
+  EXPECT_EQ(frozen.exit_code, 1) << frozen.err;
+  EXPECT_FALSE(frozen.timed_out);
+  EXPECT_THAT(frozen.err, HasSubstr("the agent gave no sign of life for"));
+  EXPECT_THAT(frozen.err, HasSubstr("stopping 1 worker(s)"));
+  for (pid_t p : workers) {
+    EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 30s))
+        << "worker " << p << " of the frozen agent survived";
+  }
+}
+
 // Scale up: a node that comes while a round of two runs asks to join; the
 // round re-forms with three, spending no restart, and the first two keep
 // their group ranks.

@@ -234,7 +234,11 @@ void EtcdRendezvous::keep_alive_loop() {
     if (stopping_) return;
     std::string why;
     const auto now = Clock::now();
-    if (now < expires && now < silent_until_) continue;  // cut off
+    const auto heard = Clock::time_point(Clock::duration(agent_heard_.load()));
+    const bool agent_silent =
+        p_.agent_silence.count() > 0 && now - heard > p_.agent_silence;
+    // Cut off, or the agent frozen: not renewed.
+    if (now < expires && (now < silent_until_ || agent_silent)) continue;
     if (now < expires) {
       lock.unlock();
       const auto sent = Clock::now();
@@ -261,6 +265,12 @@ void EtcdRendezvous::keep_alive_loop() {
     } else if (now < silent_until_) {
       why = "the cut fault kept its keep-alives from etcd for its TTL of " +
             format_duration(ttl);
+    } else if (agent_silent) {
+      why = "the agent gave no sign of life for " +
+            format_duration(
+                std::chrono::duration_cast<milliseconds>(now - heard)) +
+            ", past the lease's TTL of " + format_duration(ttl) +
+            " (frozen: stopped with SIGSTOP or swapped out?)";
     } else {
       why = "no keep-alive got through for " + format_duration(ttl);
     }
@@ -276,6 +286,10 @@ void EtcdRendezvous::keep_alive_loop() {
     client_->cancel();  // whatever this node still asks etcd is moot
     return;
   }
+}
+
+void EtcdRendezvous::agent_alive() {
+  agent_heard_.store(Clock::now().time_since_epoch().count());
 }
 
 bool EtcdRendezvous::cut_off(milliseconds d) {

@@ -34,6 +34,10 @@ class EtcdRendezvous : public Rendezvous {
     // Test-only: runs after this node's "done" completed the round's set
     // and before it puts "end" (a test kills the node there). Default none.
     std::function<void()> before_end;
+    // When above zero: the lease is renewed only while the agent was heard
+    // (agent_alive()) within this, so a frozen agent (SIGSTOP) is dropped
+    // at its TTL as a dead one is; the helper process renews it otherwise.
+    std::chrono::milliseconds agent_silence{0};
   };
 
   // Grants this agent's lease (TTL keep_alive_interval x
@@ -57,6 +61,9 @@ class EtcdRendezvous : public Rendezvous {
   std::vector<std::string> unfinished_nodes() override;
   bool may_wait() const override { return true; }
   void interrupt() override {}
+
+  // The agent is alive (its ping arrived). Any thread.
+  void agent_alive();
 
   // Revokes the lease now, from any thread (the agent is gone).
   void abandon(std::chrono::milliseconds timeout);
@@ -158,6 +165,9 @@ class EtcdRendezvous : public Rendezvous {
   Watch* active_ = nullptr;  // the watch a lease loss must wake
   std::chrono::steady_clock::time_point silent_until_{};  // cut_off()
   std::atomic<bool> lease_lost_{false};
+  // When the agent was last heard (agent_alive()), steady clock.
+  std::atomic<std::chrono::steady_clock::rep> agent_heard_{
+      std::chrono::steady_clock::now().time_since_epoch().count()};
 };
 
 }  // namespace dlaunch::agent::rendezvous::etcd

@@ -108,6 +108,7 @@ etcd::EtcdRendezvous::Params make_params(
     return port;
   };
   p.log = log_line;
+  p.agent_silence = milliseconds(remote::wire_int(setting(s, "agent_silence")));
   // Test-only: the node (this helper and its agent) dies by SIGKILL as its
   // "done" completes the exit barrier's set, before it puts "end".
   // Only the agent that started this helper: once it is gone, getppid()
@@ -264,7 +265,12 @@ int main(int argc, char**) {
     while ((nl = buf.find('\n')) != std::string::npos) {
       try {
         auto f = remote::decode_line(buf.substr(0, nl));
-        if (!f.empty() && !f[0].empty()) exec.push(std::move(f));
+        if (f.size() == 1 && f[0] == "alive") {
+          // Not queued: a forming round must not hold up the agent's pings.
+          if (auto* r = exec.rendezvous()) r->agent_alive();
+        } else if (!f.empty() && !f[0].empty()) {
+          exec.push(std::move(f));
+        }
       } catch (const std::invalid_argument& e) {
         send({"error", "error", std::string("bad request: ") + e.what()});
       }
