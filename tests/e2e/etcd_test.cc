@@ -400,6 +400,18 @@ class EtcdRendezvous : public ::testing::Test {
     }
   }
 
+  // Starts agents 0-2 (--nnodes 2:3) at `endpoint` with workers that
+  // block while the group has three nodes, and waits until all run.
+  void start_three_running(const std::string& endpoint) {
+    for (int i = 0; i < 3; ++i) {
+      start(i, endpoint, {"--nnodes", "2:3"}, kBlockWhileThree);
+    }
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
+          << agents_[i]->out() << agents_[i]->err();
+    }
+  }
+
   // The agent whose last round gave it group rank `gr` (-1: none).
   int with_group_rank(int gr) {
     for (const auto& [i, a] : agents_) {
@@ -492,13 +504,7 @@ class EtcdRendezvous : public ::testing::Test {
 TEST_F(EtcdRendezvous, TheFirstAgentIsKilledAndTheOthersFinish) {
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.healthy());
-  for (int i = 0; i < 3; ++i) {
-    start(i, etcd.endpoint(0), {"--nnodes", "2:3"}, kBlockWhileThree);
-  }
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
-        << agents_[i]->out() << agents_[i]->err();
-  }
+  ASSERT_NO_FATAL_FAILURE(start_three_running(etcd.endpoint(0)));
   // The first node, group rank 0, holds MASTER_ADDR; with c10d it would
   // host the store and its loss would end the job.
   const int first = with_group_rank(0);
@@ -597,13 +603,7 @@ TEST_F(EtcdRendezvous, AnAgentCutOffFromEtcdStopsItsWorkers) {
 TEST_F(EtcdRendezvous, AFrozenAgentIsDroppedAndStopsItsWorkersWhenItWakes) {
   EtcdCluster etcd(1);
   ASSERT_TRUE(etcd.healthy());
-  for (int i = 0; i < 3; ++i) {
-    start(i, etcd.endpoint(0), {"--nnodes", "2:3"}, kBlockWhileThree);
-  }
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(agents_[i]->wait_for_output("RUNNING", 60s))
-        << agents_[i]->out() << agents_[i]->err();
-  }
+  ASSERT_NO_FATAL_FAILURE(start_three_running(etcd.endpoint(0)));
   std::vector<pid_t> workers = testing::descendants(agents_[2]->pid());
   ASSERT_FALSE(workers.empty());
   agents_[2]->signal(SIGSTOP);
@@ -621,6 +621,32 @@ TEST_F(EtcdRendezvous, AFrozenAgentIsDroppedAndStopsItsWorkersWhenItWakes) {
   for (pid_t p : workers) {
     EXPECT_TRUE(eventually([p] { return !testing::process_alive(p); }, 30s))
         << "worker " << p << " of the frozen agent survived";
+  }
+}
+
+// A re-formed round waits past its last call (5 s) for a member that takes
+// its --term-timeout (8 s: its workers ignore SIGTERM) to stop: it was
+// left out, and the group re-formed once more to take it back in.
+TEST_F(EtcdRendezvous, AMemberSlowToStopItsWorkersIsWaitedForAfterAFailure) {
+  EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.healthy());
+  const std::string script =
+      kShowEnv +
+      "; if [ $TORCHELASTIC_RESTART_COUNT = 0 ]; then if [ $NODE = 1 ]; then "
+      "sleep 1; exit 3; fi; trap '' TERM; sleep 30; fi";
+  for (int i = 0; i < 2; ++i) {
+    start(i, etcd.endpoint(0),
+          {"--nnodes", "1:2", "--max-restarts", "3", "--term-timeout", "8"},
+          script);
+  }
+  for (int i = 0; i < 2; ++i) {
+    CommandResult r = agents_[i]->wait(120s);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_THAT(r.err, HasSubstr("round 1 (failure): 2 nodes"));
+    auto lines = env_lines(r.out);
+    ASSERT_FALSE(lines.empty()) << r.out;
+    EXPECT_EQ(lines.back().gws, 2);
+    EXPECT_EQ(lines.back().rc, 1);
   }
 }
 

@@ -19,6 +19,10 @@ using comm::store::format_duration;
 using std::chrono::milliseconds;
 using Clock = std::chrono::steady_clock;
 
+// How often a round past its last call looks again for the last round's
+// members it still waits for.
+constexpr milliseconds kPendingLook(1000);
+
 namespace {
 
 // How often a node waiting for a round says how it is going.
@@ -339,6 +343,30 @@ void EtcdRendezvous::put_end(int round) {
   client_->txn(end);
 }
 
+bool EtcdRendezvous::last_round_pending(int r) const {
+  if (r <= 0) return false;
+  const std::string pp = round_prefix(r - 1);
+  std::set<std::string> live, left;
+  const auto last = client_->range(prefix_range(pp));
+  for (const auto& kv : last.kvs()) {
+    const std::string name = kv.key().substr(pp.size());
+    if (starts_with(name, "node/")) live.insert(name.substr(5));
+    if (starts_with(name, "ev/") && kv.value() == "left") {
+      left.insert(name.substr(3));
+    }
+  }
+  const std::string rp = round_prefix(r) + "node/";
+  etcdserverpb::RangeRequest joined = prefix_range(rp);
+  joined.set_keys_only(true);
+  const auto now_in = client_->range(joined);
+  for (const auto& kv : now_in.kvs()) {
+    live.erase(kv.key().substr(rp.size()));
+  }
+  live.erase(node_id_);
+  return std::any_of(live.begin(), live.end(),
+                     [&](const std::string& id) { return !left.contains(id); });
+}
+
 etcdserverpb::RangeRequest EtcdRendezvous::joiners(int round,
                                                    bool count_only) const {
   etcdserverpb::RangeRequest req = prefix_range(round_prefix(round) + "node/");
@@ -575,7 +603,12 @@ RendezvousResult EtcdRendezvous::next_round(int local_world_size,
           call_ends = now + o.last_call_timeout;
         }
         if (n < o.min_nodes) call_ends = kNone;
-        if (n >= target || now >= call_ends) {
+        if (n < target && now >= call_ends && last_round_pending(r)) {
+          // A member slow to stop its workers (its --term-timeout) is
+          // waited for, not left out; a dead one's record goes with its
+          // lease. Looked at again each second.
+          call_ends = now + kPendingLook;
+        } else if (n >= target || now >= call_ends) {
           try_close(r, n >= target ? target : o.min_nodes, st);
           if (st.closed) continue;
           // Some left (wait for more), or one came since the read: it

@@ -74,6 +74,10 @@ class EtcdRendezvous : public Rendezvous {
   struct RoundState;
   class ActiveWatch;
   std::string round_prefix(int round) const;
+  // Whether a node of round `r - 1` that has not left lives (its leased
+  // record is there) and has not joined round `r` yet: a re-formed round
+  // waits for it past the last call.
+  bool last_round_pending(int r) const;
   // Round `round`'s joiners (their records, or just their number).
   etcdserverpb::RangeRequest joiners(int round, bool count_only) const;
   // The number of round `round`'s "done" keys (at `revision`; 0: now).
