@@ -275,12 +275,56 @@ bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min,
         live.push_back(i);
     }
   }
+  if (o.backend == "static") {
+    // One joiner per --node-rank, the first: a second node given the same
+    // rank is left out (and fails saying so), not the round.
+    std::set<int> ranks;
+    std::vector<int> distinct;
+    for (int i : live) {
+      const std::string k = key(r, "node/" + std::to_string(i));
+      if (!s.check({k})) {
+        try {
+          s.wait({k}, kRecordGrace);  // as above
+        } catch (const StoreTimeoutError&) {
+          continue;
+        }
+      }
+      if (ranks.insert(MemberRecord::decode(s.get(k), i).node_rank).second) {
+        distinct.push_back(i);
+      }
+    }
+    live = std::move(distinct);
+  }
   const int count = static_cast<int>(live.size());
   const int full = std::max(o.min_nodes, std::min(o.max_nodes, can_join));
   if (count < full && !(at_min && count >= o.min_nodes)) return false;
   live.resize(static_cast<size_t>(std::min(count, o.max_nodes)));
   s.compare_set(key(r, "closed"), "", join_seqs(live));
   return true;
+}
+
+void C10dRendezvous::refuse_misfit(int r, const MemberRecord& me) {
+  const int n = static_cast<int>(store_->add(key(r, "n"), 0));
+  if (n == 0) return;
+  const std::set<std::string> lost = lost_in(*store_, r);
+  for (int i = 1; i <= n; ++i) {
+    const std::string k = key(r, "node/" + std::to_string(i));
+    if (!store_->check({k})) continue;  // a joiner about to write it
+    const MemberRecord m = MemberRecord::decode(store_->get(k), i);
+    if (m.id == node_id_ || lost.contains(m.id)) continue;
+    if (std::string e = nnodes_conflict(me, m); !e.empty()) {
+      throw RendezvousError(e);
+    }
+    if (p_.options.backend == "static" && m.node_rank == me.node_rank) {
+      throw RendezvousError(
+          "node " + m.addr + " joined round " + std::to_string(r) +
+          " of job '" + p_.run_id + "' with --node-rank " +
+          std::to_string(me.node_rank) + " before this node (" + me.addr +
+          "); give each of the " + std::to_string(p_.options.max_nodes) +
+          " nodes its own --node-rank, 0.." +
+          std::to_string(p_.options.max_nodes - 1));
+    }
+  }
 }
 
 std::vector<std::string> C10dRendezvous::round_members(comm::store::TcpStore& s,
@@ -437,6 +481,7 @@ RendezvousResult C10dRendezvous::next_round(int local_world_size,
       // node counted in r/n must have one (try_close reads them all).
       const MemberRecord me = join_record(p_, node_id_, local_world_size,
                                           round_, group_rank_, restarts);
+      refuse_misfit(r, me);
       const int seq = static_cast<int>(store_->add(key(r, "n"), 1));
       const auto joined_at = Clock::now();
       store_->set(key(r, "node/" + std::to_string(seq)), me.encode());

@@ -80,6 +80,10 @@ class C10dRendezvous : public Rendezvous {
   std::vector<std::string> expected_after(comm::store::TcpStore& s, int prev,
                                           std::vector<std::string> members,
                                           bool& failed) const;
+  // Throws RendezvousError, before this node joins round `r`, when a live
+  // joiner there gives another --nnodes, or (static) this node's
+  // --node-rank: the job goes on without this node.
+  void refuse_misfit(int r, const MemberRecord& me);
   // Round `r`'s node ids, in join order, from its closed key.
   std::vector<std::string> round_members(comm::store::TcpStore& s, int r) const;
   // The nodes round `r`'s event key names lost or left.

@@ -23,7 +23,8 @@ std::string MemberRecord::encode() const {
   return id + "\n" + addr + "\n" + std::to_string(nproc) + "\n" +
          std::to_string(prev_round) + "\n" + std::to_string(prev_rank) + "\n" +
          std::to_string(restarts) + "\n" + std::to_string(master_port) + "\n" +
-         std::to_string(node_rank);
+         std::to_string(node_rank) + "\n" + std::to_string(min_nodes) + "\n" +
+         std::to_string(max_nodes);
 }
 
 std::vector<std::string> split_list(const std::string& text, char sep) {
@@ -36,13 +37,27 @@ std::vector<std::string> split_list(const std::string& text, char sep) {
 
 MemberRecord MemberRecord::decode(const std::string& text, int seq) {
   std::vector<std::string> f = split_list(text, '\n');
-  if (f.size() != 8) {
+  if (f.size() != 10) {
     throw RendezvousError("malformed join record '" + text +
                           "' in the store (another dlaunch version?)");
   }
-  return MemberRecord{f[0],         f[1],         to_int(f[2]),
-                      to_int(f[3]), to_int(f[4]), to_int(f[5]),
-                      to_int(f[6]), to_int(f[7]), seq};
+  return MemberRecord{f[0],         f[1],         to_int(f[2]), to_int(f[3]),
+                      to_int(f[4]), to_int(f[5]), to_int(f[6]), to_int(f[7]),
+                      to_int(f[8]), to_int(f[9]), seq};
+}
+
+std::string nnodes_conflict(const MemberRecord& me, const MemberRecord& other) {
+  if (me.min_nodes == other.min_nodes && me.max_nodes == other.max_nodes) {
+    return "";
+  }
+  auto text = [](const MemberRecord& m) {
+    return m.min_nodes == m.max_nodes ? std::to_string(m.max_nodes)
+                                      : std::to_string(m.min_nodes) + ":" +
+                                            std::to_string(m.max_nodes);
+  };
+  return "this node (" + me.addr + ") gives --nnodes " + text(me) + ", node " +
+         other.addr + " of the same job --nnodes " + text(other) +
+         "; give every node of the job the same --nnodes";
 }
 
 MemberRecord join_record(const NodeParams& p, const std::string& id, int nproc,
@@ -57,6 +72,8 @@ MemberRecord join_record(const NodeParams& p, const std::string& id, int nproc,
   me.master_port =
       p.master_port != 0 ? p.master_port : p.pick_port(p.node_addr);
   me.node_rank = p.options.node_rank;
+  me.min_nodes = p.options.min_nodes;
+  me.max_nodes = p.options.max_nodes;
   return me;
 }
 
@@ -64,6 +81,15 @@ RendezvousResult form_round(int round, std::vector<MemberRecord>& ms,
                             const std::string& self_id, RoundReason reason,
                             bool fixed) {
   const int n = static_cast<int>(ms.size());
+  // Nodes that joined at once (neither saw the other's record first).
+  for (const MemberRecord& me : ms) {
+    if (me.id != self_id) continue;
+    for (const MemberRecord& m : ms) {
+      if (std::string e = nnodes_conflict(me, m); !e.empty()) {
+        throw RendezvousError(e);
+      }
+    }
+  }
   if (fixed) {
     std::sort(ms.begin(), ms.end(),
               [](const MemberRecord& a, const MemberRecord& b) {

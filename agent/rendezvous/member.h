@@ -22,13 +22,19 @@ struct MemberRecord {
   int restarts = 0;     // the restart count it proposes
   int master_port = 0;  // free for rank 0 to bind, should it be rank 0
   int node_rank = -1;   // --node-rank (static backend)
-  int seq = 0;          // join order in the round, 1-based; not encoded
+  int min_nodes = 0;    // its --nnodes, which every node must share
+  int max_nodes = 0;
+  int seq = 0;  // join order in the round, 1-based; not encoded
 
-  // Eight lines of text.
+  // Ten lines of text.
   std::string encode() const;
   // Throws RendezvousError for text that is not a record.
   static MemberRecord decode(const std::string& text, int seq);
 };
+
+// Why `me` and `other` cannot be nodes of one job (their --nnodes differ),
+// naming both values and the fix; "" when they can.
+std::string nnodes_conflict(const MemberRecord& me, const MemberRecord& other);
 
 // What both elastic backends (c10d, etcd) know of this node and its job;
 // each backend's Params adds where its store is. Plain data.

@@ -185,6 +185,61 @@ TEST_F(Rendezvous, StaticBackendUsesNodeRanks) {
   }
 }
 
+// A second node given a --node-rank another joiner holds is refused; the
+// round waits for the right node (both rank-0 nodes once failed, and the
+// rank-1 node waited out its join timeout alone).
+TEST_F(Rendezvous, ANodeGivenATakenNodeRankIsRefusedAndTheJobRuns) {
+  auto flags = [](int node_rank) {
+    return std::vector<std::string>{"--rdzv-backend", "static",
+                                    "--nnodes",       "2",
+                                    "--node-rank",    std::to_string(node_rank),
+                                    "--master-addr",  "127.0.0.1"};
+  };
+  start(0, flags(0), kShowEnv);
+  ASSERT_TRUE(agents_[0]->wait_for_output("waiting for nodes", 60s))
+      << agents_[0]->err();
+  start(1, flags(0), kShowEnv);
+  CommandResult twin = finish(1);
+  EXPECT_EQ(twin.exit_code, 1) << twin.err;
+  EXPECT_THAT(twin.err,
+              HasSubstr("node 127.0.0.1 joined round 0 of job '" + id_ +
+                        "' with --node-rank 0 before this node (127.0.0.2); "
+                        "give each of the 2 nodes its own --node-rank, 0..1"));
+  start(2, flags(1), kShowEnv);
+  for (int i : {0, 2}) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u) << r.out;
+    EXPECT_EQ(lines[0].gws, 2);
+    EXPECT_EQ(lines[0].gr, i == 0 ? 0 : 1);
+  }
+}
+
+// A node giving another --nnodes than the round's joiners is refused, by
+// both backends that share the records' check; the job runs without it (a
+// node given 3 beside nodes given 2 ran with a world of 2).
+TEST_F(Rendezvous, ANodeGivingAnotherNnodesIsRefusedAndTheJobRuns) {
+  start(0, {"--nnodes", "2"}, kShowEnv);
+  ASSERT_TRUE(agents_[0]->wait_for_output("waiting for nodes", 60s))
+      << agents_[0]->err();
+  start(1, {"--nnodes", "1:3"}, kShowEnv);
+  CommandResult odd = finish(1);
+  EXPECT_EQ(odd.exit_code, 1) << odd.err;
+  EXPECT_THAT(odd.err, HasSubstr("this node (127.0.0.2) gives --nnodes 1:3, "
+                                 "node 127.0.0.1 of the same job --nnodes 2; "
+                                 "give every node of the job the same "
+                                 "--nnodes"));
+  start(2, {"--nnodes", "2"}, kShowEnv);
+  for (int i : {0, 2}) {
+    CommandResult r = finish(i);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    auto lines = env_lines(r.out);
+    ASSERT_EQ(lines.size(), 1u) << r.out;
+    EXPECT_EQ(lines[0].gws, 2);
+  }
+}
+
 // Round 0 (three nodes) blocks until stopped, with a child that left the
 // worker's process group (setsid): nothing of a lost node may survive it.
 // A round of two finishes.
@@ -653,7 +708,9 @@ TEST_F(Rendezvous, ANodeOutsideTheRoundGoingLeavesTheRoundAlone) {
     if (c.fixed) {
       CommandResult r = finish(2);
       EXPECT_EQ(r.exit_code, 1);
-      EXPECT_THAT(r.err, HasSubstr("is --node-rank 1 given to two nodes?"));
+      EXPECT_THAT(r.err, HasSubstr("with --node-rank 1 before this node "
+                                   "(127.0.0.3); give each of the 2 nodes "
+                                   "its own --node-rank, 0..1"));
     } else {
       // Two spares; the second goes. The first waits on: it once took
       // the loss for the round's end and formed a round of its own.
