@@ -296,17 +296,49 @@ template <class Plan>
 void GlooProcessGroup::exchange(const char* op, uint64_t prefix, Plan&& plan) {
   run(op, [&] {
     const uint32_t tag = next_tag();
-    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sends;
-    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> recvs;
+    std::vector<std::pair<int, Tensor>> to_send, to_recv;
     auto post_send = [&](int to, const Tensor& t) {
-      sends.push_back(g_->ctx->createUnboundBuffer(t.data, t.nbytes()));
-      sends.back()->send(to, coll_slot(prefix, tag));
+      to_send.emplace_back(to, t);
     };
     auto post_recv = [&](int from, const Tensor& t) {
-      recvs.push_back(g_->ctx->createUnboundBuffer(t.data, t.nbytes()));
-      recvs.back()->recv(from, coll_slot(prefix, tag));
+      to_recv.emplace_back(from, t);
     };
     plan(post_send, post_recv);
+    // An output that overlaps an input (an in-place all_to_all) would be
+    // overwritten by a receive before its send went out: the inputs then
+    // go from a copy.
+    auto overlap = [](const Tensor& a, const Tensor& b) {
+      const char* x = static_cast<const char*>(a.data);
+      const char* y = static_cast<const char*>(b.data);
+      return a.nbytes() > 0 && b.nbytes() > 0 && x < y + b.nbytes() &&
+             y < x + a.nbytes();
+    };
+    std::vector<char> staged;
+    bool in_place = false;
+    size_t bytes = 0;
+    for (const auto& [to, t] : to_send) {
+      bytes += t.nbytes();
+      for (const auto& [from, r] : to_recv) in_place |= overlap(t, r);
+    }
+    if (in_place) {
+      staged.resize(bytes);
+      size_t off = 0;
+      for (auto& [to, t] : to_send) {
+        std::memcpy(staged.data() + off, t.data, t.nbytes());
+        t.data = staged.data() + off;
+        off += t.nbytes();
+      }
+    }
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> sends;
+    std::vector<std::unique_ptr<::gloo::transport::UnboundBuffer>> recvs;
+    for (const auto& [from, t] : to_recv) {
+      recvs.push_back(g_->ctx->createUnboundBuffer(t.data, t.nbytes()));
+      recvs.back()->recv(from, coll_slot(prefix, tag));
+    }
+    for (const auto& [to, t] : to_send) {
+      sends.push_back(g_->ctx->createUnboundBuffer(t.data, t.nbytes()));
+      sends.back()->send(to, coll_slot(prefix, tag));
+    }
     const auto deadline = std::chrono::steady_clock::now() + timeout();
     for (auto& b : recvs) b->waitRecv(left_until(deadline));
     for (auto& b : sends) b->waitSend(left_until(deadline));

@@ -247,6 +247,36 @@ TEST_P(GlooCollectivesTest, AllGatherAndUnevenAllToAllEveryDtype) {
   });
 }
 
+// all_to_all in place (`out` is `in`, as torch's all_to_all(list, list)),
+// over TCP and through shared memory: a block received over TCP once
+// overwrote one not yet sent (3 ranks and more).
+TEST_P(GlooCollectivesTest, InPlaceAllToAllOnEveryPath) {
+  const int n = GetParam();
+  for (const char* shm_min : {"off", "0"}) {
+    setenv("DLAUNCH_COMM_SHM_MIN_BYTES", shm_min, 1);
+    run_ranks(n, [&](ProcessGroup& pg) {
+      const int r = pg.rank();
+      for (size_t numel : {size_t{4}, size_t{1} << 16}) {
+        std::vector<Buffer> blocks;
+        std::vector<Tensor> views;
+        for (int t = 0; t < n; ++t) {
+          blocks.emplace_back(DType::kI32,
+                              std::vector<double>(numel, r * 100 + t));
+        }
+        for (auto& b : blocks) views.push_back(b.t);
+        pg.all_to_all(views, views);
+        for (int s = 0; s < n; ++s) {
+          EXPECT_EQ(blocks[s].values(), std::vector<double>(numel, s * 100 + r))
+              << "from rank " << s << " on rank " << r << ", " << numel
+              << " elements, DLAUNCH_COMM_SHM_MIN_BYTES=" << shm_min
+              << " (path " << gloo::last_path(pg) << ")";
+        }
+      }
+    });
+  }
+  unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
+}
+
 TEST_P(GlooCollectivesTest, BarrierAndPointToPointRing) {
   const int n = GetParam();
   run_ranks(n, [&](ProcessGroup& pg) {
