@@ -131,6 +131,13 @@ void divide_native(void* p, size_t n, int divisor) {
 }  // namespace
 
 std::string reduce_op_error(DType dtype, ReduceOp op) {
+  if (static_cast<uint8_t>(op) > static_cast<uint8_t>(ReduceOp::kBxor)) {
+    return "ReduceOp value " + std::to_string(static_cast<int>(op)) +
+           " is none this library knows; use one of comm::ReduceOp's";
+  }
+  if (static_cast<uint8_t>(dtype) > static_cast<uint8_t>(DType::kI64)) {
+    return {};  // the tensor's check names it
+  }
   bool bitwise =
       op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
   if (bitwise && !dtype_is_integer(dtype)) {

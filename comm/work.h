@@ -1,8 +1,15 @@
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 
 namespace dlaunch::comm {
+
+// `t` as a condition variable's wait_for can take: now + milliseconds::max()
+// overflows the clock (the wait ended at once); such waits last 100 years.
+inline std::chrono::milliseconds addable_timeout(std::chrono::milliseconds t) {
+  return std::min<std::chrono::milliseconds>(t, std::chrono::hours(24 * 36525));
+}
 
 // The handle of an asynchronous operation (isend/irecv, and the i-forms of
 // the collectives). Owned by the caller; it may outlive its group.

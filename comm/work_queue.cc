@@ -46,7 +46,8 @@ class QueuedWork : public Work {
 
   void wait(milliseconds timeout) override {
     std::unique_lock lock(task_->mu);
-    if (!task_->cv.wait_for(lock, timeout, [&] { return task_->done; })) {
+    if (!task_->cv.wait_for(lock, addable_timeout(timeout),
+                            [&] { return task_->done; })) {
       throw CommTimeoutError(task_->what + ": not completed after " +
                              ms_text(timeout) +
                              "; it keeps running and the Work can be waited "

@@ -20,17 +20,37 @@ void GlooProcessGroup::barrier() {
 std::string GlooProcessGroup::check_tensor(const Tensor& t,
                                            std::string_view what, int index) {
   const bool on_cpu = t.device.type == DeviceType::kCpu;
-  if (on_cpu && (t.data != nullptr || t.numel == 0)) return {};
+  const bool known_dtype =
+      static_cast<uint8_t>(t.dtype) <= static_cast<uint8_t>(DType::kI64);
+  // At most 8 bytes an element: below 2^60 elements nbytes() cannot wrap.
+  constexpr size_t kSurelyFits = size_t{1} << 60;
+  if (on_cpu && known_dtype && t.numel < kSurelyFits &&
+      (t.data != nullptr || t.numel == 0)) {
+    return {};
+  }
   // Built only for a bad tensor: a call that is fine formats nothing.
   std::string name(what);
   if (index >= 0) name += "[" + std::to_string(index) + "]";
+  if (!known_dtype) {
+    return name + " has no dtype this library knows (value " +
+           std::to_string(static_cast<int>(t.dtype)) +
+           "); use one of comm::DType's. ";
+  }
+  if (t.numel > SIZE_MAX / dtype_size(t.dtype)) {
+    return name + " has " + std::to_string(t.numel) + " elements of " +
+           std::string(dtype_name(t.dtype)) +
+           ": more bytes than an address can span (a wrapped count?). ";
+  }
   if (!on_cpu) {
     return "the gloo backend takes CPU tensors; " + name +
            " is on cuda:" + std::to_string(t.device.index) +
            " (use the nccl backend for GPU tensors). ";
   }
-  return name + " has " + std::to_string(t.numel) +
-         " elements but a null data pointer. ";
+  if (t.data == nullptr && t.numel > 0) {
+    return name + " has " + std::to_string(t.numel) +
+           " elements but a null data pointer. ";
+  }
+  return {};
 }
 
 std::string GlooProcessGroup::check_root(int root) const {
@@ -109,7 +129,8 @@ void GlooProcessGroup::agree(const char* op, const Call& c,
   if (n > 1) {
     ensure_channel(op);  // fused_capacity() depends on it
     size_t offered = 0;
-    for (size_t i = 0; i < offer.size(); ++i) {
+    // (A call with a bad tensor offers nothing: its nbytes() may abort.)
+    for (size_t i = 0; i < offer.size() && c.local_error.empty(); ++i) {
       if (static_cast<int>(i) != skip) offered += offer[i].nbytes();
     }
     // Over TCP only an all_reduce's one tensor travels with the check.

@@ -133,7 +133,7 @@ class P2pWork : public Work, public PeerWaiter {
     } else if (!driving_) {
       start_thread();
     }
-    if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+    if (!cv_.wait_for(lock, addable_timeout(timeout), [&] { return done_; })) {
       throw CommTimeoutError(
           op() + ": timed out after " + ms_text(timeout) +
           " waiting for rank " + std::to_string(peer_) + " (" + stage_ +

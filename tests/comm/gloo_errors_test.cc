@@ -89,6 +89,44 @@ TEST(GlooErrorsTest, AllReduceOfANullOrGpuTensorIsAnErrorNotACrash) {
   unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
 }
 
+// Values no enum names (a cast of user input) and counts whose bytes wrap
+// are errors on every rank, not an abort (dtype_size's check) or a transfer
+// of the wrapped size (4 bytes moved; a crash in all_reduce).
+TEST(GlooErrorsTest, UnknownEnumsAndWrappingCountsAreErrors) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    float f[4] = {};
+    Tensor odd = Tensor::of(f, 4);
+    odd.dtype = static_cast<DType>(77);
+    expect_comm_error([&] { pg.all_reduce(odd); },
+                      {"t has no dtype this library knows (value 77)"});
+    expect_comm_error(
+        [&] { pg.all_reduce(Tensor::of(f, 4), static_cast<ReduceOp>(99)); },
+        {"ReduceOp value 99 is none this library knows"});
+    Tensor huge = Tensor::of(f, (size_t{1} << 62) + 1);
+    const char* wraps = "more bytes than an address can span";
+    expect_comm_error([&] { pg.all_reduce(huge); }, {wraps});
+    expect_comm_error([&] { pg.broadcast(huge, 0); }, {wraps});
+    if (pg.rank() == 0) {
+      expect_comm_error([&] { pg.send(huge, 1, 5); }, {wraps});
+    } else {
+      expect_comm_error([&] { pg.recv(huge, 0, 5); }, {wraps});
+    }
+    pg.all_reduce(Tensor::of(f, 4));  // the group is still fine
+  });
+}
+
+// wait(milliseconds::max()) waits: now + max overflowed the clock, and an
+// asynchronous collective's wait timed out at once.
+TEST(GlooErrorsTest, WaitingForEverWaits) {
+  run_ranks(2, [](ProcessGroup& pg) {
+    float f[4] = {1, 1, 1, 1};
+    if (pg.rank() == 1) std::this_thread::sleep_for(milliseconds(200));
+    auto w = pg.iall_reduce(Tensor::of(f, 4));
+    w->wait(milliseconds::max());
+    EXPECT_EQ(f[0], 2.0f);
+  });
+}
+
 TEST(GlooErrorsTest, DtypesThatDifferAcrossRanksFailEveryRank) {
   run_ranks(2, [](ProcessGroup& pg) {
     std::vector<int32_t> i(4);
