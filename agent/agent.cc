@@ -17,6 +17,7 @@
 #include "agent/program.h"
 #include "agent/report.h"
 #include "agent/temp_dir.h"
+#include "comm/shm_names.h"
 #include "comm/store/text.h"
 
 namespace dlaunch::agent {
@@ -734,6 +735,7 @@ void Agent::on_exit(size_t i, ExitStatus status) {
     } else if (alive_ == 0) {
       fault_timers_.clear();
       hang_timer_.reset();
+      remove_attempt_shm();
       attempt().end_time = env_.now();
       attempt().outcome = "succeeded";
       // The exit barrier: done when every node is (at once on one node).
@@ -877,9 +879,25 @@ void Agent::on_signal(int sig) {
   stop_group(sig);
 }
 
+void Agent::remove_attempt_shm() {
+  if (result_.attempts.empty()) return;
+  const AttemptRecord& a = attempt();
+  const std::string prefix =
+      "dlaunch-" +
+      comm::attempt_shm_prefix(result_.run_id, std::to_string(a.restart_count),
+                               a.master_addr, std::to_string(a.master_port));
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (e.path().filename().string().starts_with(prefix)) {
+      std::filesystem::remove(e.path(), ec);
+    }
+  }
+}
+
 void Agent::group_stopped() {
   timer_.reset();
   const bool had_workers = state_ != State::kBarrier;
+  remove_attempt_shm();
   if (had_workers) attempt().end_time = env_.now();
   if (stop_signal_ != 0) {
     attempt().outcome = "stopped by " + signal_name(stop_signal_);

@@ -74,6 +74,10 @@ class Agent {
   void on_kill_timeout();
   void on_signal(int sig);
   void group_stopped();
+  // Removes what this attempt's workers, all gone now, left in /dev/shm
+  // (comm::attempt_shm_prefix): ranks killed while setting up shared
+  // memory, before their names were unlinked.
+  void remove_attempt_shm();
   // The round spent more restarts than allowed: ends the job with the root
   // cause's code (or 1 and `cause`, the failure seen on another node).
   void give_up(const std::string& cause);

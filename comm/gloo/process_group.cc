@@ -18,6 +18,7 @@
 
 #include "comm/gloo/gloo_group.h"
 #include "comm/say.h"
+#include "comm/shm_names.h"
 
 namespace dlaunch::comm::gloo {
 namespace {
@@ -71,6 +72,20 @@ std::string random_token() {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%08x%08x", rd(), rd());
   return buf;
+}
+
+// attempt_shm_prefix() of this worker's attempt when an agent (dlaunch,
+// torchrun) started it, so that its agent can remove the segments of ranks
+// killed mid-set-up; "" otherwise.
+std::string agent_shm_prefix() {
+  const char* names[] = {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                         "MASTER_ADDR", "MASTER_PORT"};
+  const char* v[4];
+  for (int i = 0; i < 4; ++i) {
+    v[i] = std::getenv(names[i]);
+    if (v[i] == nullptr) return "";
+  }
+  return attempt_shm_prefix(v[0], v[1], v[2], v[3]);
 }
 
 // Gloo writes to its sockets without MSG_NOSIGNAL: a write to a peer that
@@ -289,7 +304,7 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
     if (o.rank == 0) {
       put("tuning", std::to_string(g->fused_bytes) + " " +
                         std::to_string(g->shm_min_bytes) + " " +
-                        random_token());
+                        agent_shm_prefix() + random_token());
     }
     std::string tuning = take("tuning");
     unsigned long long fused = 0, shm_min = 0;

@@ -317,8 +317,13 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   // Test hook: a file-size limit makes this rank's shared-memory segments
   // impossible (ftruncate fails with EFBIG), as a full /dev/shm would.
+  // With COMM_TEST_FSIZE_KILLS=1 SIGXFSZ keeps its default action: the rank
+  // dies inside its first segment's ftruncate, the name made, not unlinked.
   if (const char* limit = std::getenv("COMM_TEST_FSIZE_LIMIT")) {
-    std::signal(SIGXFSZ, SIG_IGN);
+    const char* kills = std::getenv("COMM_TEST_FSIZE_KILLS");
+    if (kills == nullptr || std::string(kills) != "1") {
+      std::signal(SIGXFSZ, SIG_IGN);
+    }
     struct rlimit rl {};
     rl.rlim_cur = rl.rlim_max = std::strtoull(limit, nullptr, 10);
     setrlimit(RLIMIT_FSIZE, &rl);
