@@ -142,7 +142,7 @@ void resolve_rank(const InitOptions& o, bool from_env, const std::string& how,
 std::string local_address_towards(const std::string& host, int port,
                                   milliseconds timeout) {
   addrinfo hints{};
-  hints.ai_family = AF_INET;
+  hints.ai_family = AF_UNSPEC;  // an IPv6 master is reached over IPv6
   hints.ai_socktype = SOCK_DGRAM;
   std::string error;
   store::AddrInfoList list =
@@ -153,12 +153,16 @@ std::string local_address_towards(const std::string& host, int port,
   std::string out;
   int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd != -1 && connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-    sockaddr_in local{};
+    sockaddr_storage local{};
     socklen_t len = sizeof(local);
-    char buf[INET_ADDRSTRLEN];
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0 &&
-        inet_ntop(AF_INET, &local.sin_addr, buf, sizeof(buf)) != nullptr) {
-      out = buf;
+    char buf[INET6_ADDRSTRLEN];
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0) {
+      const void* a =
+          local.ss_family == AF_INET6
+              ? static_cast<const void*>(
+                    &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+              : &reinterpret_cast<sockaddr_in*>(&local)->sin_addr;
+      if (inet_ntop(local.ss_family, a, buf, sizeof(buf)) != nullptr) out = buf;
     }
   }
   if (fd != -1) close(fd);
@@ -271,6 +275,9 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
                       "init_method tcp://HOST:PORT)");
     }
     host = addr;
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);  // [v6], as in a URL
+    }
     port = parse_int(p, "MASTER_PORT", 1, 65535);
   } else if (method.rfind("tcp://", 0) == 0) {
     std::string rest = method.substr(6);
@@ -328,7 +335,9 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
   std::shared_ptr<store::StoreServer> server;
   if (g.rank == 0) {
     try {
-      server = store::StoreServer::start({.host = "0.0.0.0",
+      // "::" serves IPv4 too (dual stack): an IPv6 MASTER_ADDR needs it.
+      const bool v6 = host.find(':') != std::string::npos;
+      server = store::StoreServer::start({.host = v6 ? "::" : "0.0.0.0",
                                           .port = static_cast<uint16_t>(port),
                                           .token = token});
     } catch (const std::exception& e) {

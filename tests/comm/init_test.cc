@@ -12,6 +12,7 @@
 #include "comm/progress.h"
 #include "comm/store/hash_store.h"
 #include "tests/comm/rank_threads.h"
+#include "tests/testing/net.h"
 #include "tests/testing/temp_dir.h"
 #ifdef DLAUNCH_WITH_NCCL
 #include "comm/nccl/process_group.h"
@@ -159,6 +160,25 @@ TEST_F(InitTest, FileInitWithOneRankAndTimeoutFromTheEnvironment) {
     EXPECT_EQ(v[0], 3.0f);
   }
   unsetenv("DLAUNCH_GLOO_HOST");
+}
+
+// An IPv6 MASTER_ADDR (dlaunch's --master-addr takes ::1 and [::1]): rank
+// 0 serves the store on both stacks. It served IPv4 only, and every rank,
+// rank 0 included, failed with "connection refused".
+TEST_F(InitTest, EnvInitWithAnIpv6MasterAddress) {
+  for (const char* addr : {"::1", "[::1]"}) {
+    SCOPED_TRACE(addr);
+    setenv("MASTER_ADDR", addr, 1);
+    setenv("MASTER_PORT", std::to_string(dlaunch::testing::free_port()).c_str(),
+           1);
+    setenv("RANK", "0", 1);
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("DLAUNCH_COMM_TIMEOUT", "5", 1);
+    auto pg = init_process_group("gloo", {});
+    std::vector<float> v{3.0f};
+    pg->all_reduce(Tensor::of(v));
+    EXPECT_EQ(v[0], 3.0f);
+  }
 }
 
 // DLAUNCH_COMM_FAULTS in a one-rank group: the fault fires at its call and
