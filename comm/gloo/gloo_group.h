@@ -309,10 +309,11 @@ class GlooProcessGroup : public ProcessGroup {
                                           milliseconds timeout) override;
 
   // `host`: this rank's host identity (a sub-group's parent's); empty:
-  // this machine's.
-  static std::shared_ptr<GroupState> connect(const GroupOptions& o,
-                                             std::shared_ptr<SharedStore> s,
-                                             const std::string& host = "");
+  // this machine's. `abandon`: see StoreAdapter (a sub-group's: a member
+  // gone from the parent).
+  static std::shared_ptr<GroupState> connect(
+      const GroupOptions& o, std::shared_ptr<SharedStore> s,
+      const std::string& host = "", std::function<std::string()> abandon = {});
   static std::unique_ptr<ProcessGroup> joined(std::shared_ptr<GroupState> g);
 
   // The path the group's last operation took (see last_path()).

@@ -132,6 +132,12 @@ std::unique_ptr<ProcessGroup> GlooProcessGroup::new_group(
                      " ms; it must be from " + kTimeoutRangeText + ". ";
   }
   agree(op, c);
+  // Test-only: this rank of the parent exits here, between the check and
+  // the connections (a death the parent's check cannot see).
+  if (const char* r = std::getenv("DLAUNCH_COMM_TEST_EXIT_IN_NEW_GROUP");
+      r != nullptr && std::atoi(r) == rank()) {
+    ::_exit(7);
+  }
   std::string child = g_->name + "/" + std::to_string(++children_);
   auto it = std::find(ranks.begin(), ranks.end(), rank());
   if (it == ranks.end()) return nullptr;
@@ -142,7 +148,20 @@ std::unique_ptr<ProcessGroup> GlooProcessGroup::new_group(
   o.name = child;
   o.hostname = g_->hostname;
   o.iface = g_->iface;
-  return joined(connect(o, g_->store, g_->host));
+  // A member that dies meanwhile (its connection to this group fails)
+  // ends the others' wait at once, named; they waited the whole timeout.
+  auto gone = [this, ranks]() -> std::string {
+    std::string who;
+    for (int r : g_->failed_peers()) {
+      if (std::binary_search(ranks.begin(), ranks.end(), r)) {
+        who += (who.empty() ? "" : ", ") + std::to_string(r);
+      }
+    }
+    if (who.empty()) return who;
+    return "rank " + who + " of group '" + g_->name +
+           "' left (it failed or exited) while this group was being created";
+  };
+  return joined(connect(o, g_->store, g_->host, gone));
 }
 
 void GlooProcessGroup::fail(const char* op, const std::string& what,
@@ -225,7 +244,7 @@ std::unique_ptr<ProcessGroup> GlooProcessGroup::joined(
 
 std::shared_ptr<GroupState> GlooProcessGroup::connect(
     const GroupOptions& o, std::shared_ptr<SharedStore> s,
-    const std::string& host) {
+    const std::string& host, std::function<std::string()> abandon) {
   auto g = std::make_shared<GroupState>();
   g->name = o.name;
   g->rank = o.rank;
@@ -266,7 +285,7 @@ std::shared_ptr<GroupState> GlooProcessGroup::connect(
   }
   g->ctx = std::make_shared<::gloo::rendezvous::Context>(o.rank, o.size);
   g->ctx->setTimeout(o.timeout);
-  StoreAdapter adapter(g->store, o.name, o.timeout);
+  StoreAdapter adapter(g->store, o.name, o.timeout, std::move(abandon));
   try {
     g->ctx->connectFullMesh(adapter, g->device);
   } catch (const store::StoreTimeoutError& e) {

@@ -35,8 +35,12 @@ struct SharedStore {
 // make one.
 class StoreAdapter : public ::gloo::rendezvous::Store {
  public:
+  // `abandon`, when given, is asked between slices of every wait: a
+  // non-empty answer (why the group cannot form: a rank is gone) ends the
+  // wait with a CommError of that text, not at `timeout`.
   StoreAdapter(std::shared_ptr<SharedStore> store, std::string prefix,
-               std::chrono::milliseconds timeout);
+               std::chrono::milliseconds timeout,
+               std::function<std::string()> abandon = {});
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
@@ -46,6 +50,9 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
 
  private:
   std::string full(const std::string& key) const;
+  // s.wait(keys, timeout), in slices when `abandon_` is set.
+  void wait_keys(store::Store& s, const std::vector<std::string>& keys,
+                 std::chrono::milliseconds timeout);
 
   // Runs f(store) with whatever exclusion the store needs.
   template <class F>
@@ -60,6 +67,7 @@ class StoreAdapter : public ::gloo::rendezvous::Store {
   std::shared_ptr<store::Store> own_;  // this adapter's connection, if any
   std::string prefix_;
   std::chrono::milliseconds timeout_;
+  std::function<std::string()> abandon_;
 };
 
 }  // namespace dlaunch::comm::gloo

@@ -365,6 +365,13 @@ int main(int argc, char** argv) {
       p2p_from_last(*pg);
       return 0;
     }
+    if (mode == "new-group") {
+      std::vector<int> all(pg->size());
+      for (int i = 0; i < pg->size(); ++i) all[i] = i;
+      auto g = pg->new_group(all);
+      std::printf("rank %d: new group ok\n", pg->rank());
+      return 0;
+    }
     if (mode == "concurrent-groups") {
       concurrent_groups(*pg);
       return 0;

@@ -190,6 +190,28 @@ TEST(MultiProcessTest, SubGroupsCreatedFromTwoThreadsAtOnce) {
   }
 }
 
+// A member that dies while a sub-group is being created (here rank 1,
+// between new_group's argument check and its connections) fails the
+// others at once, named: they waited the whole timeout (60 s here) for
+// its key, the message naming only the key.
+TEST(MultiProcessTest, AMemberDyingInNewGroupFailsTheOthersNamingIt) {
+  auto procs = start_workers(3, {"new-group"},
+                             {{"MASTER_ADDR", "127.0.0.1"},
+                              {"MASTER_PORT", std::to_string(free_port())},
+                              {"DLAUNCH_COMM_TIMEOUT", "60"},
+                              {"DLAUNCH_COMM_TEST_EXIT_IN_NEW_GROUP", "1"}});
+  EXPECT_EQ(procs[1]->wait(seconds(60)).exit_code, 7);
+  for (int r : {0, 2}) {
+    // Well within the 60 s timeout (a hang guard, not a measurement).
+    CommandResult res = procs[r]->wait(seconds(30));
+    EXPECT_FALSE(res.timed_out) << "rank " << r << " waited out its timeout";
+    EXPECT_EQ(res.exit_code, 3) << "rank " << r << ": " << res.err;
+    EXPECT_THAT(res.err,
+                HasSubstr("rank 1 of group 'world' left (it failed or exited) "
+                          "while this group was being created"));
+  }
+}
+
 TEST(MultiProcessTest, EachCollectiveUnderDlaunch) {
   CommandOptions o;
   o.argv = {kDlaunch, "--nproc-per-node", "4", kWorker, "collectives"};
