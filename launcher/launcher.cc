@@ -231,6 +231,7 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
   } else {
     const bool asked = r.is_host.has_value();
     int port = r.endpoint_port;
+    std::string host_failure;
     if (hosts_c10d_store) {
       store_logs_to_stderr();
       try {
@@ -241,6 +242,7 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
         port = store->port();
       } catch (const std::exception& e) {
         // Unasked, another agent of this machine may host it already.
+        host_failure = e.what();
         if (asked || port == 0) {
           throw std::runtime_error(
               std::string("cannot host the agents' store (is_host): ") +
@@ -248,6 +250,9 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
               "; if another process holds the port, pick a free one "
               "(--rdzv-endpoint HOST:PORT, or MASTER_PORT for srun tasks)");
         }
+        env.write_console(2, "dlaunch: port " + std::to_string(port) +
+                                 " of this machine is taken; joining the "
+                                 "agents' store there as another agent's\n");
       }
     }
     agent::rendezvous::C10dRendezvous::Params p;
@@ -256,6 +261,7 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
     p.store_host = r.endpoint_host;
     p.store_port = port;
     p.token = token.job;
+    p.host_failure = host_failure;
     p.node_addr = node_address(options);
     p.master_port = options.agent.master_port;
     p.pick_port = pick_port;

@@ -130,6 +130,14 @@ void C10dRendezvous::connect() {
         std::string("the agents' store refused this agent: ") + e.what());
   } catch (const StoreError& e) {
     if (interrupted_) throw RendezvousInterrupted(e.what());
+    if (!p_.host_failure.empty()) {
+      throw RendezvousError(
+          std::string("cannot reach the agents' store: ") + e.what() +
+          "; this agent could not serve it itself (" + p_.host_failure +
+          "): if a program other than dlaunch holds port " +
+          std::to_string(p_.store_port) +
+          ", pick a free one (--rdzv-endpoint HOST:PORT)");
+    }
     throw RendezvousError(std::string("cannot reach the agents' store: ") +
                           e.what() +
                           "; start the agent that hosts it (is_host) or "

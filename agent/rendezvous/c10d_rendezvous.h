@@ -37,6 +37,10 @@ class C10dRendezvous : public Rendezvous {
     std::string store_host;  // where the agents' store listens
     int store_port = 0;
     std::string token;  // the job's store token; empty: none
+    // Why this agent, whose machine the endpoint names, could not serve
+    // the store itself (its port taken); "" when it serves it or another
+    // machine does. Named when the store cannot be reached.
+    std::string host_failure;
   };
 
   // Connects to the store on the first next_round(), retrying until

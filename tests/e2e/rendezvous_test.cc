@@ -891,6 +891,44 @@ TEST_F(Rendezvous, TooFewNodesFailNamingWhoJoined) {
                                "HOST for the static backend)"));
 }
 
+// A program that is no dlaunch store holds the endpoint's port of this
+// machine (it listens, never answers): the agent says at once that it
+// joins the store there as another agent's, and when no handshake comes,
+// that it could not serve it itself and how to pick a free port (it once
+// said nothing for the join timeout, then "start the agent that hosts it").
+TEST_F(Rendezvous, AForeignProgramOnTheStorePortIsNamed) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port_));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  std::vector<std::string> argv = {kDlaunch,
+                                   "--rdzv-backend",
+                                   "c10d",
+                                   "--rdzv-endpoint",
+                                   "127.0.0.1:" + std::to_string(port_),
+                                   "--nnodes",
+                                   "1",
+                                   "--rdzv-conf",
+                                   "join_timeout=2",
+                                   "true"};
+  CommandResult r = testing::run_command({argv, {}, {}, ""}, 60s);
+  ::close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("dlaunch: port " + std::to_string(port_) +
+                               " of this machine is taken; joining the "
+                               "agents' store there as another agent's\n"));
+  EXPECT_THAT(r.err, HasSubstr("; this agent could not serve it itself ("));
+  EXPECT_THAT(r.err,
+              HasSubstr("): if a program other than dlaunch holds port " +
+                        std::to_string(port_) +
+                        ", pick a free one (--rdzv-endpoint "
+                        "HOST:PORT)"));
+}
+
 // A joiner lost while the round waited for its minimum is named as lost,
 // not counted (the message once said "2/2 nodes joined").
 TEST_F(Rendezvous, TooFewNodesNameAJoinerLostWhileWaiting) {

@@ -272,14 +272,16 @@ TEST(Robustness, AChildFromBeforeExecIsNoStray) {
   if (testing::process_alive(child)) ::kill(child, SIGKILL);
 }
 
-// The dlaunch-* entries of /dev/shm changed since `since` (still there).
+// The dlaunch-* segments (files: run folders are folders) of /dev/shm
+// changed since `since` (still there).
 std::set<std::string> shm_entries_since(std::filesystem::file_time_type since) {
   std::set<std::string> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
     const std::string name = e.path().filename();
     std::error_code t;
-    if (name.starts_with("dlaunch-") && e.last_write_time(t) >= since && !t) {
+    if (name.starts_with("dlaunch-") && e.is_regular_file(t) && !t &&
+        e.last_write_time(t) >= since && !t) {
       out.insert(name);
     }
   }
