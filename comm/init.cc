@@ -142,7 +142,10 @@ void resolve_rank(const InitOptions& o, bool from_env, const std::string& how,
 std::string local_address_towards(const std::string& host, int port,
                                   milliseconds timeout) {
   addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;  // an IPv6 master is reached over IPv6
+  // An IPv6 literal over IPv6; a name over IPv4 as before (a name with an
+  // AAAA record could pick an IPv6 source a dual-stack cluster does not
+  // route).
+  hints.ai_family = host.find(':') != std::string::npos ? AF_INET6 : AF_INET;
   hints.ai_socktype = SOCK_DGRAM;
   std::string error;
   store::AddrInfoList list =
@@ -335,7 +338,8 @@ std::unique_ptr<ProcessGroup> init_process_group(std::string_view backend,
   std::shared_ptr<store::StoreServer> server;
   if (g.rank == 0) {
     try {
-      // "::" serves IPv4 too (dual stack): an IPv6 MASTER_ADDR needs it.
+      // An IPv6 MASTER_ADDR needs "::" (which serves IPv4 too where
+      // net.ipv6.bindv6only is 0, Linux's default).
       const bool v6 = host.find(':') != std::string::npos;
       server = store::StoreServer::start({.host = v6 ? "::" : "0.0.0.0",
                                           .port = static_cast<uint16_t>(port),

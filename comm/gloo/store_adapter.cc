@@ -35,7 +35,8 @@ void StoreAdapter::wait_keys(store::Store& s,
                              std::chrono::milliseconds timeout) {
   if (!abandon_) return s.wait(keys, timeout);
   // Slices: a rank that died is found by abandon_ within one.
-  constexpr std::chrono::milliseconds kSlice(200);
+  // (A second: a late answer to a short wait would close the connection.)
+  constexpr std::chrono::milliseconds kSlice(1000);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(

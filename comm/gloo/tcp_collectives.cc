@@ -223,6 +223,27 @@ void GlooProcessGroup::reduce_scatter(Tensor out, std::span<const Tensor> in,
   if (rop == ReduceOp::kAvg) divide_in_place(out, size());
 }
 
+namespace {
+
+// Whether any of `out` overlaps any of `in` but the same block exactly
+// (out[j] == in[j]: a copy onto itself is skipped).
+bool overlaps_any(std::span<const Tensor> out, std::span<const Tensor> in) {
+  if (out.data() == in.data()) return false;  // one list: each its own block
+  for (size_t i = 0; i < out.size(); ++i) {
+    const char* o = static_cast<const char*>(out[i].data);
+    for (size_t j = 0; j < in.size(); ++j) {
+      const char* x = static_cast<const char*>(in[j].data);
+      const size_t on = out[i].nbytes(), xn = in[j].nbytes();
+      if (on == 0 || xn == 0 || o >= x + xn || x >= o + on) continue;
+      if (i == j && o == x && on == xn) continue;
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 void GlooProcessGroup::all_to_all(std::span<const Tensor> out,
                                   std::span<const Tensor> in) {
   const char* op = "all_to_all";
@@ -256,6 +277,27 @@ void GlooProcessGroup::all_to_all(std::span<const Tensor> out,
                       std::to_string(out[rank()].numel) +
                       "; this rank's own block must fit";
     }
+  }
+  // In place (outputs overlapping inputs: torch's all_to_all(list, list),
+  // or views of one buffer split unevenly): every path reads a copy of
+  // the inputs, as a block written (the own one too) may be one still to
+  // be sent.
+  std::vector<char> staged;
+  std::vector<Tensor> staged_in;
+  if (c.local_error.empty() && overlaps_any(out, in)) {
+    size_t bytes = 0;
+    for (const Tensor& t : in) bytes += t.nbytes();
+    staged.resize(bytes);
+    size_t off = 0;
+    for (const Tensor& t : in) {
+      Tensor v = t;
+      v.data = staged.data() + off;
+      if (t.nbytes() > 0) std::memcpy(v.data, t.data, t.nbytes());
+      off += t.nbytes();
+      staged_in.push_back(v);
+    }
+    in = staged_in;
+    c.sends = in;
   }
   agree(op, c, in, rank());  // this rank's own block: copied here
   if (size() == 1) {

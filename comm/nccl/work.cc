@@ -265,7 +265,7 @@ bool NcclWork::is_completed() {
 }
 
 void NcclWork::wait(milliseconds timeout) {
-  const auto until = Clock::now() + timeout;
+  const auto until = Clock::now() + addable_timeout(timeout);
   for (uint64_t spins = 0;; ++spins) {
     if (is_completed()) break;
     // The clock and the yield only every so often: a small operation

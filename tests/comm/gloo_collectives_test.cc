@@ -277,6 +277,54 @@ TEST_P(GlooCollectivesTest, InPlaceAllToAllOnEveryPath) {
   unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
 }
 
+// In place with uneven splits: `in` and `out` are views of one buffer at
+// different offsets, so an output block (the own one included) overlaps
+// inputs still to be sent.
+TEST_P(GlooCollectivesTest, InPlaceAllToAllWithUnevenSplits) {
+  const int n = GetParam();
+  // Circulant, not symmetric: every rank sends and receives as much, but
+  // its own block sits at another offset in `out` than in `in`.
+  auto count = [n](int s, int t) {
+    return static_cast<size_t>((t - s + n) % n + 1);
+  };
+  auto payload = [](int s, int t, size_t i) {
+    return static_cast<int32_t>(s * 1000 + t * 10 + static_cast<int>(i));
+  };
+  for (const char* shm_min : {"off", "0"}) {
+    setenv("DLAUNCH_COMM_SHM_MIN_BYTES", shm_min, 1);
+    run_ranks(n, [&](ProcessGroup& pg) {
+      const int r = pg.rank();
+      size_t total = 0;
+      for (int t = 0; t < n; ++t) total += count(r, t);
+      std::vector<int32_t> buf(total);
+      std::vector<Tensor> ins, outs;
+      size_t off = 0;
+      for (int t = 0; t < n; ++t) {
+        for (size_t i = 0; i < count(r, t); ++i)
+          buf[off + i] = payload(r, t, i);
+        ins.push_back(Tensor::of(buf.data() + off, count(r, t)));
+        off += count(r, t);
+      }
+      off = 0;
+      for (int s = 0; s < n; ++s) {
+        outs.push_back(Tensor::of(buf.data() + off, count(s, r)));
+        off += count(s, r);
+      }
+      pg.all_to_all(outs, ins);
+      off = 0;
+      for (int s = 0; s < n; ++s) {
+        for (size_t i = 0; i < count(s, r); ++i) {
+          EXPECT_EQ(buf[off + i], payload(s, r, i))
+              << "from rank " << s << " element " << i << " on rank " << r
+              << ", DLAUNCH_COMM_SHM_MIN_BYTES=" << shm_min;
+        }
+        off += count(s, r);
+      }
+    });
+  }
+  unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
+}
+
 TEST_P(GlooCollectivesTest, BarrierAndPointToPointRing) {
   const int n = GetParam();
   run_ranks(n, [&](ProcessGroup& pg) {
