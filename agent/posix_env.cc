@@ -419,7 +419,11 @@ struct PosixEnv::Impl {
     std::vector<pid_t> out;
     OwnChildren& own = own_children();
     std::lock_guard lock(own.mu);
-    const bool all_adopted = !own.commands_may_orphan && inherited.empty();
+    // As a PID namespace's init (a container's entrypoint) every orphan
+    // of the container comes to the agent: a shell's `nohup tensorboard &`
+    // from `kubectl exec` is none of its workers'.
+    const bool all_adopted =
+        !own.commands_may_orphan && inherited.empty() && ::getpid() != 1;
     for (pid_t c : adopted_children()) {
       if (c == watchdog.pid() || workers.contains(c) ||
           own.helpers.contains(c) || inherited.contains(c)) {

@@ -46,8 +46,8 @@ const rlimit& user_fd_limit();
 // commands whose own children may be orphaned to it (the multi-host head's
 // ssh, pdsh, srun: an ssh ControlPersist master) calls
 // commands_may_orphan() first; its agent, like one whose process had
-// children before, then takes only the adopted children that carry
-// DLAUNCH_AGENT_TAG. Thread-safe.
+// children before or that is a PID namespace's init, then takes only the
+// adopted children that carry DLAUNCH_AGENT_TAG. Thread-safe.
 void commands_may_orphan();
 // `pid` is a helper this process started (the rendezvous helper), never a
 // stray; helper_gone() once it is reaped, as its pid may come back.

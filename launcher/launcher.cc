@@ -162,7 +162,8 @@ std::unique_ptr<agent::rendezvous::Rendezvous> etcd_rendezvous(
   p.ping_every = std::clamp<std::chrono::milliseconds>(
       r.keep_alive_interval / 2, std::chrono::milliseconds(50),
       std::chrono::seconds(1));
-  p.settings["agent_silence"] = std::to_string(r.keep_alive_interval.count());
+  p.settings["agent_silence"] =
+      std::to_string(std::max(r.keep_alive_interval, 2 * p.ping_every).count());
   return std::make_unique<agent::rendezvous::RemoteRendezvous>(std::move(p));
 }
 
@@ -250,9 +251,14 @@ int launch(const LaunchOptions& job, agent::RunResult* out) {
               "; if another process holds the port, pick a free one "
               "(--rdzv-endpoint HOST:PORT, or MASTER_PORT for srun tasks)");
         }
-        env.write_console(2, "dlaunch: port " + std::to_string(port) +
-                                 " of this machine is taken; joining the "
-                                 "agents' store there as another agent's\n");
+        env.write_console(
+            2, std::string(e.what()).find("in use") != std::string::npos
+                   ? "dlaunch: port " + std::to_string(port) +
+                         " of this machine is taken; joining the agents' "
+                         "store there as another agent's\n"
+                   : "dlaunch: cannot serve the agents' store here (" +
+                         std::string(e.what()) +
+                         "); joining it as another agent's\n");
       }
     }
     agent::rendezvous::C10dRendezvous::Params p;

@@ -136,7 +136,8 @@ void C10dRendezvous::connect() {
           "; this agent could not serve it itself (" + p_.host_failure +
           "): if a program other than dlaunch holds port " +
           std::to_string(p_.store_port) +
-          ", pick a free one (--rdzv-endpoint HOST:PORT)");
+          ", pick a free one (--rdzv-endpoint HOST:PORT); else start the "
+          "agent that hosts it (is_host)");
     }
     throw RendezvousError(std::string("cannot reach the agents' store: ") +
                           e.what() +
@@ -303,10 +304,35 @@ bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min,
     }
     live = std::move(distinct);
   }
+  if (static_cast<int>(live.size()) > o.max_nodes && r > 0 &&
+      o.backend != "static") {
+    // More joiners than room: the last round's members first, then by join
+    // order (an idle spare joins first and pushed out the member that
+    // arrived last, slow to stop its workers).
+    std::vector<std::pair<bool, int>> order;
+    for (int i : live) {
+      const std::string k = key(r, "node/" + std::to_string(i));
+      if (!s.check({k})) {
+        try {
+          s.wait({k}, kRecordGrace);  // as above
+        } catch (const StoreTimeoutError&) {
+          continue;
+        }
+      }
+      order.emplace_back(MemberRecord::decode(s.get(k), i).prev_round != r - 1,
+                         i);
+    }
+    std::stable_sort(
+        order.begin(), order.end(),
+        [](const auto& a, const auto& b) { return a.first < b.first; });
+    live.clear();
+    for (const auto& [newcomer, i] : order) live.push_back(i);
+  }
   const int count = static_cast<int>(live.size());
   const int full = std::max(o.min_nodes, std::min(o.max_nodes, can_join));
   if (count < full && !(at_min && count >= o.min_nodes)) return false;
   live.resize(static_cast<size_t>(std::min(count, o.max_nodes)));
+  std::sort(live.begin(), live.end());
   s.compare_set(key(r, "closed"), "", join_seqs(live));
   return true;
 }
@@ -315,10 +341,23 @@ void C10dRendezvous::refuse_misfit(int r, const MemberRecord& me) {
   const int n = static_cast<int>(store_->add(key(r, "n"), 0));
   if (n == 0) return;
   const std::set<std::string> lost = lost_in(*store_, r);
+  std::vector<std::string> keys;
+  for (int i = 1; i <= n; ++i)
+    keys.push_back(key(r, "node/" + std::to_string(i)));
+  // Two requests when every record is written (the usual case), not two
+  // per joiner: a round of 512 nodes reads them at every join.
+  std::vector<std::string> vals;
+  if (store_->check(keys)) {
+    vals = store_->multi_get(keys);
+  } else {
+    for (const std::string& k : keys) {
+      // "": a joiner about to write it
+      vals.push_back(store_->check({k}) ? store_->get(k) : "");
+    }
+  }
   for (int i = 1; i <= n; ++i) {
-    const std::string k = key(r, "node/" + std::to_string(i));
-    if (!store_->check({k})) continue;  // a joiner about to write it
-    const MemberRecord m = MemberRecord::decode(store_->get(k), i);
+    if (vals[i - 1].empty()) continue;
+    const MemberRecord m = MemberRecord::decode(vals[i - 1], i);
     if (m.id == node_id_ || lost.contains(m.id)) continue;
     if (std::string e = nnodes_conflict(me, m); !e.empty()) {
       throw RendezvousError(e);

@@ -216,9 +216,9 @@ TEST_F(Rendezvous, ANodeGivenATakenNodeRankIsRefusedAndTheJobRuns) {
   }
 }
 
-// A node giving another --nnodes than the round's joiners is refused, by
-// both backends that share the records' check; the job runs without it (a
-// node given 3 beside nodes given 2 ran with a world of 2).
+// A node giving another --nnodes than the round's joiners is refused
+// before it joins (c10d); the job runs without it (a node given 3 beside
+// nodes given 2 ran with a world of 2).
 TEST_F(Rendezvous, ANodeGivingAnotherNnodesIsRefusedAndTheJobRuns) {
   start(0, {"--nnodes", "2"}, kShowEnv);
   ASSERT_TRUE(agents_[0]->wait_for_output("waiting for nodes", 60s))

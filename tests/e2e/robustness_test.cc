@@ -15,7 +15,9 @@
 #include <set>
 #include <thread>
 
+#include "comm/shm_names.h"
 #include "tests/testing/bin.h"
+#include "tests/testing/net.h"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
 
@@ -214,9 +216,21 @@ TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithTheJob) {
 void expect_stray_ends_with_the_job(const std::string& hide, bool before) {
   TempDir dir;
   const auto file = dir / "stray";
+  const auto child = dir / "child";
   std::string job = kDlaunch + " " + testing::bin("stray-hiding-env") + " " +
                     file.string() + " " + hide + " " + std::string(8192, 'x');
-  if (before) job = "sleep 300 >/dev/null 2>&1 & exec " + job;
+  if (before) {
+    job = "sleep 300 >/dev/null 2>&1 & echo $! > " + child.string() +
+          "; exec " + job;
+  }
+  struct KillChild {  // the child from before exec outlives dlaunch
+    std::filesystem::path file;
+    ~KillChild() {
+      if (pid_t p = pid_in(file); p > 0 && testing::process_alive(p)) {
+        ::kill(p, SIGKILL);
+      }
+    }
+  } kill_child{child};
   CommandResult r = testing::run_command({{"sh", "-c", job}, {}, {}, ""}, 30s);
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const std::string text = read_file(file);
@@ -272,41 +286,38 @@ TEST(Robustness, AChildFromBeforeExecIsNoStray) {
   if (testing::process_alive(child)) ::kill(child, SIGKILL);
 }
 
-// The dlaunch-* segments (files: run folders are folders) of /dev/shm
-// changed since `since` (still there).
-std::set<std::string> shm_entries_since(std::filesystem::file_time_type since) {
+// /dev/shm's entries whose names start with `prefix`.
+std::set<std::string> shm_entries(const std::string& prefix) {
   std::set<std::string> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
     const std::string name = e.path().filename();
-    std::error_code t;
-    if (name.starts_with("dlaunch-") && e.is_regular_file(t) && !t &&
-        e.last_write_time(t) >= since && !t) {
-      out.insert(name);
-    }
+    if (name.starts_with(prefix)) out.insert(name);
   }
   return out;
 }
 
 // Ranks killed while they set up shared memory (here inside the first
 // segment's ftruncate, by SIGXFSZ: the name made, never unlinked) leave
-// nothing in /dev/shm: their agent removes what its attempt's workers left
-// (a 2 MiB segment stayed for good, per killed rank).
+// nothing in /dev/shm: their agent removes what its attempt's workers left,
+// named after the attempt (a 2 MiB segment stayed for good per rank).
 TEST(Robustness, RanksKilledSettingUpSharedMemoryLeaveNothingInDevShm) {
-  const auto since =
-      std::filesystem::file_time_type::clock::now() - std::chrono::seconds(1);
+  const std::string run_id = "shmtest" + std::to_string(::getpid());
+  const int port = testing::free_port();
+  const std::string prefix =
+      "dlaunch-" +
+      comm::attempt_shm_prefix(run_id, "0", "127.0.0.1", std::to_string(port));
   CommandResult r = testing::run_command(
-      {{kDlaunch, "--nproc-per-node", "2", testing::bin("comm_test_worker"),
-        "big-allreduce"},
+      {{kDlaunch, "--run-id", run_id, "--master-addr", "127.0.0.1",
+        "--master-port", std::to_string(port), "--nproc-per-node", "2",
+        testing::bin("comm_test_worker"), "big-allreduce"},
        {{"COMM_TEST_FSIZE_LIMIT", "4096"}, {"COMM_TEST_FSIZE_KILLS", "1"}},
        {},
        ""},
       60s);
   EXPECT_NE(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.err, HasSubstr("SIGXFSZ"));
-  // (Another test's segments live for milliseconds: looked at 1 s later.)
-  std::this_thread::sleep_for(1s);
-  EXPECT_EQ(shm_entries_since(since), std::set<std::string>{});
+  EXPECT_THAT(r.err, HasSubstr("SIGXFSZ"));  // named, then left
+  EXPECT_EQ(shm_entries(prefix), std::set<std::string>{});
 }
 
 TEST(Robustness, ChildrenThatLeaveTheirGroupEndWithAKilledAgent) {
