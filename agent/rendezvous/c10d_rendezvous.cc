@@ -259,68 +259,45 @@ bool C10dRendezvous::try_close(comm::store::TcpStore& s, int r, bool at_min,
                                int can_join) {
   const RendezvousOptions& o = p_.options;
   const int n = static_cast<int>(s.add(key(r, "n"), 0));
+  // Joiner i's record. One not written yet: its node is microseconds from
+  // writing it, or was killed between counting and writing (then waiting
+  // for it would take the read timeout): given kRecordGrace, else none.
+  auto record = [&](int i) -> std::optional<MemberRecord> {
+    const std::string k = key(r, "node/" + std::to_string(i));
+    if (!s.check({k})) {
+      try {
+        s.wait({k}, kRecordGrace);
+      } catch (const StoreTimeoutError&) {
+        return std::nullopt;
+      }
+    }
+    return MemberRecord::decode(s.get(k), i);
+  };
   // Joiners lost before the round closed stay out of it.
   const std::set<std::string> lost = lost_in(s, r);
   std::vector<int> live;
-  if (lost.empty()) {
-    for (int i = 1; i <= n; ++i) live.push_back(i);
-  } else {
-    std::vector<std::string> keys;
-    for (int i = 1; i <= n; ++i) {
-      keys.push_back(key(r, "node/" + std::to_string(i)));
-    }
-    for (int i = 1; i <= n; ++i) {
-      // A record not written yet: its node is microseconds from writing
-      // it, or was killed between counting and writing (then waiting for
-      // it would take the read timeout): given kRecordGrace.
-      if (!s.check({keys[i - 1]})) {
-        try {
-          s.wait({keys[i - 1]}, kRecordGrace);
-        } catch (const StoreTimeoutError&) {
-          continue;
-        }
-      }
-      if (!lost.contains(MemberRecord::decode(s.get(keys[i - 1]), i).id))
-        live.push_back(i);
+  for (int i = 1; i <= n; ++i) {
+    if (lost.empty()) {
+      live.push_back(i);
+    } else if (auto m = record(i); m && !lost.contains(m->id)) {
+      live.push_back(i);
     }
   }
   if (o.backend == "static") {
     // One joiner per --node-rank, the first: a second node given the same
     // rank is left out (and fails saying so), not the round.
     std::set<int> ranks;
-    std::vector<int> distinct;
-    for (int i : live) {
-      const std::string k = key(r, "node/" + std::to_string(i));
-      if (!s.check({k})) {
-        try {
-          s.wait({k}, kRecordGrace);  // as above
-        } catch (const StoreTimeoutError&) {
-          continue;
-        }
-      }
-      if (ranks.insert(MemberRecord::decode(s.get(k), i).node_rank).second) {
-        distinct.push_back(i);
-      }
-    }
-    live = std::move(distinct);
-  }
-  if (static_cast<int>(live.size()) > o.max_nodes && r > 0 &&
-      o.backend != "static") {
+    std::erase_if(live, [&](int i) {
+      auto m = record(i);
+      return !m || !ranks.insert(m->node_rank).second;
+    });
+  } else if (static_cast<int>(live.size()) > o.max_nodes && r > 0) {
     // More joiners than room: the last round's members first, then by join
     // order (an idle spare joins first and pushed out the member that
     // arrived last, slow to stop its workers).
     std::vector<std::pair<bool, int>> order;
     for (int i : live) {
-      const std::string k = key(r, "node/" + std::to_string(i));
-      if (!s.check({k})) {
-        try {
-          s.wait({k}, kRecordGrace);  // as above
-        } catch (const StoreTimeoutError&) {
-          continue;
-        }
-      }
-      order.emplace_back(MemberRecord::decode(s.get(k), i).prev_round != r - 1,
-                         i);
+      if (auto m = record(i)) order.emplace_back(m->prev_round != r - 1, i);
     }
     std::stable_sort(
         order.begin(), order.end(),
