@@ -64,7 +64,7 @@ void GlooProcessGroup::ensure_channel(const char* op) {
     std::string error;
     auto ch = std::make_unique<ShmChannel>(
         "/dlaunch-" + g_->shm_token + "-c-", rank(), size(),
-        words_bytes() + channel_fused_capacity(), error);
+        words_bytes() + (channel_fused_capacity() + 63) / 64 * 64, error);
     if (!every_rank(ch->ok())) return;
     bool ok = ch->open_peers(error);
     bool everyone = every_rank(ok);
@@ -122,10 +122,13 @@ bool GlooProcessGroup::shm_grow(size_t bytes) {
 
 // Through the channel the payload costs no traffic, only a copy: every
 // all_reduce below the shared-memory threshold (up to
-// kChannelPayloadBytes) goes with the check, unless fusing is off.
+// kChannelPayloadBytes) goes with the check, unless fusing is off. The
+// channel's slots round it up to 64 bytes (aligned payloads); rounded
+// down, sizes just below a threshold that is no multiple of 64 went
+// through the segments.
 size_t GlooProcessGroup::channel_fused_capacity() const {
   if (g_->fused_bytes == 0 || g_->shm_min_bytes == 0) return 0;
-  return std::min(g_->shm_min_bytes - 1, kChannelPayloadBytes) / 64 * 64;
+  return std::min(g_->shm_min_bytes - 1, kChannelPayloadBytes);
 }
 
 // Whether `bytes` of data per rank travel with the argument check through

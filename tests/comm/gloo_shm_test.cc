@@ -342,6 +342,28 @@ TEST(GlooShmPathTest, LargeDataTakesTheSegmentsByDefault) {
   });
 }
 
+// Below DLAUNCH_COMM_SHM_MIN_BYTES the data goes with the check, at it
+// through the segments, also for a threshold that is no multiple of 64
+// (964-996 B went through the segments with 1000).
+TEST(GlooShmPathTest, TheThresholdHoldsToTheByte) {
+  setenv("DLAUNCH_COMM_SHM_MIN_BYTES", "1000", 1);
+  run_ranks(2, [&](ProcessGroup& pg) {
+    for (size_t floats : {size_t{240}, size_t{249}, size_t{250}}) {
+      std::vector<float> v(floats, 1.0f);
+      pg.all_reduce(Tensor::of(v), ReduceOp::kSum);
+      EXPECT_EQ(v[0], 2.0f);
+      EXPECT_EQ(gloo::last_path(pg),
+                floats * 4 < 1000 ? "shm-check" : "shm-chunks")
+          << floats * 4 << " bytes";
+      pg.broadcast(Tensor::of(v), 0);
+      EXPECT_EQ(gloo::last_path(pg),
+                floats * 4 < 1000 ? "shm-check" : "shm-chunks")
+          << "broadcast of " << floats * 4 << " bytes";
+    }
+  });
+  unsetenv("DLAUNCH_COMM_SHM_MIN_BYTES");
+}
+
 // DLAUNCH_COMM_FUSED_BYTES=off fuses nothing, as 0 does (it once meant the
 // largest budget: every all_reduce fused, "shm-check" here).
 TEST(GlooShmPathTest, FusedBytesOffTurnsFusingOffLikeZero) {
