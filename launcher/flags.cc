@@ -1179,8 +1179,10 @@ std::vector<FlagSpec> make_table() {
                "it). Each "
                "takes :after=SECONDS (after the group started, default 0) and "
                ":attempt=K (the start with restart count K, default 0). "
-               "Each fault fires once, is logged, and is marked injected in "
-               "the failure report and summary.json. See "
+               "Each fault fires once on each node's agent (a node= fault "
+               "given to every node fires again on the node that takes "
+               "group rank N after a loss), is logged, and is marked "
+               "injected in the failure report and summary.json. See "
                "docs/reliability.md.",
        .section = "RELIABILITY",
        .repeatable = true,
