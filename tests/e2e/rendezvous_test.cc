@@ -96,6 +96,18 @@ class Rendezvous : public ::testing::Test {
     return *agents_[i];
   }
   CommandResult finish(int i) { return agents_[i]->wait(120s); }
+  // Agents 0..n-1 finish with exit 0, their last group of `gws` nodes
+  // started with restart count `rc`.
+  void expect_last_group(int n, int gws, int rc) {
+    for (int i = 0; i < n; ++i) {
+      CommandResult r = finish(i);
+      ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+      auto lines = env_lines(r.out);
+      ASSERT_FALSE(lines.empty()) << r.out;
+      EXPECT_EQ(lines.back().gws, gws);
+      EXPECT_EQ(lines.back().rc, rc);
+    }
+  }
   // Whether each of agents 0..n-1 prints `text` within a minute.
   ::testing::AssertionResult all_print(int n, const std::string& text) {
     for (int i = 0; i < n; ++i) {
@@ -617,14 +629,7 @@ TEST_F(Rendezvous, ALateNodeScalesTheJobUp) {
         << agents_[i]->err();
   }
   start(2, {"--nnodes", "2:3"}, script);
-  for (int i = 0; i < 3; ++i) {
-    CommandResult r = finish(i);
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    auto lines = env_lines(r.out);
-    ASSERT_FALSE(lines.empty());
-    EXPECT_EQ(lines.back().gws, 3);
-    EXPECT_EQ(lines.back().rc, 0);
-  }
+  expect_last_group(3, 3, 0);
 }
 
 // A re-formed round waits for each member of the last one (or its loss),
@@ -643,14 +648,7 @@ TEST_F(Rendezvous, AMemberSlowToStopItsWorkersIsWaitedForAfterAFailure) {
           script);
   }
   EXPECT_TRUE(all_print(2, "round 1 (failure): 2 nodes"));
-  for (int i = 0; i < 2; ++i) {
-    CommandResult r = finish(i);
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    auto lines = env_lines(r.out);
-    ASSERT_FALSE(lines.empty()) << r.out;
-    EXPECT_EQ(lines.back().gws, 2);
-    EXPECT_EQ(lines.back().rc, 1);
-  }
+  expect_last_group(2, 2, 1);
 }
 
 TEST_F(Rendezvous, AMemberSlowToStopItsWorkersIsWaitedForByALateNode) {
@@ -665,15 +663,10 @@ TEST_F(Rendezvous, AMemberSlowToStopItsWorkersIsWaitedForByALateNode) {
   ASSERT_TRUE(agents_[0]->wait_for_output("RUNNING", 60s)) << agents_[0]->err();
   start(1, flags, script);
   EXPECT_TRUE(all_print(2, "round 1 ("));
+  expect_last_group(2, 2, 0);
   for (int i = 0; i < 2; ++i) {
-    CommandResult r = finish(i);
-    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    EXPECT_THAT(r.err,
+    EXPECT_THAT(agents_[i]->err(),
                 ::testing::ContainsRegex("round 1 \\([a-z ]+\\): 2 nodes"));
-    auto lines = env_lines(r.out);
-    ASSERT_FALSE(lines.empty()) << r.out;
-    EXPECT_EQ(lines.back().gws, 2);
-    EXPECT_EQ(lines.back().rc, 0);
   }
 }
 
